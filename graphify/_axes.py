@@ -1,0 +1,190 @@
+"""Argument axes, in the spirit of vmap's in_axes: how each argument relates to the batch.
+
+- `tokens(pad)`: dim 0 grows with the tokens of the batch; padded into a static buffer.
+- `reqs(pad)`: dim 0 grows with the requests of the batch; padded into a static buffer.
+- `fixed()`: a tensor of one fixed shape, copied into a static buffer on every call.
+- `persistent()`: the same storage on every call (weights, KV cache); never copied, checked.
+- `static()`: a non-tensor value baked into the graph; every call must pass an equal one.
+
+A pad value must describe a harmless row (a KV slot that writes nowhere, a sequence length
+of 1): padded rows run through the graph, and capture runs on all-padding batches.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from ._errors import InputMismatchError
+
+__all__ = ["Axis", "tokens", "reqs", "fixed", "persistent", "static", "ArgSpec", "layout_for", "specs_for"]
+
+KINDS = ("tokens", "reqs", "fixed", "persistent", "static")
+PADDED = ("tokens", "reqs")
+
+
+@attrs.frozen
+class Axis:
+    """How one argument relates to the batch; build it with `tokens()`, `reqs()`, ..."""
+
+    kind: str = attrs.field(validator=attrs.validators.in_(KINDS))
+    pad: int | float | bool = 0
+
+    @classmethod
+    def parse(cls, value: "Axis | str") -> "Axis":
+        if isinstance(value, Axis):
+            return value
+        if isinstance(value, str) and value.lower() in KINDS:
+            return cls(value.lower())
+        raise ValueError(f"unknown axis {value!r}; valid axes are {', '.join(map(repr, KINDS))} or an Axis")
+
+    def __str__(self) -> str:
+        return f"{self.kind}(pad={self.pad})" if self.kind in PADDED else f"{self.kind}()"
+
+
+def tokens(pad: int | float | bool = 0) -> Axis:
+    """Dim 0 grows with tokens; padded rows are filled with `pad`."""
+    return Axis("tokens", pad)
+
+
+def reqs(pad: int | float | bool = 0) -> Axis:
+    """Dim 0 grows with requests; padded rows are filled with `pad`."""
+    return Axis("reqs", pad)
+
+
+def fixed() -> Axis:
+    """A fixed-shape tensor copied into its static buffer on every call."""
+    return Axis("fixed")
+
+
+def persistent() -> Axis:
+    """Same storage on every call (weights, KV cache): not copied, its address is checked."""
+    return Axis("persistent")
+
+
+def static() -> Axis:
+    """A non-tensor value baked into the graph: later calls must pass an equal value."""
+    return Axis("static")
+
+
+@attrs.frozen(eq=False)
+class ArgSpec:
+    """What one argument looked like at capture; calls are checked against it."""
+
+    index: int
+    name: str
+    axis: Axis
+    dtype: torch.dtype | None = None
+    device: torch.device | None = None
+    shape: tuple[int, ...] = ()
+    data_ptr: int = 0
+    value: Any = None
+
+    @property
+    def trailing(self) -> tuple[int, ...]:
+        return self.shape[1:] if self.axis.kind in PADDED else self.shape
+
+    def describe(self) -> str:
+        if self.axis.kind == "static":
+            return f"static value {self.value!r}"
+        lead = {"tokens": "num_tokens", "reqs": "num_reqs"}.get(self.axis.kind)
+        dims = ", ".join([lead] * (lead is not None) + [str(d) for d in self.trailing])
+        return f"{self.axis.kind} tensor of shape ({dims}), dtype {self.dtype}, device {self.device}"
+
+
+def param_names(fn: Callable, count: int) -> tuple[str, ...]:
+    """Positional parameter names of `fn`, falling back to arg0, arg1, ..."""
+    try:
+        params = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    return tuple(params[i] if i < len(params) else f"arg{i}" for i in range(count))
+
+
+def layout_for(
+    call: str, fn: Callable, axes: "Sequence | Mapping | None", args: Sequence[Any]
+) -> tuple[Axis, ...]:
+    """One `Axis` per positional argument: from `axes` (a sequence, or a mapping by
+    parameter name), or by default tensors as `tokens()` and other values as `static()`."""
+    names = param_names(fn, len(args))
+    if axes is None:
+        return tuple(tokens() if isinstance(a, torch.Tensor) else static() for a in args)
+    if isinstance(axes, Mapping):
+        unknown = sorted(set(axes) - set(names))
+        if unknown:
+            raise ValueError(f"{call}: axes names unknown parameter(s) {unknown}; parameters are {list(names)}")
+        return tuple(
+            Axis.parse(axes[n]) if n in axes else (tokens() if isinstance(a, torch.Tensor) else static())
+            for n, a in zip(names, args)
+        )
+    axes = tuple(axes)
+    if len(axes) != len(args):
+        raise ValueError(f"{call}: axes has {len(axes)} entries but the call passes {len(args)} arguments")
+    return tuple(Axis.parse(a) for a in axes)
+
+
+def specs_for(call: str, fn: Callable, layout: Sequence[Axis], args: Sequence[Any]) -> tuple[ArgSpec, ...]:
+    """Record each argument's spec from the example call; reject impossible layouts."""
+    names = param_names(fn, len(args))
+    specs = []
+    for i, (axis, arg, name) in enumerate(zip(layout, args, names)):
+        if axis.kind == "static":
+            if isinstance(arg, torch.Tensor):
+                raise InputMismatchError(
+                    f"{call}: argument {name!r} is a tensor but its axis is static(); "
+                    "mark it tokens(), reqs(), fixed() or persistent()"
+                )
+            specs.append(ArgSpec(i, name, axis, value=arg))
+            continue
+        if not isinstance(arg, torch.Tensor):
+            raise InputMismatchError(
+                f"{call}: argument {name!r} has axis {axis} but is a {type(arg).__name__}, not a tensor; "
+                "mark non-tensor arguments static()"
+            )
+        if axis.kind in PADDED and arg.dim() == 0:
+            raise InputMismatchError(f"{call}: argument {name!r} has axis {axis} but is a 0-d tensor")
+        specs.append(
+            ArgSpec(i, name, axis, arg.dtype, arg.device, tuple(arg.shape), arg.data_ptr() if axis.kind == "persistent" else 0)
+        )
+    return tuple(specs)
+
+
+def mismatch(call: str, spec: ArgSpec, arg: Any) -> Exception | None:
+    """The error for `arg` against its captured `spec`, or None when it fits."""
+    from ._errors import PersistentSwapError
+
+    kind = spec.axis.kind
+    if kind == "static":
+        if arg == spec.value:
+            return None
+        return InputMismatchError(
+            f"{call}: argument {spec.name!r} is {arg!r} but was captured as {spec.value!r}; "
+            "static arguments are baked into the graphs: capture again with the new value"
+        )
+    if not isinstance(arg, torch.Tensor):
+        return InputMismatchError(f"{call}: argument {spec.name!r} must be a tensor; captured {spec.describe()}")
+    got = f"dtype {arg.dtype}, device {arg.device}, shape {tuple(arg.shape)}"
+    if arg.dtype != spec.dtype or arg.device != spec.device or tuple(arg.shape[1:] if kind in PADDED else arg.shape) != spec.trailing:
+        if kind == "persistent":
+            return PersistentSwapError(
+                f"{call}: persistent argument {spec.name!r} changed: got {got}, captured {spec.describe()}; "
+                "pass the same tensor that was captured (update it in place) or capture again"
+            )
+        return InputMismatchError(f"{call}: argument {spec.name!r} got {got}; captured {spec.describe()}")
+    if kind in PADDED and arg.dim() == 0:
+        return InputMismatchError(f"{call}: argument {spec.name!r} is 0-d; captured {spec.describe()}")
+    if kind == "persistent" and arg.data_ptr() != spec.data_ptr:
+        return PersistentSwapError(
+            f"{call}: persistent argument {spec.name!r} is a different tensor from the one captured "
+            f"(data_ptr {arg.data_ptr():#x}, captured {spec.data_ptr:#x}); the graphs read the captured "
+            "storage: update that tensor in place (copy_) or capture again"
+        )
+    return None

@@ -1,0 +1,217 @@
+"""The capture stage: from an example call and a key set to an immutable `GraphTable`.
+
+Keys are captured in `KeySet.pairs()` order (mixed keys largest first, then uniform keys),
+into one pool, with the Python GC frozen. On any failure the graphs captured so far are
+released and a `CaptureError` names the key that failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import time
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ._axes import PADDED, ArgSpec
+from ._errors import CaptureError
+from ._keys import KeySet
+from ._mode import Mode
+from ._table import Entry, GraphTable, StaticBuffers
+
+__all__ = ["capture_table", "freeze_gc"]
+
+log = logging.getLogger("graphify")
+MiB = 1 << 20
+
+
+@contextlib.contextmanager
+def freeze_gc():
+    """Collect once, then keep the GC from running (and from scanning old objects) while
+    graphs are captured: a collection mid-capture costs time and can free memory the
+    capture is using (vLLM's and SGLang's `freeze_gc`)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
+def _device_of(specs: Sequence[ArgSpec]) -> torch.device | None:
+    devices = {s.device for s in specs if s.device is not None}
+    if len(devices) > 1:
+        names = ", ".join(f"{s.name}: {s.device}" for s in specs if s.device is not None)
+        raise CaptureError(f"arguments are on several devices ({names}); a graph runs on one device")
+    return next(iter(devices), None)
+
+
+def _device_scope(device: torch.device | None):
+    if device is not None and device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def infer_out_axes(fn: Callable, specs: Sequence[ArgSpec], args: Sequence[Any], out_axes) -> Callable:
+    """A function of (num_tokens rows, reqs rows, flat outputs) -> per-output axis.
+
+    With explicit `out_axes` that is used. Otherwise an output whose leading dim equals
+    the token rows follows tokens, else one that equals the request rows follows requests.
+    Where both are equal and the function has request-axis inputs, the shapes are probed
+    once with fake tensors (no device work, no side effects) at distinct row counts.
+    """
+    if out_axes is not None:
+        fixed = tuple(out_axes) if isinstance(out_axes, (tuple, list)) else (out_axes,)
+        return lambda tok, req, flat: fixed if len(fixed) == len(flat) else fixed * len(flat)
+
+    probed = _probe_out_axes(fn, specs, args) if any(s.axis.kind == "reqs" for s in specs) else None
+
+    def rule(tok: int, req: int, flat: Sequence[Any]) -> tuple[str | None, ...]:
+        if probed is not None and len(probed) == len(flat):
+            return probed
+        axes = []
+        for t in flat:
+            lead = t.shape[0] if isinstance(t, torch.Tensor) and t.dim() else None
+            axes.append("tokens" if lead == tok else "reqs" if lead == req else None)
+        return tuple(axes)
+
+    return rule
+
+
+def _probe_out_axes(fn, specs, args) -> tuple[str | None, ...] | None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tok_rows, req_rows = 11, 7
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = []
+            for spec, arg in zip(specs, args):
+                kind = spec.axis.kind
+                if kind in PADDED:
+                    rows = tok_rows if kind == "tokens" else req_rows
+                    fake.append(torch.full((rows, *spec.trailing), spec.axis.pad, dtype=spec.dtype, device=spec.device))
+                elif kind == "static":
+                    fake.append(arg)
+                else:
+                    fake.append(mode.from_tensor(arg))
+            flat, _ = pytree.tree_flatten(fn(*fake))
+    except Exception:  # a function fake tensors cannot run: fall back to the leading-dim rule
+        return None
+    return tuple(
+        ("tokens" if t.shape[0] == tok_rows else "reqs" if t.shape[0] == req_rows else None)
+        if isinstance(t, torch.Tensor) and t.dim()
+        else None
+        for t in flat
+    )
+
+
+def capture_table(
+    *,
+    call: str,
+    fn: Callable,
+    capture_fns: dict[Mode, Callable],
+    keys: KeySet,
+    specs: tuple[ArgSpec, ...],
+    example: Sequence[Any],
+    backend,
+    pool,
+    warmups: int,
+    weak_outputs: bool,
+    out_axes,
+    progress: bool,
+) -> GraphTable:
+    """Capture every key of `keys`; see the module docstring."""
+    try:
+        device = _device_of(specs)
+    except CaptureError as exc:
+        raise CaptureError(f"{call}: {exc}") from None
+    backend.validate(call, device)
+    pairs = keys.pairs()
+    rows = {
+        "tokens": keys.max_tokens(),
+        "reqs": max((k.reqs_rows for _, k in pairs), default=1),
+    }
+    start = time.perf_counter()
+    entries: dict = {}
+    try:
+        with _device_scope(device), torch.no_grad():
+            static = StaticBuffers.allocate(specs, example, rows)
+            handle = pool.handle_for(backend, device, call)
+            out_rule = infer_out_axes(fn, specs, example, out_axes)
+            with freeze_gc():
+                for mode, key in _progress(pairs, call, progress):
+                    entries[mode, key] = _capture_one(
+                        call, capture_fns[mode], mode, key, specs, static, example, backend, handle,
+                        warmups, weak_outputs, out_rule,
+                    )
+    except BaseException as exc:
+        done = len(entries)
+        entries.clear()  # release the graphs captured so far
+        if device is not None and device.type == "cuda":
+            torch.cuda.empty_cache()
+        if not isinstance(exc, Exception):
+            raise
+        raise _as_capture_error(call, exc, done, len(pairs)) from exc
+    for entry in entries.values():
+        pool.track(entry, f"{call} {entry.label}", entry.nbytes)
+    seconds = time.perf_counter() - start
+    table = GraphTable(types.MappingProxyType(entries), keys, specs, static, backend, pool, device, seconds)
+    log.info(
+        "%s: captured %d graphs in %.2f s, %.1f MiB in pool %r",
+        call, len(entries), seconds, table.nbytes / MiB, pool.name,
+    )
+    return table
+
+
+def _capture_one(call, capture_fn, mode, key, specs, static, example, backend, handle, warmups, weak_outputs, out_rule):
+    args = static.args_for(specs, key, example)
+    t0 = time.perf_counter()
+    try:
+        captured = backend.capture(capture_fn, args, pool=handle, warmups=warmups, weak_outputs=weak_outputs)
+    except Exception as exc:
+        exc.graphify_key = (mode, key)
+        raise
+    changed = static.changed(specs)
+    if changed:
+        raise CaptureError(
+            f"{call}: the function writes to argument(s) {changed} in place; graphify copies padded "
+            "arguments into static buffers, so such writes are lost: mark them persistent() or return the result"
+        )
+    flat, spec = pytree.tree_flatten(captured.outputs)
+    return Entry(
+        mode, key, captured.replay, captured.graph, tuple(flat), spec,
+        out_rule(key.num_tokens, key.reqs_rows, flat), captured.nbytes, time.perf_counter() - t0,
+    )
+
+
+def _as_capture_error(call: str, exc: Exception, done: int, total: int) -> CaptureError:
+    if isinstance(exc, CaptureError) and str(exc).startswith(call):
+        return exc  # already names the call (an in-place write, a pool on another device)
+    key = getattr(exc, "graphify_key", None)
+    where = f" at {key[0].value} graph {key[1]} ({done + 1} of {total})" if key else ""
+    released = f"the {done} graph(s) captured before it were released; " if done else ""
+    advice = "the callable you captured from is unchanged and still works"
+    if isinstance(exc, torch.OutOfMemoryError):
+        advice = (
+            "out of device memory: capture fewer sizes or a smaller maximum (sizes=...), share one "
+            "Pool between functions, or free memory first; " + advice
+        )
+    cls = type(exc) if isinstance(exc, CaptureError) else CaptureError
+    return cls(f"{call}: capture failed{where}: {type(exc).__name__}: {exc}; {released}{advice}")
+
+
+def _progress(pairs, call: str, progress: bool):
+    if not progress:
+        return pairs
+    from tqdm.auto import tqdm
+
+    return tqdm(pairs, desc=f"{call}: capturing", unit="graph", leave=False, disable=None)

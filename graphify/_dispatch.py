@@ -1,0 +1,143 @@
+"""Pure dispatch: which captured graph (if any) serves a batch.
+
+`dispatch` is the readable reference; `Dispatcher` precomputes its answers for every
+token count so the per-call cost is one list index. Neither touches a device.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ._descriptor import BatchDescriptor
+from ._keys import KeySet
+from ._mode import Mode
+from ._sizes import pad_to
+
+__all__ = ["Decision", "dispatch", "explain_miss", "Dispatcher"]
+
+
+@attrs.frozen
+class Decision:
+    """Where a batch goes: a runtime mode, the key it replays (None for NONE), and why."""
+
+    mode: Mode
+    key: BatchDescriptor | None
+    reason: str
+
+    @property
+    def padded_tokens(self) -> int | None:
+        return None if self.key is None else self.key.num_tokens
+
+
+def _sizes_of(keys, *, uniform: bool, has_lora: bool) -> tuple[int, ...]:
+    return tuple(sorted({k.num_tokens for k in keys if k.uniform == uniform and k.has_lora == has_lora}))
+
+
+def dispatch(
+    keys: KeySet,
+    num_tokens: int,
+    *,
+    uniform: bool = False,
+    has_lora: bool = False,
+    max_padding_ratio: float | None = None,
+) -> Decision:
+    """Pick the graph for a batch: exact FULL, then relaxed FULL, then PIECEWISE, else NONE.
+
+    **Arguments:**
+    - `keys`: the captured keys.
+    - `num_tokens`: real (unpadded) tokens in the batch, >= 1.
+    - `uniform`: every request has `keys.uniform_query_len` tokens.
+    - `has_lora`: the batch runs LoRA adapters.
+    - `max_padding_ratio`: run eagerly rather than pad to more than this many times the
+      real size (SGLang's guard against padding waste); None means no limit.
+
+    **Returns:** a `Decision`. A batch above every captured size gets NONE, never an error.
+
+    !!! example
+        >>> from graphify import plan_keys
+        >>> dispatch(plan_keys("FULL", [1, 2, 4, 8]), 5).key.num_tokens
+        8
+    """
+    if num_tokens < 1:
+        raise ValueError(f"dispatch: num_tokens must be >= 1, got {num_tokens}")
+    q = keys.uniform_query_len
+
+    def acceptable(size: int | None) -> bool:
+        return size is not None and (max_padding_ratio is None or size <= max_padding_ratio * num_tokens)
+
+    if uniform:
+        size = pad_to(_sizes_of(keys.full, uniform=True, has_lora=has_lora), num_tokens)
+        if acceptable(size):
+            key = BatchDescriptor(size, size // q, True, has_lora)
+            return Decision(Mode.FULL, key, "exact uniform FULL graph")
+    for mode, label in ((Mode.FULL, "relaxed FULL graph"), (Mode.PIECEWISE, "PIECEWISE graphs")):
+        size = pad_to(_sizes_of(keys.of(mode), uniform=False, has_lora=has_lora), num_tokens)
+        if acceptable(size):
+            return Decision(mode, BatchDescriptor(size, None, False, has_lora), label)
+    return Decision(Mode.NONE, None, _why_none(keys, num_tokens, has_lora, max_padding_ratio))
+
+
+def _why_none(keys: KeySet, num_tokens: int, has_lora: bool, ratio: float | None) -> str:
+    if not len(keys):
+        return "no graphs captured"
+    sizes = sorted({k.num_tokens for k in keys.full | keys.piecewise if k.has_lora == has_lora})
+    if not sizes:
+        return f"no graphs captured with has_lora={has_lora}"
+    if num_tokens > sizes[-1]:
+        return f"num_tokens={num_tokens} is above the largest captured size {sizes[-1]}"
+    if ratio is not None:
+        return f"padding num_tokens={num_tokens} would exceed max_padding_ratio={ratio}"
+    return f"no graph serves num_tokens={num_tokens}"  # pragma: no cover - sizes cover 1..max
+
+
+def explain_miss(keys: KeySet, key: BatchDescriptor) -> str:
+    """Why `key` has no graph, naming the nearest captured keys below and above it.
+
+    !!! example
+        >>> from graphify import plan_keys
+        >>> explain_miss(plan_keys("FULL", [8, 16]), BatchDescriptor(12))
+        'no graph for (tokens=12); closest captured: (tokens=8), (tokens=16)'
+    """
+    pool = sorted(keys.full | keys.piecewise, key=BatchDescriptor.sort_key)
+    if key in pool:
+        return f"{key} is captured"
+    same_kind = [k for k in pool if (k.uniform, k.has_lora) == (key.uniform, key.has_lora)] or pool
+    below = [k for k in same_kind if k.num_tokens <= key.num_tokens]
+    above = [k for k in same_kind if k.num_tokens > key.num_tokens]
+    near = ([below[-1]] if below else []) + ([above[0]] if above else [])
+    if not near:
+        return f"no graph for {key}; no graphs captured"
+    return f"no graph for {key}; closest captured: " + ", ".join(str(k) for k in near)
+
+
+@attrs.frozen(eq=False)
+class Dispatcher:
+    """`dispatch` precomputed for every token count: `lookup` is one list index.
+
+    Built once from a `KeySet`; equal to `dispatch` on every input (a property test).
+    """
+
+    keys: KeySet
+    max_padding_ratio: float | None = None
+    _tables: dict = attrs.field(init=False, repr=False)
+    _above: Decision = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self):
+        top = self.keys.max_tokens()
+        tables = {}
+        for uniform in (False, True):
+            for has_lora in (False, True):
+                tables[uniform, has_lora] = [None] + [
+                    dispatch(self.keys, n, uniform=uniform, has_lora=has_lora, max_padding_ratio=self.max_padding_ratio)
+                    for n in range(1, top + 1)
+                ]
+        object.__setattr__(self, "_tables", tables)
+        object.__setattr__(self, "_above", Decision(Mode.NONE, None, f"num_tokens is above the largest captured size {top}"))
+
+    def lookup(self, num_tokens: int, uniform: bool = False, has_lora: bool = False) -> Decision:
+        table = self._tables[uniform, has_lora]
+        if 0 < num_tokens < len(table):
+            return table[num_tokens]
+        if num_tokens < 1:
+            raise ValueError(f"dispatch: num_tokens must be >= 1, got {num_tokens}")
+        return self._above if len(self.keys) else Decision(Mode.NONE, None, "no graphs captured")

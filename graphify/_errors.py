@@ -1,0 +1,25 @@
+"""Errors graphify raises. Messages name the call and the argument and say what to do."""
+
+from __future__ import annotations
+
+__all__ = ["GraphifyError", "CaptureError", "InputMismatchError", "PersistentSwapError", "UnsupportedOpError"]
+
+
+class GraphifyError(RuntimeError):
+    """Base class of graphify's own errors."""
+
+
+class CaptureError(GraphifyError):
+    """A capture failed; the callable you captured from is unchanged and still usable."""
+
+
+class UnsupportedOpError(CaptureError):
+    """The function runs an op that cannot be captured in a CUDA graph."""
+
+
+class InputMismatchError(TypeError):
+    """An argument does not match what was captured (dtype, device, trailing shape, count)."""
+
+
+class PersistentSwapError(GraphifyError):
+    """A persistent argument (weights, KV cache) was replaced by another tensor."""

@@ -1,0 +1,279 @@
+"""`graphify(fn, mode=...)`: the transform, and the immutable callable it returns."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ._axes import layout_for, specs_for
+from ._capture import capture_table
+from ._dispatch import Decision, Dispatcher, explain_miss
+from ._errors import InputMismatchError
+from ._keys import KeySet, plan_keys
+from ._mode import Mode
+from ._pool import Pool
+from ._runtime import Runtime
+from ._sizes import normalize_sizes, vllm_sizes
+from ._stats import Stats
+from ._support import Resolution, Support, resolve_mode, weakest
+from ._table import GraphTable
+from .backends import BACKENDS, get_backend
+
+__all__ = ["graphify", "Graphified"]
+
+
+def _mode_field(value):
+    return Mode.parse(value)
+
+
+def _backend_name(value: str) -> str:
+    if value != "auto" and value not in BACKENDS:
+        raise ValueError(f"unknown backend {value!r}; valid backends are 'auto', {', '.join(map(repr, BACKENDS))}")
+    return value
+
+
+def _fn_name(fn: Callable) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+@attrs.frozen(eq=False)
+class Graphified:
+    """A function with CUDA graphs: immutable; `capture(...)` returns a new one.
+
+    Before capture every call runs `fn` eagerly. After capture a call pads its batch into
+    static buffers, dispatches to a captured graph (or runs eagerly when none fits) and
+    returns outputs cut back to the real batch. Build it with `graphify`.
+    """
+
+    fn: Callable
+    mode: Mode = attrs.field(converter=_mode_field)
+    sizes: tuple[int, ...] = attrs.field(converter=normalize_sizes)
+    axes: Any = None
+    out_axes: Any = None
+    support: Support = attrs.field(default=Support.ALWAYS, converter=weakest)
+    backend: str = attrs.field(default="auto", converter=_backend_name)
+    pool: Pool | None = None
+    warmups: int = 1
+    uniform_query_len: int = 1
+    max_num_reqs: int | None = None
+    lora: bool = False
+    max_padding_ratio: float | None = None
+    weak_outputs: bool = True
+    progress: bool = True
+    uniform: Callable[..., bool] | None = None
+    has_lora: Callable[..., bool] | None = None
+    table: GraphTable | None = attrs.field(default=None, repr=False)
+    resolution: Resolution = attrs.field(init=False, repr=False)
+    keys: KeySet = attrs.field(init=False, repr=False)
+    stats: Stats = attrs.field(init=False, repr=False)
+    _runtime: Runtime | None = attrs.field(init=False, repr=False)
+    _call: str = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self):
+        if self.warmups < 0:
+            raise ValueError(f"graphify: warmups must be >= 0, got {self.warmups}")
+        if self.max_num_reqs is not None and self.max_num_reqs < 1:
+            raise ValueError(f"graphify: max_num_reqs must be >= 1, got {self.max_num_reqs}")
+        call = f"graphify({_fn_name(self.fn)}, mode={self.mode.value!r})"
+        resolution = resolve_mode(
+            self.mode, self.support, split=bool(getattr(self.fn, "is_split", False)), uniform_query_len=self.uniform_query_len
+        )
+        if resolution.changed:
+            import logging
+
+            logging.getLogger("graphify").warning("%s: %s", call, "; ".join(resolution.reasons))
+        keys = plan_keys(
+            resolution.mode,
+            self.sizes,
+            uniform_query_len=self.uniform_query_len,
+            max_num_reqs=self.max_num_reqs,
+            lora=self.lora,
+        )
+        runtime = None
+        if self.table is not None:
+            runtime = Runtime(
+                call=call,
+                fn=self.fn,
+                table=self.table,
+                dispatcher=Dispatcher(self.table.keys, self.max_padding_ratio),
+                uniform_fn=self.uniform,
+                lora_fn=self.has_lora,
+            )
+        for name, value in (
+            ("resolution", resolution), ("keys", keys), ("stats", Stats()), ("_runtime", runtime), ("_call", call)
+        ):
+            object.__setattr__(self, name, value)
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def __wrapped__(self) -> Callable:
+        return self.fn
+
+    @property
+    def __name__(self) -> str:
+        return _fn_name(self.fn)
+
+    @property
+    def captured(self) -> bool:
+        return self.table is not None
+
+    # -- stages ---------------------------------------------------------------------------
+    def capture(self, *example_args, **example_kwargs) -> "Graphified":
+        """Capture every planned graph; returns a new callable, this one is unchanged.
+
+        **Arguments:** one example call of `fn`. Its persistent tensors (weights, KV cache)
+        are the ones the graphs will read; its other tensors give dtypes, devices and
+        trailing shapes. Capture itself runs `fn` on all-padding batches.
+
+        **Returns:** a new `Graphified` whose table holds the graphs. Raises `CaptureError`
+        naming the key that failed; graphs captured before it are released.
+        """
+        args = self._bind(example_args, example_kwargs)
+        layout = layout_for(self._call, self.fn, self.axes, args)
+        if not any(a.kind in ("tokens", "reqs") for a in layout):
+            raise ValueError(
+                f"{self._call}.capture: no argument grows with the batch; mark at least one tokens() or reqs()"
+            )
+        specs = specs_for(self._call, self.fn, layout, args)
+        device = next((s.device for s in specs if s.device is not None), None)
+        backend = get_backend(self.backend, device)
+        table = capture_table(
+            call=self._call,
+            fn=self.fn,
+            capture_fns=self._capture_fns(),
+            keys=self.keys,
+            specs=specs,
+            example=args,
+            backend=backend,
+            pool=self.pool if self.pool is not None else Pool(f"{_fn_name(self.fn)}"),
+            warmups=self.warmups,
+            weak_outputs=self.weak_outputs and backend.name == "cuda",
+            out_axes=self.out_axes,
+            progress=self.progress,
+        )
+        return attrs.evolve(self, table=table)
+
+    def _capture_fns(self) -> dict[Mode, Callable]:
+        fns = {Mode.FULL: self.fn}
+        piecewise = getattr(self.fn, "piecewise_capture_fn", None)
+        if piecewise is not None:
+            fns[Mode.PIECEWISE] = piecewise
+        return fns
+
+    # -- calls ----------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            args = self._bind(args, kwargs)
+        runtime = self._runtime
+        if runtime is None:
+            self.stats.record(Mode.NONE, _leading_rows(args), None)
+            return self.fn(*args)
+        return runtime.run(args, self.stats)
+
+    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
+        if not kwargs:
+            return tuple(args)
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InputMismatchError(f"{self._call}: {exc}") from None
+        bound.apply_defaults()
+        if bound.kwargs:
+            raise InputMismatchError(f"{self._call}: keyword-only arguments {sorted(bound.kwargs)} are not supported")
+        return tuple(bound.args)
+
+    # -- introspection --------------------------------------------------------------------
+    def explain(self, num_tokens: int, *, uniform: bool = False, has_lora: bool = False) -> str:
+        """Which graph a batch of `num_tokens` would replay, and why (or why none)."""
+        keys = self.table.keys if self.table is not None else KeySet(uniform_query_len=self.uniform_query_len)
+        decision: Decision = Dispatcher(keys, self.max_padding_ratio).lookup(num_tokens, uniform, has_lora)
+        if decision.key is not None:
+            return f"num_tokens={num_tokens} -> {decision.mode.value} {decision.key} ({decision.reason})"
+        from ._descriptor import BatchDescriptor
+
+        probe = BatchDescriptor(num_tokens, None, False, has_lora)
+        return f"num_tokens={num_tokens} -> NONE ({decision.reason}); {explain_miss(keys, probe)}"
+
+    def summary(self) -> str:
+        """How many graphs, how long they took, and how much pool memory they reserved."""
+        head = f"{self._call}: resolved mode {self.resolution.mode.value}"
+        if self.resolution.changed:
+            head += f" (requested {self.mode.value}: {'; '.join(self.resolution.reasons)})"
+        if self.table is None:
+            return head + f"; not captured ({len(self.keys)} graphs planned)"
+        t = self.table
+        return head + (
+            f"; {len(t)} graphs on {t.backend.name} ({t.device}) in {t.seconds:.2f} s, "
+            f"{t.nbytes / (1 << 20):.1f} MiB reserved in pool {t.pool.name!r}"
+        )
+
+
+def _leading_rows(args: Sequence[Any]) -> int:
+    for a in args:
+        shape = getattr(a, "shape", None)
+        if shape:
+            return int(shape[0])
+    return 0
+
+
+def graphify(
+    fn: Callable,
+    *,
+    mode: "Mode | str" = Mode.FULL,
+    sizes: Iterable[int] | None = None,
+    axes: "Sequence | Mapping | None" = None,
+    out_axes: Any = None,
+    support: "Support | str | Iterable[Support | str]" = Support.ALWAYS,
+    backend: str = "auto",
+    pool: Pool | None = None,
+    warmups: int = 1,
+    uniform_query_len: int = 1,
+    max_num_reqs: int | None = None,
+    lora: bool = False,
+    max_padding_ratio: float | None = None,
+    weak_outputs: bool = True,
+    progress: bool = True,
+    uniform: Callable[..., bool] | None = None,
+    has_lora: Callable[..., bool] | None = None,
+) -> Graphified:
+    """Give `fn` CUDA graphs: a callable that pads, dispatches and replays.
+
+    **Arguments:**
+    - `fn`: the function (or a `split(fn, ops)` value for piecewise modes).
+    - `mode`: a `Mode` or its name: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE.
+    - `sizes`: token counts to capture; default vLLM's schedule up to 512.
+    - `axes`: per argument `tokens()`, `reqs()`, `fixed()`, `persistent()` or `static()`, as a
+      sequence or a mapping by parameter name; default: tensors `tokens()`, others `static()`.
+    - `out_axes`: per flat output "tokens", "reqs" or None; default inferred.
+    - `support`: the graph support of the function's backends (the weakest counts); the
+      mode is downgraded to what it allows, with the reason logged and kept in `.resolution`.
+    - `backend`: "cuda", "sim" (CPU simulation) or "auto" (cuda for CUDA tensors).
+    - `pool`: a `Pool` to capture into; share one between functions to share memory.
+    - `warmups`: eager runs before each capture.
+    - `uniform_query_len`: tokens per request in a uniform batch (1 + spec tokens).
+    - `max_num_reqs`: most requests per batch; caps uniform decode graphs.
+    - `lora`: also capture LoRA variants; `has_lora(*args)` says which a call needs.
+    - `max_padding_ratio`: run eagerly rather than pad beyond this factor.
+    - `weak_outputs`: let later captures reuse each graph's output memory (CUDA only).
+    - `progress`: show a progress bar while capturing (on a terminal).
+    - `uniform`: `uniform(*args) -> bool`; default: tokens == requests * uniform_query_len.
+
+    **Returns:** an uncaptured `Graphified`; call `.capture(*example_args)` to capture.
+
+    !!! example
+        >>> import torch
+        >>> g = graphify(lambda x: x * 2, mode="FULL", sizes=[1, 2, 4], backend="sim")
+        >>> g = g.capture(torch.randn(3, 8))
+        >>> g(torch.ones(3, 8)).shape
+        torch.Size([3, 8])
+    """
+    if sizes is None:
+        sizes = vllm_sizes(512)
+    return Graphified(
+        fn, mode, sizes, axes, out_axes, support, backend, pool, warmups, uniform_query_len, max_num_reqs,
+        lora, max_padding_ratio, weak_outputs, progress, uniform, has_lora,
+    )
+

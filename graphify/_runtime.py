@@ -1,0 +1,172 @@
+"""The call path: check arguments, dispatch, copy into static buffers, replay, cut outputs.
+
+This is the only per-call code, so it is written for host speed: argument checks are
+precomputed tuples, dispatch is one list index, all copies (real rows and padding rows)
+go through one `torch._foreach_copy_`, and each (graph, real size) pair caches its copy
+plan and its cut output views.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+from torch.utils import _pytree as pytree
+
+from ._axes import mismatch
+from ._dispatch import Dispatcher
+from ._errors import InputMismatchError
+from ._mode import Mode
+from ._stats import Stats
+from ._table import Entry, GraphTable
+
+__all__ = ["Runtime"]
+
+_NONE = Mode.NONE
+
+
+@attrs.frozen(eq=False)
+class _Plan:
+    """Everything one (graph, real tokens, real requests) call needs, precomputed."""
+
+    dsts: list
+    src_idx: tuple[int, ...]
+    pad_srcs: list
+    replay: Callable[[], None]
+    outputs: list
+    out_spec: Any
+    single: bool
+
+
+class Runtime:
+    """Per-table call machinery. Calls are serialised by a lock: static buffers and
+    outputs are shared, so two threads must never interleave copy and replay."""
+
+    def __init__(
+        self,
+        *,
+        call: str,
+        fn: Callable,
+        table: GraphTable,
+        dispatcher: Dispatcher,
+        uniform_fn: Callable[..., bool] | None,
+        lora_fn: Callable[..., bool] | None,
+    ):
+        self.call, self.fn, self.table, self.dispatcher = call, fn, table, dispatcher
+        self.uniform_fn, self.lora_fn = uniform_fn, lora_fn
+        self.q = table.keys.uniform_query_len
+        specs = table.specs
+        self.nargs = len(specs)
+        self.tok_idx = tuple(s.index for s in specs if s.axis.kind == "tokens")
+        self.req_idx = tuple(s.index for s in specs if s.axis.kind == "reqs")
+        self.padded_checks = tuple(
+            (s.index, s.dtype, s.device, torch.Size(s.trailing)) for s in specs if s.axis.kind in ("tokens", "reqs")
+        )
+        self.fixed_checks = tuple((s.index, s.dtype, s.device, torch.Size(s.shape)) for s in specs if s.axis.kind == "fixed")
+        self.persistent_checks = tuple((s.index, s.data_ptr, torch.Size(s.shape)) for s in specs if s.axis.kind == "persistent")
+        self.static_checks = tuple((s.index, s.value) for s in specs if s.axis.kind == "static")
+        self.lock = threading.Lock()
+        self.plans: dict = {}
+
+    # -- checks ---------------------------------------------------------------------------
+    def _fail(self, index: int, arg: Any) -> None:
+        err = mismatch(self.call, self.table.specs[index], arg)
+        raise err if err is not None else InputMismatchError(f"{self.call}: argument {index} does not match")
+
+    def _rows(self, args: Sequence[Any], idx: tuple[int, ...], what: str) -> int:
+        first = args[idx[0]]
+        if not isinstance(first, torch.Tensor) or first.dim() == 0:
+            self._fail(idx[0], first)
+        n = first.shape[0]
+        for i in idx[1:]:
+            a = args[i]
+            if not isinstance(a, torch.Tensor) or a.dim() == 0 or a.shape[0] != n:
+                if isinstance(a, torch.Tensor) and a.dim():
+                    names = [self.table.specs[j].name for j in idx]
+                    raise InputMismatchError(
+                        f"{self.call}: {what}-axis arguments {names} disagree on dim 0 "
+                        f"({self.table.specs[idx[0]].name!r} has {n}, {self.table.specs[i].name!r} has {a.shape[0]})"
+                    )
+                self._fail(i, a)
+        return n
+
+    def check(self, args: Sequence[Any]) -> None:
+        for i, dtype, device, trailing in self.padded_checks:
+            a = args[i]
+            if a.dtype is not dtype or a.device != device or a.shape[1:] != trailing:
+                self._fail(i, a)
+        for i, dtype, device, shape in self.fixed_checks:
+            a = args[i]
+            if not isinstance(a, torch.Tensor) or a.dtype is not dtype or a.device != device or a.shape != shape:
+                self._fail(i, a)
+        for i, ptr, shape in self.persistent_checks:
+            a = args[i]
+            if not isinstance(a, torch.Tensor) or a.data_ptr() != ptr or a.shape != shape:
+                self._fail(i, a)
+        for i, value in self.static_checks:
+            if args[i] != value:
+                self._fail(i, args[i])
+
+    # -- the call -------------------------------------------------------------------------
+    def run(self, args: Sequence[Any], stats: Stats):
+        if len(args) != self.nargs:
+            raise InputMismatchError(f"{self.call}: expected {self.nargs} arguments as captured, got {len(args)}")
+        n = self._rows(args, self.tok_idx, "tokens") if self.tok_idx else None
+        r = self._rows(args, self.req_idx, "reqs") if self.req_idx else None
+        if n is None:
+            n = r
+        self.check(args)
+        if self.uniform_fn is not None:
+            uniform = bool(self.uniform_fn(*args))
+        else:
+            uniform = self.q == 1 if r is None else n == r * self.q
+        has_lora = bool(self.lora_fn(*args)) if self.lora_fn is not None else False
+        decision = self.dispatcher.lookup(n, uniform, has_lora)
+        if decision.mode is _NONE:
+            stats.record(_NONE, n, None)
+            return self.fn(*args)
+        key = decision.key
+        r_real = n if r is None else r
+        with self.lock:
+            plan = self.plans.get((decision.mode, key, n, r_real))
+            if plan is None:
+                plan = self._plan(self.table[decision.mode, key], n, r_real)
+            if plan.dsts:
+                with torch.no_grad():
+                    torch._foreach_copy_(plan.dsts, [args[i] for i in plan.src_idx] + plan.pad_srcs)
+            plan.replay()
+        stats.record(decision.mode, n, key.num_tokens)
+        if plan.single:
+            return plan.outputs[0]
+        return pytree.tree_unflatten(plan.outputs, plan.out_spec)
+
+    def _plan(self, entry: Entry, n: int, r: int) -> _Plan:
+        key = entry.key
+        rows = {"tokens": (n, key.num_tokens), "reqs": (r, key.reqs_rows)}
+        dsts, src_idx, pad_dsts, pad_srcs = [], [], [], []
+        static = self.table.static
+        for spec, buf, pad in zip(self.table.specs, static.buffers, static.pads):
+            kind = spec.axis.kind
+            if kind in rows:
+                real, padded = rows[kind]
+                dsts.append(buf[:real])
+                src_idx.append(spec.index)
+                if padded > real:
+                    pad_dsts.append(buf[real:padded])
+                    pad_srcs.append(pad[real:padded])
+            elif kind == "fixed":
+                dsts.append(buf)
+                src_idx.append(spec.index)
+        outputs = [
+            t[: rows[axis][0]] if isinstance(t, torch.Tensor) and axis in rows else t
+            for t, axis in zip(entry.flat_outputs, entry.out_axes)
+        ]
+        plan = _Plan(
+            dsts + pad_dsts, tuple(src_idx), pad_srcs, entry.replay, outputs, entry.out_spec,
+            entry.out_spec.is_leaf() if hasattr(entry.out_spec, "is_leaf") else entry.out_spec.num_leaves == 1 and not entry.out_spec.children_specs,
+        )
+        self.plans[entry.mode, key, n, r] = plan
+        return plan

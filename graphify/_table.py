@@ -1,0 +1,121 @@
+"""The captured-graph table: an immutable mapping from (runtime mode, key) to an entry,
+plus the static input buffers every entry reads from."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from ._axes import PADDED, ArgSpec
+from ._descriptor import BatchDescriptor
+from ._keys import KeySet
+from ._mode import Mode
+
+__all__ = ["Entry", "GraphTable", "StaticBuffers"]
+
+
+@attrs.frozen(eq=False)
+class Entry:
+    """One captured graph: its key, how to replay it, and where its outputs land."""
+
+    mode: Mode
+    key: BatchDescriptor
+    replay: Any = attrs.field(repr=False)
+    graph: Any = attrs.field(repr=False)
+    flat_outputs: tuple = attrs.field(repr=False)
+    out_spec: Any = attrs.field(repr=False)
+    out_axes: tuple[str | None, ...] = attrs.field(repr=False)
+    nbytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.mode.value} {self.key}"
+
+
+@attrs.frozen(eq=False)
+class StaticBuffers:
+    """One buffer per padded or fixed argument, sized for the largest key; every graph
+    reads a leading slice of it. `pads` holds the padding rows to copy in."""
+
+    buffers: tuple[torch.Tensor | None, ...]
+    pads: tuple[torch.Tensor | None, ...]
+
+    @classmethod
+    def allocate(cls, specs: Sequence[ArgSpec], args: Sequence[Any], rows: Mapping[str, int]) -> "StaticBuffers":
+        buffers, pads = [], []
+        for spec, arg in zip(specs, args):
+            kind = spec.axis.kind
+            if kind in PADDED:
+                pad = torch.full((rows[kind], *spec.trailing), spec.axis.pad, dtype=spec.dtype, device=spec.device)
+                buffers.append(pad.clone())
+                pads.append(pad)
+            elif kind == "fixed":
+                buffers.append(arg.detach().clone())
+                pads.append(None)
+            else:
+                buffers.append(None)
+                pads.append(None)
+        return cls(tuple(buffers), tuple(pads))
+
+    def args_for(self, specs: Sequence[ArgSpec], key: BatchDescriptor, example: Sequence[Any]) -> tuple:
+        """The capture-time arguments for `key`: all-padding slices, fixed buffers, and
+        the example's persistent tensors and static values."""
+        out = []
+        for spec, buf, arg in zip(specs, self.buffers, example):
+            kind = spec.axis.kind
+            if kind == "tokens":
+                out.append(buf[: key.num_tokens])
+            elif kind == "reqs":
+                out.append(buf[: key.reqs_rows])
+            elif kind == "fixed":
+                out.append(buf)
+            else:
+                out.append(arg)
+        return tuple(out)
+
+    def reset(self) -> None:
+        """Fill every padded buffer with its padding again."""
+        with torch.no_grad():
+            for buf, pad in zip(self.buffers, self.pads):
+                if pad is not None:
+                    buf.copy_(pad)
+
+    def changed(self, specs: Sequence[ArgSpec]) -> list[str]:
+        """Names of padded arguments whose buffers no longer hold only padding."""
+        return [
+            spec.name
+            for spec, buf, pad in zip(specs, self.buffers, self.pads)
+            if pad is not None and not torch.equal(buf, pad)
+        ]
+
+
+@attrs.frozen(eq=False)
+class GraphTable:
+    """Immutable: (runtime mode, key) -> `Entry`, the `KeySet` dispatch reads, the
+    argument specs calls are checked against, and the static buffers."""
+
+    entries: Mapping[tuple[Mode, BatchDescriptor], Entry]
+    keys: KeySet
+    specs: tuple[ArgSpec, ...]
+    static: StaticBuffers
+    backend: Any
+    pool: Any
+    device: torch.device | None
+    seconds: float = 0.0
+
+    def __getitem__(self, pair: tuple[Mode, BatchDescriptor]) -> Entry:
+        return self.entries[pair]
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self.entries.values())
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())

@@ -1,0 +1,37 @@
+"""The backend interface: capture one callable on fixed inputs, replay it later."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import torch
+
+__all__ = ["Backend", "Captured"]
+
+
+@attrs.frozen(eq=False)
+class Captured:
+    """One captured graph: `replay()` reruns it, writing into `outputs` in place."""
+
+    replay: Callable[[], None]
+    graph: Any
+    outputs: Any
+    nbytes: int
+
+
+class Backend(Protocol):
+    name: str
+
+    def validate(self, call: str, device: torch.device) -> None:
+        """Raise a `CaptureError` saying what to do if this backend cannot capture here."""
+
+    def new_pool_handle(self, device: torch.device) -> Any:
+        """A fresh memory-pool handle on `device`."""
+
+    def capture(self, fn: Callable, args: tuple, *, pool: Any, warmups: int, weak_outputs: bool) -> Captured:
+        """Warm up `fn(*args)`, then record it into a graph allocated from `pool`."""
+
+    def reserved_bytes(self, device: torch.device) -> int:
+        """Device memory the allocator holds now (for pool reports)."""

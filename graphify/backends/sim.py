@@ -1,0 +1,89 @@
+"""CPU simulation of CUDA graphs, with the semantics that matter to callers.
+
+Capture runs the function once under a guard that rejects ops a CUDA graph cannot hold
+(host reads of device values, data-dependent output shapes). Replay reruns the function
+on the same static inputs and copies its results into the outputs recorded at capture,
+so outputs are overwritten in place on every replay exactly as with a real graph.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .._errors import CaptureError, UnsupportedOpError
+from ._base import Captured
+
+__all__ = ["SimBackend", "UNCAPTURABLE_OPS"]
+
+# Ops that break stream capture: they read device values on the host (a sync) or
+# produce shapes that depend on data.
+UNCAPTURABLE_OPS = {
+    "aten::_local_scalar_dense": "reads a device value on the host (.item(), int(t), bool(t))",
+    "aten::item": "reads a device value on the host",
+    "aten::is_nonzero": "reads a device value on the host (if tensor: ...)",
+    "aten::equal": "returns a Python bool computed on the device (torch.equal)",
+    "aten::nonzero": "has an output shape that depends on the data",
+    "aten::masked_select": "has an output shape that depends on the data",
+    "aten::_unique2": "has an output shape that depends on the data",
+    "aten::unique_dim": "has an output shape that depends on the data",
+    "aten::unique_consecutive": "has an output shape that depends on the data",
+}
+
+
+class _CaptureGuard(TorchDispatchMode):
+    """Raise `UnsupportedOpError` on the first op that a CUDA graph could not capture."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if name in UNCAPTURABLE_OPS:
+            raise UnsupportedOpError(
+                f"op {name} {UNCAPTURABLE_OPS[name]}, which a CUDA graph cannot capture; "
+                "keep it out of the graphified function, or make it a split op (split(fn, ops)) so it runs eagerly"
+            )
+        return func(*args, **(kwargs or {}))
+
+
+def _clone_out(x):
+    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
+class SimBackend:
+    """Simulated graphs on any device; see the module docstring."""
+
+    name = "sim"
+    _pool_ids = itertools.count(1)
+
+    def validate(self, call: str, device: torch.device) -> None:
+        return None
+
+    def new_pool_handle(self, device: torch.device):
+        return ("sim", next(self._pool_ids))
+
+    def reserved_bytes(self, device: torch.device) -> int:
+        return 0
+
+    def capture(self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool) -> Captured:
+        for _ in range(warmups):
+            fn(*args)
+        with _CaptureGuard():
+            result = fn(*args)
+        outputs = pytree.tree_map(_clone_out, result)
+        flat_out, _ = pytree.tree_flatten(outputs)
+        static_out = [t for t in flat_out if isinstance(t, torch.Tensor)]
+
+        def replay() -> None:
+            fresh, _ = pytree.tree_flatten(fn(*args))
+            fresh = [t for t in fresh if isinstance(t, torch.Tensor)]
+            if len(fresh) != len(static_out) or any(a.shape != b.shape for a, b in zip(fresh, static_out)):
+                raise CaptureError("sim replay: the function returned different output shapes than at capture")
+            with torch.no_grad():
+                for dst, src in zip(static_out, fresh):
+                    dst.copy_(src)
+
+        nbytes = sum(t.untyped_storage().nbytes() for t in static_out)
+        return Captured(replay, None, outputs, nbytes)

@@ -1,0 +1,73 @@
+"""torch CUDA graphs: warm up and capture on one side stream, into an explicit pool."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .._errors import CaptureError
+from ._base import Captured
+
+__all__ = ["TorchCudaBackend", "weak_alias"]
+
+
+def weak_alias(t):
+    """A tensor over `t`'s memory that does not keep that memory alive.
+
+    After capture, the pool may hand an output's block to the next (smaller) capture, so
+    all sizes share the largest one's memory; the graph still writes its output there on
+    replay. Non-tensors pass through.
+    """
+    if not isinstance(t, torch.Tensor):
+        return t
+    storage = t.untyped_storage()
+    alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
+    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.shape, t.stride())
+
+
+class TorchCudaBackend:
+    """Real CUDA graphs through `torch.cuda.CUDAGraph`."""
+
+    name = "cuda"
+
+    def validate(self, call: str, device: torch.device) -> None:
+        if not torch.cuda.is_available():
+            raise CaptureError(
+                f"{call}: backend='cuda' needs a CUDA GPU, but torch.cuda.is_available() is False "
+                f"(torch {torch.__version__}); pass backend='sim' to run the same capture and replay "
+                "semantics on the CPU"
+            )
+        if device is None or device.type != "cuda":
+            raise CaptureError(
+                f"{call}: backend='cuda' captures CUDA tensors, but the example arguments are on {device}; "
+                "move them to a CUDA device or pass backend='sim'"
+            )
+
+    def new_pool_handle(self, device: torch.device):
+        with torch.cuda.device(device):
+            return torch.cuda.graph_pool_handle()
+
+    def reserved_bytes(self, device: torch.device) -> int:
+        return torch.cuda.memory_reserved(device)
+
+    def capture(self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool) -> Captured:
+        device = torch.cuda.current_device()
+        # Warm-up and capture share one stream so per-stream workspaces (cuBLAS) exist
+        # before capture (vLLM #53818).
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(warmups):
+                fn(*args)
+        stream.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            outputs = fn(*args)
+        nbytes = torch.cuda.memory_reserved(device) - before
+        if weak_outputs:
+            outputs = pytree.tree_map(weak_alias, outputs)
+        return Captured(graph.replay, graph, outputs, nbytes)

@@ -1,0 +1,306 @@
+"""Behaviour of graphify(fn, mode=FULL ...), run on every backend: the CPU simulation
+everywhere, real CUDA graphs where a GPU exists. Every graph path is compared with eager
+execution on fresh random inputs."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from graphify import (
+    CaptureError,
+    InputMismatchError,
+    Mode,
+    PersistentSwapError,
+    Pool,
+    Support,
+    graphify,
+    persistent,
+    reqs,
+    static,
+    tokens,
+)
+
+SIZES = (1, 2, 4, 8, 16)
+
+
+def mlp(x, w1, w2):
+    return F.gelu(x @ w1) @ w2
+
+
+def weights(device, d=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(d, 64, generator=g).to(device), torch.randn(64, d, generator=g).to(device)
+
+
+def captured_mlp(backend, *, sizes=SIZES, pool=None, **kw):
+    name, device = backend
+    w1, w2 = weights(device)
+    g = graphify(mlp, mode="FULL", sizes=sizes, axes=(tokens(), persistent(), persistent()),
+                 backend=name, pool=pool, progress=False, **kw)
+    return g.capture(torch.randn(3, 32, device=device), w1, w2), w1, w2
+
+
+def test_replay_is_bit_exact_with_eager_at_captured_sizes(backend):
+    g, w1, w2 = captured_mlp(backend)
+    for n in SIZES:
+        x = torch.randn(n, 32, device=backend[1])
+        assert torch.equal(g(x, w1, w2), mlp(x, w1, w2))
+    assert g.stats.by_mode()[2].calls == len(SIZES)
+
+
+def test_between_sizes_pads_then_cuts_back(backend):
+    g, w1, w2 = captured_mlp(backend)
+    for n in (3, 5, 7, 9, 15):
+        x = torch.randn(n, 32, device=backend[1])
+        out = g(x, w1, w2)
+        assert out.shape == (n, 32)
+        torch.testing.assert_close(out, mlp(x, w1, w2), rtol=1e-5, atol=1e-5)
+    padded = {r.padded_to for r in g.stats.rows()}
+    assert padded == {4, 8, 16}
+
+
+def test_padded_rows_never_change_real_rows(backend):
+    g, w1, w2 = captured_mlp(backend, sizes=(8,))
+    x = torch.randn(5, 32, device=backend[1])
+    first = g(x, w1, w2).clone()
+    g(torch.randn(8, 32, device=backend[1]) * 100, w1, w2)  # fill every row with other data
+    assert torch.equal(g(x, w1, w2), first)
+
+
+def test_batch_above_largest_size_runs_eagerly_and_is_counted(backend):
+    g, w1, w2 = captured_mlp(backend)
+    x = torch.randn(40, 32, device=backend[1])
+    assert torch.equal(g(x, w1, w2), mlp(x, w1, w2))
+    none = g.stats.by_mode()[0]
+    assert none.mode is Mode.NONE and (none.calls, none.tokens) == (1, 40)
+
+
+def test_capture_returns_a_new_callable_and_the_old_one_still_works(backend):
+    name, device = backend
+    w1, w2 = weights(device)
+    g0 = graphify(mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent(), persistent()), backend=name, progress=False)
+    g1 = g0.capture(torch.randn(2, 32, device=device), w1, w2)
+    assert g0.table is None and g1.table is not None and len(g1.table) == len(SIZES)
+    x = torch.randn(4, 32, device=device)
+    assert torch.equal(g0(x, w1, w2), mlp(x, w1, w2))
+    assert g0.stats.by_mode()[0].calls == 1 and g1.stats.calls == 0
+    assert g1.__wrapped__ is mlp and g1.__name__ == "mlp"
+
+
+def test_decoder_decode_step_matches_eager_and_writes_the_same_cache(backend):
+    from models import DecoderConfig, decode_step, init_params, new_kv_cache
+
+    name, device = backend
+    cfg = DecoderConfig.tiny()
+    step = decode_step(cfg, init_params(cfg, seed=1, device=device))
+    cache = new_kv_cache(cfg, 8, device=device, seed=2)
+    g = graphify(step, mode="FULL", sizes=(1, 2, 4, 8), axes=(tokens(), tokens(), tokens(), persistent()),
+                 backend=name, progress=False)
+    g = g.capture(*batch(cfg, 3, device), cache)
+    for n in (1, 2, 3, 4, 6, 8):
+        ids, pos, rows = batch(cfg, n, device)
+        ref_cache = cache.clone()
+        ref = step(ids, pos, rows, ref_cache)
+        out = g(ids, pos, rows, cache)
+        if n in (1, 2, 4, 8):
+            assert torch.equal(out, ref)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(cache[:, :, 1:], ref_cache[:, :, 1:], rtol=1e-5, atol=1e-5)
+
+
+def batch(cfg, n, device):
+    ids = torch.randint(0, cfg.vocab_size, (n,), device=device)
+    pos = torch.randint(1, cfg.max_seq_len, (n,), device=device)
+    rows = torch.randperm(8, device=device)[:n] + 1
+    return ids, pos, rows
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "make_bad, match",
+    [
+        (lambda x: x.double(), "dtype torch.float64"),
+        (lambda x: x[:, :16], r"shape \(3, 16\)"),
+        (lambda x: x.unsqueeze(-1), r"shape \(3, 32, 1\)"),
+    ],
+)
+def test_wrong_dtype_or_trailing_shape_names_argument_and_captured_spec(backend, make_bad, match):
+    g, w1, w2 = captured_mlp(backend)
+    with pytest.raises(InputMismatchError, match=match) as info:
+        g(make_bad(torch.randn(3, 32, device=backend[1])), w1, w2)
+    msg = str(info.value)
+    assert "'x'" in msg and "captured tokens tensor of shape (num_tokens, 32)" in msg and "graphify(mlp" in msg
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU to put an argument on the wrong device")
+def test_wrong_device_names_argument():
+    g, w1, w2 = captured_mlp(("cuda", "cuda"))
+    with pytest.raises(InputMismatchError, match="device cpu"):
+        g(torch.randn(3, 32), w1, w2)
+
+
+def test_persistent_tensor_swapped_for_another_is_an_error(backend):
+    g, w1, w2 = captured_mlp(backend)
+    x = torch.randn(3, 32, device=backend[1])
+    with pytest.raises(PersistentSwapError, match="'w1' is a different tensor"):
+        g(x, w1.clone(), w2)
+    with pytest.raises(PersistentSwapError, match="'w2' changed"):
+        g(x, w1, w2.half())
+    w1.mul_(2)  # in-place updates are what persistent means: the graph sees them
+    assert torch.equal(g(torch.ones(2, 32, device=backend[1]), w1, w2), mlp(torch.ones(2, 32, device=backend[1]), w1, w2))
+
+
+def test_static_argument_must_not_change(backend):
+    name, device = backend
+    g = graphify(lambda x, scale: x * scale, mode="FULL", sizes=(4,), axes=(tokens(), static()), backend=name, progress=False)
+    g = g.capture(torch.randn(2, 3, device=device), 2.0)
+    assert torch.equal(g(torch.ones(2, 3, device=device), 2.0), torch.full((2, 3), 2.0, device=device))
+    with pytest.raises(InputMismatchError, match="'scale' is 3.0 but was captured as 2.0"):
+        g(torch.ones(2, 3, device=device), 3.0)
+
+
+def test_argument_count_and_disagreeing_token_rows(backend):
+    name, device = backend
+    g = graphify(torch.add, mode="FULL", sizes=(4,), backend=name, progress=False).capture(
+        torch.randn(2, 3, device=device), torch.randn(2, 3, device=device)
+    )
+    with pytest.raises(InputMismatchError, match="expected 2 arguments"):
+        g(torch.randn(2, 3, device=device))
+    with pytest.raises(InputMismatchError, match="disagree on dim 0"):
+        g(torch.randn(2, 3, device=device), torch.randn(3, 3, device=device))
+
+
+def test_cuda_backend_on_a_machine_without_gpu_suggests_sim(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    g = graphify(mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent(), persistent()), backend="cuda", progress=False)
+    with pytest.raises(CaptureError, match="backend='sim'"):
+        g.capture(torch.randn(3, 32), *weights("cpu"))
+
+
+def test_exception_during_capture_names_the_size_and_releases_graphs(backend):
+    name, device = backend
+
+    def fragile(x):
+        if x.shape[0] == 4:
+            raise RuntimeError("boom at four")
+        return x * 2
+
+    pool = Pool("fragile")
+    g0 = graphify(fragile, mode="FULL", sizes=SIZES, backend=name, pool=pool, progress=False)
+    with pytest.raises(CaptureError, match=r"tokens=4\) \(3 of 5\).*boom at four.*2 graph\(s\) captured before it were released"):
+        g0.capture(torch.randn(2, 3, device=device))
+    gc.collect()
+    assert pool.report().per_graph == ()
+    x = torch.randn(3, 3, device=device)
+    assert torch.equal(g0(x), x * 2)
+
+
+def test_op_that_cannot_be_captured_is_a_capture_error(backend):
+    name, device = backend
+
+    def syncs(x):
+        return x * x.sum().item()
+
+    g = graphify(syncs, mode="FULL", sizes=(2, 4), backend=name, progress=False)
+    with pytest.raises(CaptureError) as info:
+        g.capture(torch.randn(2, 3, device=device))
+    if name == "sim":
+        assert "aten::_local_scalar_dense" in str(info.value) and "split" in str(info.value)
+
+
+def test_function_writing_a_padded_argument_in_place_is_rejected(backend):
+    name, device = backend
+
+    def writes(x):
+        x.add_(1)
+        return x * 2
+
+    with pytest.raises(CaptureError, match=r"writes to argument\(s\) \['x'\] in place"):
+        graphify(writes, mode="FULL", sizes=(2,), backend=name, progress=False).capture(torch.randn(2, 3, device=device))
+
+
+def test_unknown_mode_and_backend_strings():
+    with pytest.raises(ValueError, match="'FULL_AND_PIECEWISE'"):
+        graphify(mlp, mode="fully")
+    with pytest.raises(ValueError, match="'sim'"):
+        graphify(mlp, backend="tpu")
+
+
+# -- semantics ---------------------------------------------------------------------------
+
+def test_outputs_are_static_buffers_overwritten_by_the_next_replay(backend):
+    g, w1, w2 = captured_mlp(backend, sizes=(4,))
+    a, b = torch.randn(4, 32, device=backend[1]), torch.randn(4, 32, device=backend[1])
+    out_a = g(a, w1, w2)
+    kept = out_a.clone()
+    g(b, w1, w2)
+    assert torch.equal(out_a, mlp(b, w1, w2)) and not torch.equal(out_a, kept)
+
+
+def test_capture_is_largest_first_with_gc_frozen(backend):
+    name, device = backend
+    seen = []
+
+    def spy(x):
+        seen.append((x.shape[0], gc.isenabled()))
+        return x + 1
+
+    assert gc.isenabled()
+    graphify(spy, mode="FULL", sizes=SIZES, backend=name, progress=False).capture(torch.randn(2, 3, device=device))
+    sizes = [s for s, _ in seen]
+    assert sizes == sorted(sizes, reverse=True) and set(sizes) == set(SIZES)
+    assert not any(enabled for _, enabled in seen) and gc.isenabled()
+
+
+def test_one_pool_shared_by_two_functions(backend):
+    pool = Pool("shared")
+    g1, *_ = captured_mlp(backend, pool=pool)
+    g2, *_ = captured_mlp(backend, pool=pool, sizes=(4, 8))
+    labels = [label for label, _ in pool.report().per_graph]
+    assert len(labels) == len(SIZES) + 2 and all("graphify(mlp" in s for s in labels)
+    assert g1.table.pool is g2.table.pool is pool
+
+
+def test_keyword_arguments_are_bound_like_the_function(backend):
+    g, w1, w2 = captured_mlp(backend)
+    x = torch.randn(5, 32, device=backend[1])
+    torch.testing.assert_close(g(x, w2=w2, w1=w1), mlp(x, w1, w2), rtol=1e-5, atol=1e-5)
+
+
+def test_full_decode_only_graphs_uniform_batches_and_runs_mixed_ones_eagerly(backend):
+    name, device = backend
+
+    def per_request_sum(x, lens):
+        return x * 2, lens + 1
+
+    g = graphify(per_request_sum, mode="FULL_DECODE_ONLY", sizes=(2, 4, 8), axes=(tokens(), reqs(pad=1)),
+                 backend=name, progress=False)
+    assert g.resolution.mode is Mode.FULL_DECODE_ONLY
+    g = g.capture(torch.randn(3, 5, device=device), torch.ones(3, dtype=torch.long, device=device))
+    x, lens = torch.randn(3, 5, device=device), torch.randint(1, 9, (3,), device=device)
+    out, new_lens = g(x, lens)  # 3 tokens, 3 requests: uniform decode
+    assert torch.equal(out, x * 2) and torch.equal(new_lens, lens + 1) and new_lens.shape == (3,)
+    out, new_lens = g(torch.randn(6, 5, device=device), lens)  # 6 tokens, 3 requests: mixed
+    assert out.shape == (6, 5) and new_lens.shape == (3,)
+    assert [(r.mode, r.calls) for r in g.stats.by_mode()] == [(Mode.NONE, 1), (Mode.PIECEWISE, 0), (Mode.FULL, 1)]
+
+
+def test_downgrade_is_resolved_and_reported():
+    g = graphify(mlp, mode="FULL", support=[Support.ALWAYS, Support.UNIFORM_SINGLE_TOKEN_DECODE])
+    assert g.resolution.mode is Mode.FULL_DECODE_ONLY and "UNIFORM_SINGLE_TOKEN_DECODE" in g.resolution.reasons[0]
+    assert "requested FULL" in g.summary()
+    g = graphify(mlp, mode="FULL_AND_PIECEWISE")
+    assert g.resolution.mode is Mode.FULL and "split(fn, ops)" in g.resolution.reasons[0]
+
+
+def test_summary_and_explain(backend):
+    g, *_ = captured_mlp(backend)
+    assert f"{len(SIZES)} graphs on {backend[0]}" in g.summary()
+    assert g.explain(5) == "num_tokens=5 -> FULL (tokens=8) (relaxed FULL graph)"
+    assert "closest captured: (tokens=16)" in g.explain(100)

@@ -1,0 +1,1 @@
+"""Composable transforms over functions, used with `graphify` (for example `split`)."""
