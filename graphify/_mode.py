@@ -26,6 +26,10 @@ class Mode(enum.Enum):
     FULL_DECODE_ONLY = "FULL_DECODE_ONLY"
     FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
 
+    # Members are singletons compared by identity: hash them in C, not through the
+    # Python-level Enum.__hash__ (dispatch statistics hash a mode on every call).
+    __hash__ = object.__hash__
+
     @classmethod
     def parse(cls, value: "Mode | str") -> "Mode":
         """A `Mode` from itself or its name (any case); `ValueError` lists the valid names."""

@@ -25,6 +25,10 @@ from ._table import Entry, GraphTable
 
 __all__ = ["Runtime"]
 
+
+def _device_index(device: torch.device | None) -> int:
+    return -1 if device is None or device.type == "cpu" else (device.index if device.index is not None else 0)
+
 _NONE = Mode.NONE
 
 
@@ -39,6 +43,7 @@ class _Plan:
     outputs: list
     out_spec: Any
     single: bool
+    padded: int
 
 
 class Runtime:
@@ -62,10 +67,15 @@ class Runtime:
         self.nargs = len(specs)
         self.tok_idx = tuple(s.index for s in specs if s.axis.kind == "tokens")
         self.req_idx = tuple(s.index for s in specs if s.axis.kind == "reqs")
+        # get_device() is -1 on the CPU and the index on a GPU: a cheap device check.
         self.padded_checks = tuple(
-            (s.index, s.dtype, s.device, torch.Size(s.trailing)) for s in specs if s.axis.kind in ("tokens", "reqs")
+            (s.index, s.dtype, _device_index(s.device), torch.Size(s.trailing))
+            for s in specs
+            if s.axis.kind in ("tokens", "reqs")
         )
-        self.fixed_checks = tuple((s.index, s.dtype, s.device, torch.Size(s.shape)) for s in specs if s.axis.kind == "fixed")
+        self.fixed_checks = tuple(
+            (s.index, s.dtype, _device_index(s.device), torch.Size(s.shape)) for s in specs if s.axis.kind == "fixed"
+        )
         self.persistent_checks = tuple((s.index, s.data_ptr, torch.Size(s.shape)) for s in specs if s.axis.kind == "persistent")
         self.static_checks = tuple((s.index, s.value) for s in specs if s.axis.kind == "static")
         self.lock = threading.Lock()
@@ -96,11 +106,11 @@ class Runtime:
     def check(self, args: Sequence[Any]) -> None:
         for i, dtype, device, trailing in self.padded_checks:
             a = args[i]
-            if a.dtype is not dtype or a.device != device or a.shape[1:] != trailing:
+            if a.dtype is not dtype or a.get_device() != device or a.shape[1:] != trailing:
                 self._fail(i, a)
         for i, dtype, device, shape in self.fixed_checks:
             a = args[i]
-            if not isinstance(a, torch.Tensor) or a.dtype is not dtype or a.device != device or a.shape != shape:
+            if not isinstance(a, torch.Tensor) or a.dtype is not dtype or a.get_device() != device or a.shape != shape:
                 self._fail(i, a)
         for i, ptr, shape in self.persistent_checks:
             a = args[i]
@@ -128,17 +138,20 @@ class Runtime:
         if decision.mode is _NONE:
             stats.record(_NONE, n, None)
             return self.fn(*args)
-        key = decision.key
         r_real = n if r is None else r
+        plan_key = (id(decision), n, r_real)  # decisions are unique objects of the dispatcher
         with self.lock:
-            plan = self.plans.get((decision.mode, key, n, r_real))
+            plan = self.plans.get(plan_key)
             if plan is None:
-                plan = self._plan(self.table[decision.mode, key], n, r_real)
+                plan = self.plans[plan_key] = self._plan(self.table[decision.mode, decision.key], n, r_real)
             if plan.dsts:
-                with torch.no_grad():
+                if torch.is_grad_enabled():
+                    with torch.no_grad():
+                        torch._foreach_copy_(plan.dsts, [args[i] for i in plan.src_idx] + plan.pad_srcs)
+                else:
                     torch._foreach_copy_(plan.dsts, [args[i] for i in plan.src_idx] + plan.pad_srcs)
             plan.replay()
-        stats.record(decision.mode, n, key.num_tokens)
+        stats.record(decision.mode, n, plan.padded)
         if plan.single:
             return plan.outputs[0]
         return pytree.tree_unflatten(plan.outputs, plan.out_spec)
@@ -164,9 +177,5 @@ class Runtime:
             t[: rows[axis][0]] if isinstance(t, torch.Tensor) and axis in rows else t
             for t, axis in zip(entry.flat_outputs, entry.out_axes)
         ]
-        plan = _Plan(
-            dsts + pad_dsts, tuple(src_idx), pad_srcs, entry.replay, outputs, entry.out_spec,
-            entry.out_spec.is_leaf() if hasattr(entry.out_spec, "is_leaf") else entry.out_spec.num_leaves == 1 and not entry.out_spec.children_specs,
-        )
-        self.plans[entry.mode, key, n, r] = plan
-        return plan
+        single = entry.out_spec.num_leaves == 1 and entry.out_spec.num_children == 0
+        return _Plan(dsts + pad_dsts, tuple(src_idx), pad_srcs, entry.replay, outputs, entry.out_spec, single, key.num_tokens)

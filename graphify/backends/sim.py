@@ -81,9 +81,7 @@ class SimBackend:
             fresh = [t for t in fresh if isinstance(t, torch.Tensor)]
             if len(fresh) != len(static_out) or any(a.shape != b.shape for a, b in zip(fresh, static_out)):
                 raise CaptureError("sim replay: the function returned different output shapes than at capture")
-            with torch.no_grad():
-                for dst, src in zip(static_out, fresh):
-                    dst.copy_(src)
+            torch._foreach_copy_(static_out, [t.detach() for t in fresh])
 
         nbytes = sum(t.untyped_storage().nbytes() for t in static_out)
         return Captured(replay, None, outputs, nbytes)

@@ -1,0 +1,101 @@
+"""Shared benchmark plumbing: environment stamp, timing, tables and result files."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def environment() -> dict:
+    """Device, date and versions, stamped on every result file."""
+    import graphify
+
+    cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or platform.machine()})",
+        "gpu": cuda,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "python": platform.python_version(),
+        "graphify": graphify.__version__,
+    }
+
+
+def device_slug(env: dict) -> str:
+    if not env["gpu"]:
+        return "cpu-sim"
+    return re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-")
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_per_call(fn: Callable[[int], object], *, calls: int = 10, reps: int = 30, warmup: int = 5) -> float:
+    """Median over `reps` of the time per call (ms) of `calls` back-to-back calls
+    `fn(i)`; CUDA events on a GPU, a synchronised host clock otherwise."""
+    for i in range(warmup):
+        fn(i)
+    sync()
+    samples = []
+    for r in range(reps):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for i in range(calls):
+                fn(r * calls + i)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / calls)
+        else:
+            t0 = time.perf_counter()
+            for i in range(calls):
+                fn(r * calls + i)
+            samples.append((time.perf_counter() - t0) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+def host_cost_us(fn: Callable[[int], object], *, reps: int = 200) -> float:
+    """Median host time (µs) to issue one call with the device idle, not synchronising
+    inside the timed region."""
+    samples = []
+    for i in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn(i)
+        samples.append((time.perf_counter() - t0) * 1e6)
+    sync()
+    return statistics.median(samples)
+
+
+def table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
+    """A Markdown table; `columns` are (key, header, format spec)."""
+    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = [
+        "| " + " | ".join(("-" if r.get(k) is None else format(r[k], f)) for k, _, f in columns) + " |" for r in rows
+    ]
+    return "\n".join([head, rule, *body])
+
+
+def write(name: str, env: dict, payload: dict, markdown: str) -> tuple[Path, Path]:
+    """Write `<name>-<device>.json` and `.md` under benchmarks/results/."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"{name}-{device_slug(env)}"
+    json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
+    json_path.write_text(json.dumps({"environment": env, **payload}, indent=2) + "\n")
+    stamp = ", ".join(f"{k} {v}" for k, v in env.items() if k != "gpu" and v is not None)
+    md_path.write_text(f"# {name}\n\n{stamp}\n\n{markdown}\n")
+    return json_path, md_path

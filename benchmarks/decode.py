@@ -1,0 +1,168 @@
+"""Decode-step benchmark: eager vs graphify FULL vs a hand-written CUDA graph (the floor).
+
+On a GPU: the Qwen2.5-0.5B-shaped decoder in bf16, KV length 256, at B = 1, 8, 64. The
+floor is one `torch.cuda.CUDAGraph` per batch size that copies the new inputs into its
+static buffers and replays. Also graphify's host cost per call (issuing it, no sync) and
+each path's max error against eager.
+
+On a CPU-only machine it runs the tiny decoder through graphify's simulation backend:
+those timings say nothing about GPUs and are labelled so.
+
+    python -m benchmarks.decode [--batch-sizes 1 8 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from graphify import graphify, persistent, tokens, vllm_sizes
+from models import DecoderConfig, decode_step, init_params, new_kv_cache
+
+from . import dispatch as dispatch_bench
+from ._report import environment, host_cost_us, sync, table, time_per_call, write
+
+INPUT_SETS = 8
+
+
+def make_inputs(cfg: DecoderConfig, b: int, device, seed: int) -> list[tuple]:
+    """Fresh random token ids per set; every request at KV length `max_seq_len`."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    out = []
+    for _ in range(INPUT_SETS):
+        ids = torch.randint(0, cfg.vocab_size, (b,), generator=gen).to(device)
+        pos = torch.full((b,), cfg.max_seq_len - 1, dtype=torch.long, device=device)
+        rows = torch.arange(1, b + 1, device=device)
+        out.append((ids, pos, rows))
+    return out
+
+
+class HandWrittenGraph:
+    """The floor: what a careful engineer writes by hand for one batch size."""
+
+    def __init__(self, step, example: tuple, cache: torch.Tensor):
+        self.static = [t.clone() for t in example]
+        self.cache = cache
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                step(*self.static, cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=stream):
+            self.out = step(*self.static, cache)
+
+    def __call__(self, ids, pos, rows):
+        self.static[0].copy_(ids)
+        self.static[1].copy_(pos)
+        self.static[2].copy_(rows)
+        self.graph.replay()
+        return self.out
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def run(batch_sizes=(1, 8, 64)) -> dict:
+    env = environment()
+    gpu = env["gpu"]
+    device = "cuda" if gpu else "cpu"
+    cfg = DecoderConfig.qwen2_5_0_5b() if gpu else DecoderConfig.tiny(max_seq_len=64)
+    params = init_params(cfg, seed=0, device=device)
+    cache = new_kv_cache(cfg, max(batch_sizes), device=device, seed=1)
+    step = decode_step(cfg, params)
+    axes = (tokens(), tokens(), tokens(), persistent())
+
+    g = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes, backend="auto")
+    g = g.capture(*make_inputs(cfg, 1, device, 0)[0], cache)
+    print(g.summary(), file=sys.stderr)
+
+    rows = []
+    with torch.inference_mode():
+        for b in batch_sizes:
+            inputs = make_inputs(cfg, b, device, seed=b)
+            eager = lambda i: step(*inputs[i % INPUT_SETS], cache)  # noqa: E731
+            graphed = lambda i: g(*inputs[i % INPUT_SETS], cache)  # noqa: E731
+            row = {"batch": b}
+            check = inputs[0]
+            ref = step(*check, cache).clone()
+            row["graphify_max_err"] = max_err(g(*check, cache), ref)
+            row["eager_ms"] = time_per_call(eager)
+            row["graphify_ms"] = time_per_call(graphed)
+            row["graphify_host_us"] = host_cost_us(graphed)
+            entry = next(e for e in g.table if e.key.num_tokens == b)
+            row["replay_host_us"] = host_cost_us(lambda i: entry.replay())
+            if gpu:
+                floor = HandWrittenGraph(step, check, cache)
+                row["floor_max_err"] = max_err(floor(*check), ref)
+                row["floor_ms"] = time_per_call(lambda i: floor(*inputs[i % INPUT_SETS]))
+                row["floor_host_us"] = host_cost_us(lambda i: floor(*inputs[i % INPUT_SETS]))
+                row["graphify_vs_floor"] = row["graphify_ms"] / row["floor_ms"]
+                del floor
+            row["speedup_vs_eager"] = row["eager_ms"] / row["graphify_ms"]
+            rows.append(row)
+            sync()
+    disp = dispatch_bench.run()
+    return {
+        "env": env,
+        "config": {"model": "qwen2.5-0.5b-shape" if gpu else "tiny", "dtype": str(cfg.dtype), "kv_len": cfg.max_seq_len,
+                   "backend": g.table.backend.name, "sizes": list(g.sizes)},
+        "capture": {"graphs": len(g.table), "seconds": g.table.seconds, "pool_mib": g.table.nbytes / 2**20},
+        "rows": rows,
+        "dispatch": disp,
+    }
+
+
+COLUMNS = [
+    ("batch", "B", "d"),
+    ("eager_ms", "eager ms", ".3f"),
+    ("floor_ms", "hand graph ms", ".3f"),
+    ("graphify_ms", "graphify ms", ".3f"),
+    ("graphify_vs_floor", "graphify / hand", ".3f"),
+    ("speedup_vs_eager", "speedup vs eager", ".1f"),
+    ("graphify_host_us", "graphify host µs", ".1f"),
+    ("floor_host_us", "hand host µs", ".1f"),
+    ("replay_host_us", "replay() alone µs", ".1f"),
+    ("graphify_max_err", "graphify max err", ".3g"),
+    ("floor_max_err", "hand max err", ".3g"),
+]
+
+
+def render(result: dict) -> str:
+    env, cap = result["env"], result["capture"]
+    lines = []
+    if not env["gpu"]:
+        lines.append(
+            "**CPU-only machine: tiny decoder on the simulation backend. These timings are not GPU "
+            "timings; run on a CUDA machine for real numbers.**\n"
+        )
+    lines.append(f"Model {result['config']['model']} ({result['config']['dtype']}), KV length {result['config']['kv_len']}, "
+                 f"backend {result['config']['backend']}.\n")
+    lines.append(table(result["rows"], COLUMNS))
+    lines.append(
+        f"\nCapture: {cap['graphs']} FULL graphs (sizes {result['config']['sizes'][0]}..{result['config']['sizes'][-1]}) "
+        f"in {cap['seconds']:.2f} s, {cap['pool_mib']:.1f} MiB pool.\n"
+    )
+    lines.append(table(result["dispatch"], [("what", "dispatch (CPU)", "s"), ("us_per_call", "µs per call", ".3f"),
+                                            ("target_us", "target µs", ".1f")]))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64])
+    args = parser.parse_args(argv)
+    result = run(tuple(args.batch_sizes))
+    markdown = render(result)
+    paths = write("decode", result.pop("env"), result, markdown)
+    print(markdown)
+    print(f"\nwrote {paths[0]} and {paths[1]}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

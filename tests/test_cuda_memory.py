@@ -1,0 +1,46 @@
+"""CUDA-only memory behaviour: weak outputs let all sizes share the largest one's memory."""
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+from graphify import Pool, graphify, persistent, tokens
+
+pytestmark = [pytest.mark.cuda, requires_cuda]
+
+
+def wide(x, w):
+    return torch.relu(x @ w) * 2
+
+
+def capture(weak: bool, w):
+    g = graphify(wide, mode="FULL", sizes=(64, 128, 256, 512), axes=(tokens(), persistent()),
+                 weak_outputs=weak, pool=Pool(f"weak={weak}"), progress=False)
+    return g.capture(torch.randn(4, 256, device="cuda"), w)
+
+
+def test_weak_outputs_use_less_pool_memory_and_stay_correct():
+    w = torch.randn(256, 4096, device="cuda")
+    strong = capture(False, w)
+    weak = capture(True, w)
+    assert weak.table.nbytes < strong.table.nbytes
+    for n in (3, 64, 100, 512):  # replays of every size still see correct outputs
+        x = torch.randn(n, 256, device="cuda")
+        assert torch.equal(weak(x, w), wide(x, w))
+
+
+def test_memory_returns_after_the_callable_is_dropped():
+    w = torch.randn(256, 4096, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    g = capture(True, w)
+    g(torch.randn(5, 256, device="cuda"), w)
+    assert torch.cuda.memory_reserved() > base
+    del g
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() - base <= 1 << 20
