@@ -80,6 +80,20 @@ def host_cost_us(fn: Callable[[int], object], *, reps: int = 200) -> float:
     return statistics.median(samples)
 
 
+def host_pipelined_us(fn: Callable[[int], object], *, calls: int = 20, reps: int = 20) -> float:
+    """Median host time (µs) per call to issue `calls` calls back to back while the device
+    is still busy with earlier ones: what a serving loop pays on the CPU per step."""
+    samples = []
+    for r in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        for i in range(calls):
+            fn(r * calls + i)
+        samples.append((time.perf_counter() - t0) * 1e6 / calls)
+    sync()
+    return statistics.median(samples)
+
+
 def table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
     """A Markdown table; `columns` are (key, header, format spec)."""
     head = "| " + " | ".join(h for _, h, _ in columns) + " |"

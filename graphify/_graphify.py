@@ -156,6 +156,27 @@ class Graphified:
         )
         return attrs.evolve(self, table=table)
 
+    def static_inputs(self, num_tokens: int, num_reqs: int | None = None) -> tuple:
+        """Arguments for a call of `num_tokens` tokens (and `num_reqs` requests) that *are*
+        the static input buffers: persistent tensors as captured, static values as
+        captured, and views of the padded and fixed buffers. Write the next batch into
+        the views (for example `torch.argmax(logits, -1, out=ids)`) and call with them:
+        no input is copied, so a call costs little more than the replay itself.
+
+        !!! example
+            >>> ids, pos, rows, kv = step.static_inputs(8)  # doctest: +SKIP
+            >>> ids.copy_(next_ids); logits = step(ids, pos, rows, kv)  # doctest: +SKIP
+        """
+        if self._runtime is None:
+            raise ValueError(f"{self._call}.static_inputs: capture first; static buffers exist only after capture")
+        top = self.table.keys.max_tokens()
+        if not 1 <= num_tokens <= top or (num_reqs is not None and not 1 <= num_reqs <= num_tokens):
+            raise ValueError(
+                f"{self._call}.static_inputs: need 1 <= num_reqs <= num_tokens <= {top} (the largest captured size), "
+                f"got num_tokens={num_tokens}, num_reqs={num_reqs}"
+            )
+        return self._runtime.static_inputs(num_tokens, num_reqs)
+
     def _capture_fns(self) -> dict[Mode, Callable]:
         fns = {Mode.FULL: self.fn}
         piecewise = getattr(self.fn, "piecewise_capture_fn", None)

@@ -34,11 +34,13 @@ _NONE = Mode.NONE
 
 @attrs.frozen(eq=False)
 class _Plan:
-    """Everything one (graph, real tokens, real requests) call needs, precomputed."""
+    """Everything one (graph, real tokens, real requests) call needs, precomputed.
 
-    dsts: list
-    src_idx: tuple[int, ...]
-    pad_srcs: list
+    `inputs` holds (argument index, destination view, its data_ptr) for every copied
+    argument; `pads` holds (buffer number, real rows) per padded buffer."""
+
+    inputs: tuple
+    pads: tuple
     replay: Callable[[], None]
     outputs: list
     out_spec: Any
@@ -80,6 +82,9 @@ class Runtime:
         self.static_checks = tuple((s.index, s.value) for s in specs if s.axis.kind == "static")
         self.lock = threading.Lock()
         self.plans: dict = {}
+        # Rows of each padded buffer that may hold real data; rows past it hold padding.
+        # Padding is copied in only where a smaller batch follows a larger one.
+        self.dirty = [0] * len(specs)
 
     # -- checks ---------------------------------------------------------------------------
     def _fail(self, index: int, arg: Any) -> None:
@@ -144,12 +149,25 @@ class Runtime:
             plan = self.plans.get(plan_key)
             if plan is None:
                 plan = self.plans[plan_key] = self._plan(self.table[decision.mode, decision.key], n, r_real)
-            if plan.dsts:
+            dsts, srcs = [], []
+            for i, view, ptr in plan.inputs:
+                a = args[i]
+                if a.data_ptr() != ptr:  # an argument that already is the static view needs no copy
+                    dsts.append(view)
+                    srcs.append(a)
+            dirty = self.dirty
+            for b, real in plan.pads:
+                held = dirty[b]
+                if held > real:  # a larger batch left data past this one: restore padding there
+                    dsts.append(self.table.static.buffers[b][real:held])
+                    srcs.append(self.table.static.pads[b][real:held])
+                dirty[b] = real
+            if dsts:
                 if torch.is_grad_enabled():
                     with torch.no_grad():
-                        torch._foreach_copy_(plan.dsts, [args[i] for i in plan.src_idx] + plan.pad_srcs)
+                        torch._foreach_copy_(dsts, srcs)
                 else:
-                    torch._foreach_copy_(plan.dsts, [args[i] for i in plan.src_idx] + plan.pad_srcs)
+                    torch._foreach_copy_(dsts, srcs)
             plan.replay()
         stats.record(decision.mode, n, plan.padded)
         if plan.single:
@@ -159,23 +177,40 @@ class Runtime:
     def _plan(self, entry: Entry, n: int, r: int) -> _Plan:
         key = entry.key
         rows = {"tokens": (n, key.num_tokens), "reqs": (r, key.reqs_rows)}
-        dsts, src_idx, pad_dsts, pad_srcs = [], [], [], []
-        static = self.table.static
-        for spec, buf, pad in zip(self.table.specs, static.buffers, static.pads):
+        inputs, pads = [], []
+        for b, (spec, buf) in enumerate(zip(self.table.specs, self.table.static.buffers)):
             kind = spec.axis.kind
             if kind in rows:
-                real, padded = rows[kind]
-                dsts.append(buf[:real])
-                src_idx.append(spec.index)
-                if padded > real:
-                    pad_dsts.append(buf[real:padded])
-                    pad_srcs.append(pad[real:padded])
+                real = rows[kind][0]
+                view = buf[:real]
+                inputs.append((spec.index, view, view.data_ptr()))
+                pads.append((b, real))
             elif kind == "fixed":
-                dsts.append(buf)
-                src_idx.append(spec.index)
+                inputs.append((spec.index, buf, buf.data_ptr()))
         outputs = [
             t[: rows[axis][0]] if isinstance(t, torch.Tensor) and axis in rows else t
             for t, axis in zip(entry.flat_outputs, entry.out_axes)
         ]
         single = entry.out_spec.num_leaves == 1 and entry.out_spec.num_children == 0
-        return _Plan(dsts + pad_dsts, tuple(src_idx), pad_srcs, entry.replay, outputs, entry.out_spec, single, key.num_tokens)
+        return _Plan(tuple(inputs), tuple(pads), entry.replay, outputs, entry.out_spec, single, key.num_tokens)
+
+    def static_inputs(self, n: int, r: int | None) -> tuple:
+        """Arguments that are the static buffers themselves (views of `n` token rows and
+        `r` request rows): write the next batch into them and call with them, and no
+        input is copied."""
+        rows = {"tokens": n, "reqs": n if r is None else r}
+        static = self.table.static
+        out = []
+        with self.lock:
+            for b, (spec, buf, kept) in enumerate(zip(self.table.specs, static.buffers, static.persistent)):
+                kind = spec.axis.kind
+                if kind in rows:
+                    out.append(buf[: rows[kind]])
+                    self.dirty[b] = max(self.dirty[b], rows[kind])  # the caller will write these rows
+                elif kind == "fixed":
+                    out.append(buf)
+                elif kind == "persistent":
+                    out.append(kept)
+                else:
+                    out.append(spec.value)
+        return tuple(out)

@@ -39,14 +39,17 @@ class Entry:
 @attrs.frozen(eq=False)
 class StaticBuffers:
     """One buffer per padded or fixed argument, sized for the largest key; every graph
-    reads a leading slice of it. `pads` holds the padding rows to copy in."""
+    reads a leading slice of it. `pads` holds the padding rows to copy in; `persistent`
+    keeps the captured persistent tensors alive as long as the graphs that read them."""
 
     buffers: tuple[torch.Tensor | None, ...]
     pads: tuple[torch.Tensor | None, ...]
+    persistent: tuple[torch.Tensor | None, ...]
 
     @classmethod
     def allocate(cls, specs: Sequence[ArgSpec], args: Sequence[Any], rows: Mapping[str, int]) -> "StaticBuffers":
         buffers, pads = [], []
+        persistent = tuple(arg if spec.axis.kind == "persistent" else None for spec, arg in zip(specs, args))
         for spec, arg in zip(specs, args):
             kind = spec.axis.kind
             if kind in PADDED:
@@ -59,7 +62,7 @@ class StaticBuffers:
             else:
                 buffers.append(None)
                 pads.append(None)
-        return cls(tuple(buffers), tuple(pads))
+        return cls(tuple(buffers), tuple(pads), persistent)
 
     def args_for(self, specs: Sequence[ArgSpec], key: BatchDescriptor, example: Sequence[Any]) -> tuple:
         """The capture-time arguments for `key`: all-padding slices, fixed buffers, and

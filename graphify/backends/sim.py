@@ -18,7 +18,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .._errors import CaptureError, UnsupportedOpError
 from ._base import Captured
 
-__all__ = ["SimBackend", "UNCAPTURABLE_OPS"]
+__all__ = ["SimBackend", "CaptureGuard", "UNCAPTURABLE_OPS"]
+
+_copy_all = torch._foreach_copy_  # bound once: replay copies are not input copies
 
 # Ops that break stream capture: they read device values on the host (a sync) or
 # produce shapes that depend on data.
@@ -35,15 +37,33 @@ UNCAPTURABLE_OPS = {
 }
 
 
-class _CaptureGuard(TorchDispatchMode):
-    """Raise `UnsupportedOpError` on the first op that a CUDA graph could not capture."""
+def _device_to_host(name: str, args, kwargs) -> bool:
+    """A copy from a CUDA tensor into host memory (a synchronising transfer)."""
+    kwargs = kwargs or {}
+    if name == "aten::_to_copy":
+        target = kwargs.get("device")
+        return args[0].is_cuda and target is not None and torch.device(target).type == "cpu"
+    if name == "aten::copy_":
+        return args[0].device.type == "cpu" and args[1].is_cuda
+    return False
+
+
+class CaptureGuard(TorchDispatchMode):
+    """Raise `UnsupportedOpError` on the first op that a CUDA graph could not capture.
+
+    The sim backend captures under it; the cuda backend runs its first warm-up under it,
+    because a capture that CUDA invalidates leaves torch's allocator and RNG in capture
+    state for the rest of the process."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name
-        if name in UNCAPTURABLE_OPS:
+        why = UNCAPTURABLE_OPS.get(name)
+        if why is None and _device_to_host(name, args, kwargs):
+            why = "copies a CUDA tensor to the host (.cpu(), .tolist(), .numpy())"
+        if why is not None:
             raise UnsupportedOpError(
-                f"op {name} {UNCAPTURABLE_OPS[name]}, which a CUDA graph cannot capture; "
-                "keep it out of the graphified function, or make it a split op (split(fn, ops)) so it runs eagerly"
+                f"op {name} {why}, which a CUDA graph cannot capture; keep it out of the graphified "
+                "function, or make it a split op (split(fn, ops)) so it runs eagerly"
             )
         return func(*args, **(kwargs or {}))
 
@@ -70,7 +90,7 @@ class SimBackend:
     def capture(self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool) -> Captured:
         for _ in range(warmups):
             fn(*args)
-        with _CaptureGuard():
+        with CaptureGuard():
             result = fn(*args)
         outputs = pytree.tree_map(_clone_out, result)
         flat_out, _ = pytree.tree_flatten(outputs)
@@ -81,7 +101,7 @@ class SimBackend:
             fresh = [t for t in fresh if isinstance(t, torch.Tensor)]
             if len(fresh) != len(static_out) or any(a.shape != b.shape for a, b in zip(fresh, static_out)):
                 raise CaptureError("sim replay: the function returned different output shapes than at capture")
-            torch._foreach_copy_(static_out, [t.detach() for t in fresh])
+            _copy_all(static_out, [t.detach() for t in fresh])
 
         nbytes = sum(t.untyped_storage().nbytes() for t in static_out)
         return Captured(replay, None, outputs, nbytes)

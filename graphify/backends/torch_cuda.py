@@ -9,6 +9,7 @@ from torch.utils import _pytree as pytree
 
 from .._errors import CaptureError
 from ._base import Captured
+from .sim import CaptureGuard
 
 __all__ = ["TorchCudaBackend", "weak_alias"]
 
@@ -59,7 +60,9 @@ class TorchCudaBackend:
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            for _ in range(warmups):
+            with CaptureGuard():  # reject uncapturable ops before CUDA sees them
+                fn(*args)
+            for _ in range(warmups - 1):
                 fn(*args)
         stream.synchronize()
         torch.cuda.empty_cache()
