@@ -146,11 +146,12 @@ def capture_table(
         with _device_scope(device), torch.no_grad():
             static = StaticBuffers.allocate(specs, example, rows)
             handle = pool.handle_for(backend, device, call)
+            stream = backend.new_stream(device)
             out_rule = infer_out_axes(fn, specs, example, out_axes)
             with freeze_gc():
                 for mode, key in _progress(pairs, call, progress):
                     entries[mode, key] = _capture_one(
-                        call, capture_fns[mode], mode, key, specs, static, example, backend, handle,
+                        call, capture_fns[mode], mode, key, specs, static, example, backend, handle, stream,
                         warmups, weak_outputs, out_rule,
                     )
     except BaseException as exc:
@@ -172,11 +173,15 @@ def capture_table(
     return table
 
 
-def _capture_one(call, capture_fn, mode, key, specs, static, example, backend, handle, warmups, weak_outputs, out_rule):
+def _capture_one(
+    call, capture_fn, mode, key, specs, static, example, backend, handle, stream, warmups, weak_outputs, out_rule
+):
     args = static.args_for(specs, key, example)
     t0 = time.perf_counter()
     try:
-        captured = backend.capture(capture_fn, args, pool=handle, warmups=warmups, weak_outputs=weak_outputs)
+        captured = backend.capture(
+            capture_fn, args, pool=handle, warmups=warmups, weak_outputs=weak_outputs, stream=stream
+        )
     except Exception as exc:
         exc.graphify_key = (mode, key)
         raise

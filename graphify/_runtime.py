@@ -69,9 +69,9 @@ class Runtime:
         self.nargs = len(specs)
         self.tok_idx = tuple(s.index for s in specs if s.axis.kind == "tokens")
         self.req_idx = tuple(s.index for s in specs if s.axis.kind == "reqs")
-        # get_device() is -1 on the CPU and the index on a GPU: a cheap device check.
+        # One tuple per padded argument; get_device() is -1 on the CPU, else the GPU index.
         self.padded_checks = tuple(
-            (s.index, s.dtype, _device_index(s.device), torch.Size(s.trailing))
+            (s.index, s.axis.kind == "reqs", s.dtype, _device_index(s.device), torch.Size(s.trailing))
             for s in specs
             if s.axis.kind in ("tokens", "reqs")
         )
@@ -91,28 +91,37 @@ class Runtime:
         err = mismatch(self.call, self.table.specs[index], arg)
         raise err if err is not None else InputMismatchError(f"{self.call}: argument {index} does not match")
 
-    def _rows(self, args: Sequence[Any], idx: tuple[int, ...], what: str) -> int:
-        first = args[idx[0]]
-        if not isinstance(first, torch.Tensor) or first.dim() == 0:
-            self._fail(idx[0], first)
-        n = first.shape[0]
-        for i in idx[1:]:
-            a = args[i]
-            if not isinstance(a, torch.Tensor) or a.dim() == 0 or a.shape[0] != n:
-                if isinstance(a, torch.Tensor) and a.dim():
-                    names = [self.table.specs[j].name for j in idx]
-                    raise InputMismatchError(
-                        f"{self.call}: {what}-axis arguments {names} disagree on dim 0 "
-                        f"({self.table.specs[idx[0]].name!r} has {n}, {self.table.specs[i].name!r} has {a.shape[0]})"
-                    )
-                self._fail(i, a)
-        return n
+    def _disagree(self, idx: tuple[int, ...], i: int, first: int, got: int) -> None:
+        what = "reqs" if idx is self.req_idx else "tokens"
+        names = [self.table.specs[j].name for j in idx]
+        raise InputMismatchError(
+            f"{self.call}: {what}-axis arguments {names} disagree on dim 0 "
+            f"({self.table.specs[idx[0]].name!r} has {first}, {self.table.specs[i].name!r} has {got})"
+        )
 
-    def check(self, args: Sequence[Any]) -> None:
-        for i, dtype, device, trailing in self.padded_checks:
+    def rows_and_check(self, args: Sequence[Any]) -> tuple[int, int]:
+        """Check every argument against its captured spec; return (tokens, requests),
+        -1 where no argument has that axis. One pass, no allocation on the happy path."""
+        n = r = -1
+        for i, is_req, dtype, device, trailing in self.padded_checks:
             a = args[i]
-            if a.dtype is not dtype or a.get_device() != device or a.shape[1:] != trailing:
+            try:
+                shape = a.shape
+                rows = shape[0]
+                ok = a.dtype is dtype and shape[1:] == trailing and a.get_device() == device
+            except (AttributeError, IndexError, TypeError):
+                ok = False
+            if not ok:
                 self._fail(i, a)
+            if is_req:
+                if r < 0:
+                    r = rows
+                elif rows != r:
+                    self._disagree(self.req_idx, i, r, rows)
+            elif n < 0:
+                n = rows
+            elif rows != n:
+                self._disagree(self.tok_idx, i, n, rows)
         for i, dtype, device, shape in self.fixed_checks:
             a = args[i]
             if not isinstance(a, torch.Tensor) or a.dtype is not dtype or a.get_device() != device or a.shape != shape:
@@ -124,26 +133,25 @@ class Runtime:
         for i, value in self.static_checks:
             if args[i] != value:
                 self._fail(i, args[i])
+        return n, r
 
     # -- the call -------------------------------------------------------------------------
     def run(self, args: Sequence[Any], stats: Stats):
         if len(args) != self.nargs:
             raise InputMismatchError(f"{self.call}: expected {self.nargs} arguments as captured, got {len(args)}")
-        n = self._rows(args, self.tok_idx, "tokens") if self.tok_idx else None
-        r = self._rows(args, self.req_idx, "reqs") if self.req_idx else None
-        if n is None:
+        n, r = self.rows_and_check(args)
+        if n < 0:
             n = r
-        self.check(args)
         if self.uniform_fn is not None:
             uniform = bool(self.uniform_fn(*args))
         else:
-            uniform = self.q == 1 if r is None else n == r * self.q
+            uniform = self.q == 1 if r < 0 else n == r * self.q
         has_lora = bool(self.lora_fn(*args)) if self.lora_fn is not None else False
         decision = self.dispatcher.lookup(n, uniform, has_lora)
         if decision.mode is _NONE:
             stats.record(_NONE, n, None)
             return self.fn(*args)
-        r_real = n if r is None else r
+        r_real = n if r < 0 else r
         plan_key = (id(decision), n, r_real)  # decisions are unique objects of the dispatcher
         with self.lock:
             plan = self.plans.get(plan_key)

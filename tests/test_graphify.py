@@ -357,3 +357,13 @@ def test_padding_rows_are_restored_only_when_a_batch_shrinks(backend, monkeypatc
     view = x[:3]  # caller wrote 8 rows but passes 3: rows 3..4 must be padding again
     assert torch.equal(g(view), view * 3)
     assert torch.equal(buf[3:4], torch.full_like(buf[3:4], -7.0))
+
+
+def test_random_ops_draw_fresh_numbers_on_every_replay(backend):
+    name, device = backend
+    g = graphify(lambda x: x + torch.rand_like(x), mode="FULL", sizes=(4,), backend=name, progress=False)
+    g = g.capture(torch.randn(4, 8, device=device))
+    x = torch.randn(4, 8, device=device)
+    a, b = g(x).clone(), g(x).clone()
+    assert not torch.equal(a, b)
+    assert bool(((a - x) >= 0).all() and ((a - x) < 1).all())

@@ -30,8 +30,13 @@ class Backend(Protocol):
     def new_pool_handle(self, device: torch.device) -> Any:
         """A fresh memory-pool handle on `device`."""
 
-    def capture(self, fn: Callable, args: tuple, *, pool: Any, warmups: int, weak_outputs: bool) -> Captured:
-        """Warm up `fn(*args)`, then record it into a graph allocated from `pool`."""
+    def new_stream(self, device: torch.device) -> Any:
+        """The side stream every capture of one table shares (None where streams don't apply)."""
+
+    def capture(
+        self, fn: Callable, args: tuple, *, pool: Any, warmups: int, weak_outputs: bool, stream: Any = None
+    ) -> Captured:
+        """Warm up `fn(*args)`, then record it on `stream` into a graph allocated from `pool`."""
 
     def reserved_bytes(self, device: torch.device) -> int:
         """Device memory the allocator holds now (for pool reports)."""

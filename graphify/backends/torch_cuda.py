@@ -1,7 +1,15 @@
-"""torch CUDA graphs: warm up and capture on one side stream, into an explicit pool."""
+"""torch CUDA graphs: warm up and capture on one side stream, into an explicit pool.
+
+Replay launches the instantiated graph straight onto the caller's current stream through
+`cudaGraphLaunch` (cuda-python) when the graph draws no random numbers: torch's
+`CUDAGraph.replay()` also refills the RNG seed and offset (two extra kernel launches) on
+every replay, which a graph without random ops does not need. Graphs with random ops, or
+machines without cuda-python, replay through torch.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -11,7 +19,7 @@ from .._errors import CaptureError
 from ._base import Captured
 from .sim import CaptureGuard
 
-__all__ = ["TorchCudaBackend", "weak_alias"]
+__all__ = ["TorchCudaBackend", "weak_alias", "direct_launcher"]
 
 
 def weak_alias(t):
@@ -26,6 +34,36 @@ def weak_alias(t):
     storage = t.untyped_storage()
     alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
     return torch.empty((0,), dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.shape, t.stride())
+
+
+def direct_launcher(graph: "torch.cuda.CUDAGraph", device: int) -> Callable[[], None] | None:
+    """`cudaGraphLaunch` of `graph` on the current stream, or None where it is unavailable
+    (no cuda-python, an older torch, or GRAPHIFY_TORCH_REPLAY=1)."""
+    if os.environ.get("GRAPHIFY_TORCH_REPLAY") == "1":
+        return None
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        return None
+    try:
+        exec_handle = graph.raw_cuda_graph_exec()
+    except (AttributeError, RuntimeError):
+        return None
+    launch, current_stream, current_device = (
+        cudart.cudaGraphLaunch, torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
+    )
+    success = cudart.cudaError_t.cudaSuccess
+
+    def replay() -> None:
+        if current_device() != device:
+            with torch.cuda.device(device):
+                return replay()
+        (err,) = launch(exec_handle, current_stream(device))
+        if err != success:
+            raise RuntimeError(f"cudaGraphLaunch failed: {err}")
+
+    replay.graph = graph  # keeps the executable graph alive with its launcher
+    return replay
 
 
 class TorchCudaBackend:
@@ -50,17 +88,23 @@ class TorchCudaBackend:
         with torch.cuda.device(device):
             return torch.cuda.graph_pool_handle()
 
+    def new_stream(self, device: torch.device) -> "torch.cuda.Stream":
+        """One side stream for every warm-up and capture of a table: cuBLAS keeps a
+        workspace per stream, so a fresh stream per graph would put one in every graph."""
+        return torch.cuda.Stream(device)
+
     def reserved_bytes(self, device: torch.device) -> int:
         return torch.cuda.memory_reserved(device)
 
-    def capture(self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool) -> Captured:
+    def capture(self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None) -> Captured:
         device = torch.cuda.current_device()
+        stream = stream if stream is not None else self.new_stream(device)
         # Warm-up and capture share one stream so per-stream workspaces (cuBLAS) exist
-        # before capture (vLLM #53818).
-        stream = torch.cuda.Stream(device)
+        # before capture (vLLM #53818). The first warm-up runs under the op guard.
         stream.wait_stream(torch.cuda.current_stream(device))
+        guard = CaptureGuard()
         with torch.cuda.stream(stream):
-            with CaptureGuard():  # reject uncapturable ops before CUDA sees them
+            with guard:
                 fn(*args)
             for _ in range(warmups - 1):
                 fn(*args)
@@ -73,4 +117,5 @@ class TorchCudaBackend:
         nbytes = torch.cuda.memory_reserved(device) - before
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)
-        return Captured(graph.replay, graph, outputs, nbytes)
+        replay = None if guard.random_ops else direct_launcher(graph, device)
+        return Captured(replay or graph.replay, graph, outputs, nbytes)
