@@ -80,7 +80,7 @@ def host_cost_us(fn: Callable[[int], object], *, reps: int = 200) -> float:
     return statistics.median(samples)
 
 
-def host_pipelined_us(fn: Callable[[int], object], *, calls: int = 20, reps: int = 20) -> float:
+def host_pipelined_us(fn: Callable[[int], object], *, calls: int = 4, reps: int = 50) -> float:
     """Median host time (µs) per call to issue `calls` calls back to back while the device
     is still busy with earlier ones: what a serving loop pays on the CPU per step."""
     samples = []

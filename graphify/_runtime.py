@@ -71,7 +71,7 @@ class Runtime:
         self.req_idx = tuple(s.index for s in specs if s.axis.kind == "reqs")
         # One tuple per padded argument; get_device() is -1 on the CPU, else the GPU index.
         self.padded_checks = tuple(
-            (s.index, s.axis.kind == "reqs", s.dtype, _device_index(s.device), torch.Size(s.trailing))
+            (s.index, s.axis.kind == "reqs", s.dtype, _device_index(s.device), len(s.shape), torch.Size(s.trailing))
             for s in specs
             if s.axis.kind in ("tokens", "reqs")
         )
@@ -103,12 +103,17 @@ class Runtime:
         """Check every argument against its captured spec; return (tokens, requests),
         -1 where no argument has that axis. One pass, no allocation on the happy path."""
         n = r = -1
-        for i, is_req, dtype, device, trailing in self.padded_checks:
+        for i, is_req, dtype, device, ndim, trailing in self.padded_checks:
             a = args[i]
             try:
                 shape = a.shape
                 rows = shape[0]
-                ok = a.dtype is dtype and shape[1:] == trailing and a.get_device() == device
+                ok = (
+                    a.dtype is dtype
+                    and len(shape) == ndim
+                    and (ndim == 1 or shape[1:] == trailing)
+                    and a.get_device() == device
+                )
             except (AttributeError, IndexError, TypeError):
                 ok = False
             if not ok:

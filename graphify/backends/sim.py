@@ -55,14 +55,8 @@ class CaptureGuard(TorchDispatchMode):
     because a capture that CUDA invalidates leaves torch's allocator and RNG in capture
     state for the rest of the process."""
 
-    def __init__(self):
-        super().__init__()
-        self.random_ops: set[str] = set()  # random ops seen: their graphs need RNG offsets per replay
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            self.random_ops.add(name)
         why = UNCAPTURABLE_OPS.get(name)
         if why is None and _device_to_host(name, args, kwargs):
             why = "copies a CUDA tensor to the host (.cpu(), .tolist(), .numpy())"

@@ -1,15 +1,8 @@
 """torch CUDA graphs: warm up and capture on one side stream, into an explicit pool.
-
-Replay launches the instantiated graph straight onto the caller's current stream through
-`cudaGraphLaunch` (cuda-python) when the graph draws no random numbers: torch's
-`CUDAGraph.replay()` also refills the RNG seed and offset (two extra kernel launches) on
-every replay, which a graph without random ops does not need. Graphs with random ops, or
-machines without cuda-python, replay through torch.
-"""
+Replay is `CUDAGraph.replay()` on the caller's current stream."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -19,7 +12,7 @@ from .._errors import CaptureError
 from ._base import Captured
 from .sim import CaptureGuard
 
-__all__ = ["TorchCudaBackend", "weak_alias", "direct_launcher"]
+__all__ = ["TorchCudaBackend", "weak_alias"]
 
 
 def weak_alias(t):
@@ -34,36 +27,6 @@ def weak_alias(t):
     storage = t.untyped_storage()
     alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
     return torch.empty((0,), dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.shape, t.stride())
-
-
-def direct_launcher(graph: "torch.cuda.CUDAGraph", device: int) -> Callable[[], None] | None:
-    """`cudaGraphLaunch` of `graph` on the current stream, or None where it is unavailable
-    (no cuda-python, an older torch, or GRAPHIFY_TORCH_REPLAY=1)."""
-    if os.environ.get("GRAPHIFY_TORCH_REPLAY") == "1":
-        return None
-    try:
-        from cuda.bindings import runtime as cudart
-    except ImportError:
-        return None
-    try:
-        exec_handle = graph.raw_cuda_graph_exec()
-    except (AttributeError, RuntimeError):
-        return None
-    launch, current_stream, current_device = (
-        cudart.cudaGraphLaunch, torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
-    )
-    success = cudart.cudaError_t.cudaSuccess
-
-    def replay() -> None:
-        if current_device() != device:
-            with torch.cuda.device(device):
-                return replay()
-        (err,) = launch(exec_handle, current_stream(device))
-        if err != success:
-            raise RuntimeError(f"cudaGraphLaunch failed: {err}")
-
-    replay.graph = graph  # keeps the executable graph alive with its launcher
-    return replay
 
 
 class TorchCudaBackend:
@@ -102,9 +65,8 @@ class TorchCudaBackend:
         # Warm-up and capture share one stream so per-stream workspaces (cuBLAS) exist
         # before capture (vLLM #53818). The first warm-up runs under the op guard.
         stream.wait_stream(torch.cuda.current_stream(device))
-        guard = CaptureGuard()
         with torch.cuda.stream(stream):
-            with guard:
+            with CaptureGuard():
                 fn(*args)
             for _ in range(warmups - 1):
                 fn(*args)
@@ -117,5 +79,4 @@ class TorchCudaBackend:
         nbytes = torch.cuda.memory_reserved(device) - before
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)
-        replay = None if guard.random_ops else direct_launcher(graph, device)
-        return Captured(replay or graph.replay, graph, outputs, nbytes)
+        return Captured(graph.replay, graph, outputs, nbytes)
