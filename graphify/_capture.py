@@ -118,7 +118,7 @@ def capture_table(
     *,
     call: str,
     fn: Callable,
-    capture_fns: dict[Mode, Callable],
+    capturers: dict[Mode, Callable],
     keys: KeySet,
     specs: tuple[ArgSpec, ...],
     example: Sequence[Any],
@@ -151,7 +151,7 @@ def capture_table(
             with freeze_gc():
                 for mode, key in _progress(pairs, call, progress):
                     entries[mode, key] = _capture_one(
-                        call, capture_fns[mode], mode, key, specs, static, example, backend, handle, stream,
+                        call, capturers[mode], mode, key, specs, static, example, handle, stream,
                         warmups, weak_outputs, out_rule,
                     )
     except BaseException as exc:
@@ -173,15 +173,11 @@ def capture_table(
     return table
 
 
-def _capture_one(
-    call, capture_fn, mode, key, specs, static, example, backend, handle, stream, warmups, weak_outputs, out_rule
-):
+def _capture_one(call, capturer, mode, key, specs, static, example, handle, stream, warmups, weak_outputs, out_rule):
     args = static.args_for(specs, key, example)
     t0 = time.perf_counter()
     try:
-        captured = backend.capture(
-            capture_fn, args, pool=handle, warmups=warmups, weak_outputs=weak_outputs, stream=stream
-        )
+        captured = capturer(args, pool=handle, warmups=warmups, weak_outputs=weak_outputs, stream=stream)
     except Exception as exc:
         exc.graphify_key = (mode, key)
         raise
@@ -194,7 +190,7 @@ def _capture_one(
     flat, spec = pytree.tree_flatten(captured.outputs)
     return Entry(
         mode, key, captured.replay, captured.graph, tuple(flat), spec,
-        out_rule(key.num_tokens, key.reqs_rows, flat), captured.nbytes, time.perf_counter() - t0,
+        out_rule(key.num_tokens, key.reqs_rows, flat), captured.nbytes, time.perf_counter() - t0, captured.sized,
     )
 
 

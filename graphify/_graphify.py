@@ -81,7 +81,7 @@ class Graphified:
         resolution = resolve_mode(
             self.mode, self.support, split=bool(getattr(self.fn, "is_split", False)), uniform_query_len=self.uniform_query_len
         )
-        if resolution.changed:
+        if resolution.changed and self.table is None:  # once, when built; not again per capture
             import logging
 
             logging.getLogger("graphify").warning("%s: %s", call, "; ".join(resolution.reasons))
@@ -132,7 +132,8 @@ class Graphified:
         naming the key that failed; graphs captured before it are released.
         """
         args = self._bind(example_args, example_kwargs)
-        layout = layout_for(self._call, self.fn, self.axes, args)
+        axes = self.axes if self.axes is not None else getattr(self.fn, "axes", None)
+        layout = layout_for(self._call, self.fn, axes, args)
         if not any(a.kind in ("tokens", "reqs") for a in layout):
             raise ValueError(
                 f"{self._call}.capture: no argument grows with the batch; mark at least one tokens() or reqs()"
@@ -143,7 +144,7 @@ class Graphified:
         table = capture_table(
             call=self._call,
             fn=self.fn,
-            capture_fns=self._capture_fns(),
+            capturers=self._capturers(backend),
             keys=self.keys,
             specs=specs,
             example=args,
@@ -177,12 +178,13 @@ class Graphified:
             )
         return self._runtime.static_inputs(num_tokens, num_reqs)
 
-    def _capture_fns(self) -> dict[Mode, Callable]:
-        fns = {Mode.FULL: self.fn}
-        piecewise = getattr(self.fn, "piecewise_capture_fn", None)
-        if piecewise is not None:
-            fns[Mode.PIECEWISE] = piecewise
-        return fns
+    def _capturers(self, backend) -> dict[Mode, Callable]:
+        """How each runtime mode captures: FULL records `fn` whole; PIECEWISE asks a split
+        function to capture its pieces (and run its split ops eagerly between them)."""
+        capturers = {Mode.FULL: lambda args, **kw: backend.capture(self.fn, args, **kw)}
+        if getattr(self.fn, "is_split", False):
+            capturers[Mode.PIECEWISE] = lambda args, **kw: self.fn.capture_pieces(backend, args, **kw)
+        return capturers
 
     # -- calls ----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):

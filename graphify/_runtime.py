@@ -8,6 +8,7 @@ plan and its cut output views.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -205,7 +206,8 @@ class Runtime:
             for t, axis in zip(entry.flat_outputs, entry.out_axes)
         ]
         single = entry.out_spec.num_leaves == 1 and entry.out_spec.num_children == 0
-        return _Plan(tuple(inputs), tuple(pads), entry.replay, outputs, entry.out_spec, single, key.num_tokens)
+        replay = functools.partial(entry.replay, n, r) if entry.sized else entry.replay
+        return _Plan(tuple(inputs), tuple(pads), replay, outputs, entry.out_spec, single, key.num_tokens)
 
     def static_inputs(self, n: int, r: int | None) -> tuple:
         """Arguments that are the static buffers themselves (views of `n` token rows and

@@ -30,6 +30,7 @@ class Entry:
     out_axes: tuple[str | None, ...] = attrs.field(repr=False)
     nbytes: int = 0
     seconds: float = 0.0
+    sized: bool = False
 
     @property
     def label(self) -> str:

@@ -1,6 +1,18 @@
 """Reference models that use graphify: plain modules with frozen configs, called through
-`torch.func.functional_call` so graphify never owns their parameters."""
+`torch.func.functional_call` so graphify never owns their parameters.
 
+- `decoder`: a decode step over a contiguous KV cache (one token per request).
+- `varlen`: prefill, decode and mixed batches over a paged KV cache, attention as a
+  registered op with two backends (`attention`) of different CUDA-graph support.
+"""
+
+from .attention import BACKENDS as ATTENTION_BACKENDS
+from .attention import AttentionBackend
 from .decoder import SCRATCH_ROW, Decoder, DecoderConfig, decode_step, init_params, new_kv_cache
+from .varlen import BatchLayout, VarlenDecoder, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 
-__all__ = ["SCRATCH_ROW", "Decoder", "DecoderConfig", "decode_step", "init_params", "new_kv_cache"]
+__all__ = [
+    "ATTENTION_BACKENDS", "AttentionBackend", "BatchLayout", "Decoder", "DecoderConfig", "SCRATCH_ROW",
+    "VarlenDecoder", "decode_step", "init_params", "model_support", "new_kv_cache", "new_paged_cache",
+    "split_ops", "varlen_axes", "varlen_step",
+]

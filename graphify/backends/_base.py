@@ -13,12 +13,16 @@ __all__ = ["Backend", "Captured"]
 
 @attrs.frozen(eq=False)
 class Captured:
-    """One captured graph: `replay()` reruns it, writing into `outputs` in place."""
+    """One captured graph: `replay()` reruns it, writing into `outputs` in place.
 
-    replay: Callable[[], None]
+    `sized` replays take the real (unpadded) tokens and requests: `replay(n, r)` (piecewise
+    schedules, whose eager split ops run on the real batch)."""
+
+    replay: Callable[..., None]
     graph: Any
     outputs: Any
     nbytes: int
+    sized: bool = False
 
 
 class Backend(Protocol):

@@ -1,0 +1,138 @@
+"""The reference decoder on a varlen batch: prefill, decode and mixed requests in one
+flat token stream, a paged KV cache, and attention as a registered op.
+
+A batch is described by tensors only: per token `token_ids`, `positions`, `slot_mapping`;
+per request `query_lens`, `seq_lens` and `block_tables` (`BatchLayout.build` makes them).
+The step returns the logits of each request's last token, `[num_reqs, vocab]`.
+
+Weights are `Decoder`'s (same names, `init_params`), so both models share checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from graphify import Support, reqs, tokens, persistent, weakest
+
+from .attention import BACKENDS
+from .decoder import Decoder, DecoderConfig, _rope
+
+__all__ = ["VarlenDecoder", "varlen_step", "varlen_axes", "new_paged_cache", "BatchLayout", "split_ops", "model_support"]
+
+
+def _backend_names(cfg: DecoderConfig, attention: "str | Sequence[str]") -> tuple[str, ...]:
+    names = (attention,) * cfg.layers if isinstance(attention, str) else tuple(attention)
+    if len(names) != cfg.layers:
+        names = tuple(names[i % len(names)] for i in range(cfg.layers))
+    unknown = sorted(set(names) - set(BACKENDS))
+    if unknown:
+        raise ValueError(f"unknown attention backend(s) {unknown}; valid backends are {sorted(BACKENDS)}")
+    return names
+
+
+class VarlenDecoder(Decoder):
+    """`Decoder` whose attention is a registered op per layer (a split point)."""
+
+    def __init__(self, cfg: DecoderConfig, attention: "str | Sequence[str]" = "unified"):
+        super().__init__(cfg)
+        self.attention = _backend_names(cfg, attention)
+
+    def forward(self, token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache):
+        cfg = self.cfg
+        t, d, h, kv = token_ids.shape[0], cfg.head_dim, cfg.heads, cfg.kv_heads
+        x = self.embed[token_ids]
+        cos = self.rope_cos[positions].unsqueeze(1)
+        sin = self.rope_sin[positions].unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            y = F.rms_norm(x, (cfg.hidden,), layer.input_norm, cfg.eps)
+            q, k, v = F.linear(y, layer.qkv_weight, layer.qkv_bias).split((h * d, kv * d, kv * d), dim=-1)
+            q = _rope(q.reshape(t, h, d), cos, sin)
+            k = _rope(k.reshape(t, kv, d), cos, sin)
+            out = torch.empty_like(q)
+            BACKENDS[self.attention[i]].op(
+                q, k, v.reshape(t, kv, d), kv_cache, i, slot_mapping, positions, query_lens, seq_lens, block_tables, out
+            )
+            x = x + F.linear(out.reshape(t, h * d), layer.o_weight)
+            y = F.rms_norm(x, (cfg.hidden,), layer.post_norm, cfg.eps)
+            gate, up = F.linear(y, layer.gate_up_weight).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down_weight)
+        last = (torch.cumsum(query_lens, 0) - 1).clamp_(min=0)
+        return F.linear(F.rms_norm(x[last], (cfg.hidden,), self.final_norm, cfg.eps), self.embed)
+
+
+def varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], attention: "str | Sequence[str]" = "unified"):
+    """`step(token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache)`
+    -> last-token logits per request, a pure function of `params` via `functional_call`."""
+    module = VarlenDecoder(cfg, attention).to("meta")
+
+    def step(token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache):
+        return functional_call(module, params, (token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache))
+
+    step.__name__ = "varlen_step"
+    return step
+
+
+def varlen_axes():
+    """graphify axes of `varlen_step`: padded tokens read slot 0 (scratch), padded requests
+    have no tokens and read block 0 (scratch)."""
+    return (tokens(), tokens(), tokens(), reqs(), reqs(), reqs(), persistent())
+
+
+def split_ops(attention: "str | Sequence[str]") -> list:
+    """The ops to `split` a model with these backends at."""
+    names = (attention,) if isinstance(attention, str) else tuple(attention)
+    return [BACKENDS[n].op for n in dict.fromkeys(names)]
+
+
+def model_support(attention: "str | Sequence[str]") -> Support:
+    """The weakest CUDA-graph support among the model's attention backends."""
+    names = (attention,) if isinstance(attention, str) else tuple(attention)
+    return weakest([BACKENDS[n].support for n in names])
+
+
+def new_paged_cache(cfg: DecoderConfig, num_blocks: int, block_size: int = 16, *, device="cpu", seed: int = 0):
+    """A paged KV cache of `num_blocks` blocks (block 0 is scratch), random contents."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    shape = (cfg.layers, 2, num_blocks, block_size, cfg.kv_heads, cfg.head_dim)
+    return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(cfg.dtype)
+
+
+@attrs.frozen
+class BatchLayout:
+    """Where each request's tokens go: its new tokens and how many it already cached."""
+
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    block_size: int = 16
+    max_blocks: int = 16
+
+    def build(self, cfg: DecoderConfig, *, device="cpu", seed: int = 0, first_block: int = 1) -> tuple:
+        """The step's batch arguments (all but the cache): requests own consecutive blocks
+        from `first_block` on; token ids are random."""
+        gen = torch.Generator().manual_seed(seed)
+        ids, pos, slots, tables = [], [], [], []
+        block = first_block
+        for ql, ctx in zip(self.query_lens, self.context_lens):
+            total = ctx + ql
+            need = -(-total // self.block_size)
+            if need > self.max_blocks or total > cfg.max_seq_len:
+                raise ValueError(f"BatchLayout: a request of {total} tokens exceeds max_blocks or max_seq_len")
+            row = list(range(block, block + need)) + [0] * (self.max_blocks - need)
+            block += need
+            for p in range(ctx, total):
+                pos.append(p)
+                slots.append(row[p // self.block_size] * self.block_size + p % self.block_size)
+            tables.append(row)
+            ids += torch.randint(0, cfg.vocab_size, (ql,), generator=gen).tolist()
+        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        seq = [q + c for q, c in zip(self.query_lens, self.context_lens)]
+        return (as_long(ids), as_long(pos), as_long(slots), as_long(list(self.query_lens)), as_long(seq), as_long(tables))
+
+    @property
+    def blocks_needed(self) -> int:
+        return 1 + sum(-(-(q + c) // self.block_size) for q, c in zip(self.query_lens, self.context_lens))

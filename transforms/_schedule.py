@@ -1,0 +1,253 @@
+"""PIECEWISE capture of a `Piecewise` at one size, and its replay schedule.
+
+One pass over the stitching program captures each graph piece (its warm-up and capture on
+the table's stream, into the shared pool) and runs each split piece eagerly, in program
+order. Capture-time references to a piece's outputs are dropped at their last use and the
+schedule keeps weak aliases, so the pool reuses memory within a size and across sizes
+exactly as liveness allows (SGLang's and vLLM's weak-ref outputs).
+
+Replay walks a flat list of steps: replay a graph piece; or run a split piece eagerly on
+inputs cut to the real (unpadded) tokens and requests, using the symbolic shapes the
+trace recorded, so an attention op sees the true batch, not the padded one. Values a split
+piece returns and a later graph piece reads are copied into buffers the graph was
+captured on (an op that writes into an `out` buffer needs no copy).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+from torch.utils import _pytree as pytree
+
+from graphify.backends import Captured
+
+__all__ = ["capture_pieces", "Schedule"]
+
+_STATIC = object()
+
+
+def _weak(t, enabled: bool):
+    if not enabled or not isinstance(t, torch.Tensor) or not t.is_cuda:
+        return t
+    from graphify.backends.torch_cuda import weak_alias
+
+    return weak_alias(t)
+
+
+def _sym_sizer(val, symbols) -> Callable[[int, int], Any] | None:
+    """For a traced value with symbolic sizes, a function (tokens, reqs) -> its real shape
+    (a tuple for tensors, an int for SymInts); None for values that do not vary."""
+    import sympy
+
+    syms = {s: kind for s, kind in symbols.items()}
+
+    def evaluator(expr):
+        free = expr.free_symbols
+        if not free:
+            return lambda n, r: int(expr)
+        if not free <= set(syms):
+            return None
+        args = sorted(free, key=str)
+        f = sympy.lambdify(args, expr, "math")
+        return lambda n, r: int(f(*[(n if syms[a] == "tokens" else r) for a in args]))
+
+    if isinstance(val, torch.SymInt):
+        return evaluator(val.node.expr)
+    if isinstance(val, torch.Tensor):
+        dims = []
+        for d in val.shape:
+            ev = evaluator(d.node.expr) if isinstance(d, torch.SymInt) else None
+            if ev is not None and d.node.expr.free_symbols:
+                dims.append(ev)
+            else:
+                dims.append(None)  # a dimension that does not grow with the batch: keep it whole
+        if all(f is None for f in dims):
+            return None
+        return lambda n, r: tuple(None if f is None else f(n, r) for f in dims)
+    return None
+
+
+def _prefix(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The leading `shape` block of `t` (real tokens come first along every batch dim)."""
+    for dim, size in enumerate(shape):
+        if size is not None and t.shape[dim] != size:
+            t = t.narrow(dim, 0, size)
+    return t
+
+
+@attrs.define(eq=False)
+class _GraphStep:
+    replay: Callable[[], None]
+    copies: tuple  # (dynamic slot, static buffer) pairs: eager results the graph reads
+
+
+@attrs.define(eq=False)
+class _EagerStep:
+    fn: Callable
+    args: tuple  # per argument: (slot, sizer) for values, or (None, constant)
+    out_slot: int
+
+
+@attrs.define(eq=False)
+class Schedule:
+    """Replay of one size: see the module docstring."""
+
+    steps: list
+    num_slots: int
+    static_values: dict  # slot -> value fixed at capture (graph outputs, inputs, constants)
+    final_copies: tuple  # (dynamic slot, static output buffer)
+    graphs: list  # keeps the captured graphs alive
+    _trimmed: dict = attrs.field(factory=dict)
+
+    def _args_for(self, n: int, r: int) -> list:
+        """Per eager step, its arguments with static values cut to (n, r); dynamic
+        positions are left None and filled at replay."""
+        out = []
+        for step in self.steps:
+            if isinstance(step, _GraphStep):
+                out.append(None)
+                continue
+            args = []
+            for slot, extra in step.args:
+                if slot is None:
+                    args.append(extra)
+                elif slot in self.static_values:
+                    value = self.static_values[slot]
+                    if extra is not None:
+                        real = extra(n, r)
+                        value = _prefix(value, real) if isinstance(value, torch.Tensor) else real
+                    args.append(value)
+                else:
+                    args.append(None)
+            out.append(args)
+        self._trimmed[n, r] = out
+        return out
+
+    def replay(self, n: int, r: int) -> None:
+        trimmed = self._trimmed.get((n, r)) or self._args_for(n, r)
+        env = [None] * self.num_slots
+        statics = self.static_values
+        for step, static_args in zip(self.steps, trimmed):
+            if static_args is None:
+                for slot, dst in step.copies:
+                    src = env[slot]
+                    _prefix(dst, tuple(src.shape)).copy_(src)
+                step.replay()
+                continue
+            args = list(static_args)
+            for i, (slot, _) in enumerate(step.args):
+                if slot is not None and slot not in statics:
+                    args[i] = env[slot]
+            env[step.out_slot] = step.fn(*args)
+        for slot, dst in self.final_copies:
+            src = env[slot]
+            _prefix(dst, tuple(src.shape)).copy_(src)
+
+
+def capture_pieces(pw, backend, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None) -> Captured:
+    """Capture `pw`'s graph pieces at the size of `args`; returns a `Captured` whose
+    `replay(n, r)` runs the schedule for n real tokens and r real requests."""
+    program = pw.program
+    nodes = list(program.graph.nodes)
+    last_use: dict = {}
+    for i, node in enumerate(nodes):
+        for src in node.all_input_nodes:
+            last_use[src] = i
+    kinds = {p.name: p.kind for p in pw.pieces}
+    symbols = pw.symbols
+    weak = weak_outputs and backend.name == "cuda"
+
+    slot_of: dict = {}
+    static_values: dict = {}
+    env: dict = {}  # strong capture-time values, dropped at their last use
+    steps: list = []
+    graphs: list = []
+    nbytes = 0
+    final_copies: list = []
+    outputs = None
+
+    def new_slot(node, value, static: bool):
+        slot = slot_of[node] = len(slot_of)
+        if static:
+            static_values[slot] = value
+        return slot
+
+    def is_static(node) -> bool:
+        return slot_of[node] in static_values
+
+    def resolve(a):
+        return pytree.tree_map_only(torch.fx.Node, lambda n: env[n], a)
+
+    placeholder_i = 0
+    for i, node in enumerate(nodes):
+        if node.op == "placeholder":
+            env[node] = args[placeholder_i]
+            placeholder_i += 1
+            new_slot(node, env[node], True)
+        elif node.op == "get_attr":
+            env[node] = getattr(program, node.target)
+            new_slot(node, env[node], True)
+        elif node.op == "call_function":
+            value = node.target(*resolve(node.args), **resolve(node.kwargs))
+            env[node] = value
+            if all(is_static(src) for src in node.all_input_nodes):
+                src_static = static_values[slot_of[node.args[0]]] if node.target is operator.getitem else None
+                new_slot(node, src_static[node.args[1]] if src_static is not None else value, True)
+            else:
+                slot = new_slot(node, None, False)
+                steps.append(_EagerStep(node.target, tuple(_arg_spec(a, slot_of) for a in node.args), slot))
+        elif node.op == "call_module":
+            module = getattr(program, node.target)
+            inputs = list(resolve(node.args))
+            if kinds[node.target] == "graph":
+                copies = []
+                for j, src in enumerate(node.args):
+                    if isinstance(src, torch.fx.Node) and not is_static(src) and isinstance(inputs[j], torch.Tensor):
+                        inputs[j] = inputs[j].clone()  # a buffer we own, read by the graph
+                        copies.append((slot_of[src], inputs[j]))
+                captured = backend.capture(module, tuple(inputs), pool=pool, warmups=max(warmups, 1),
+                                           weak_outputs=False, stream=stream)
+                graphs.append(captured.graph if captured.graph is not None else captured)
+                nbytes += captured.nbytes
+                env[node] = captured.outputs
+                new_slot(node, pytree.tree_map(lambda t: _weak(t, weak), captured.outputs), True)
+                steps.append(_GraphStep(captured.replay, tuple(copies)))
+            else:
+                env[node] = module(*inputs)
+                placeholders = [p for p in module.graph.nodes if p.op == "placeholder"]
+                specs = []
+                for a, p in zip(node.args, placeholders):
+                    if isinstance(a, torch.fx.Node):
+                        specs.append((slot_of[a], _sym_sizer(p.meta.get("val"), symbols) if is_static(a) else None))
+                    else:
+                        specs.append((None, a))
+                steps.append(_EagerStep(module, tuple(specs), new_slot(node, None, False)))
+        elif node.op == "output":
+            flat, spec = pytree.tree_flatten(node.args[0])
+            finals = []
+            for src in flat:
+                if isinstance(src, torch.fx.Node) and not is_static(src):
+                    buf = env[src].clone()
+                    final_copies.append((slot_of[src], buf))
+                    finals.append(buf)
+                elif isinstance(src, torch.fx.Node):
+                    finals.append(static_values[slot_of[src]])
+                else:
+                    finals.append(src)
+            outputs = pytree.tree_unflatten(finals, spec)
+        for src in node.all_input_nodes:  # drop capture-time references at their last use
+            if last_use.get(src) == i:
+                env.pop(src, None)
+    env.clear()
+    schedule = Schedule(steps, len(slot_of), static_values, tuple(final_copies), graphs)
+    return Captured(schedule.replay, schedule, outputs, nbytes, sized=True)
+
+
+def _arg_spec(a, slot_of):
+    if isinstance(a, torch.fx.Node):
+        return (slot_of[a], None)
+    return (None, a)

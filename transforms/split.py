@@ -1,0 +1,215 @@
+"""`split(fn, ops, *example)`: cut a function into capturable pieces at graph-unsafe ops.
+
+Tracing uses `make_fx` in symbolic mode. Why make_fx rather than torch.export or a dynamo
+backend: it traces plain Python (closures over weights, `functional_call`) to one ATen-level
+graph in one call, keeps in-place ops (KV-cache writes, attention writing into an `out`
+buffer) as they are instead of functionalising them, and its symbolic shapes tell, for every
+intermediate value, which dimensions grow with tokens and which with requests. torch.export
+would lift those mutations out of the graph; a dynamo backend traces lazily, on first call,
+behind guards.
+
+The result is a frozen `Piecewise`: the stitching program (a `torch.fx.GraphModule` whose
+submodules are the pieces) plus, for each piece, whether it is a graph piece (captured per
+size) or a split piece (one of `ops`, run eagerly). Calling it runs the stitching program.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.passes.split_module import split_module
+
+__all__ = ["split", "Piecewise", "Piece", "SplitError", "op_name"]
+
+
+class SplitError(ValueError):
+    """`split` could not trace or cut the function; the message says what to change."""
+
+
+def op_name(op: Any) -> str:
+    """'namespace::name' for an op given as an OpOverload, an OpOverloadPacket, a
+    `torch.library.custom_op` function or a string."""
+    if isinstance(op, str):
+        if "::" not in op:
+            raise SplitError(f"split: op {op!r} must be written 'namespace::name' (a registered torch.library op)")
+        return op.split(".")[0]
+    for attr in ("_qualified_op_name", "_qualname", "_name"):  # packets, custom_op objects
+        name = getattr(op, attr, None)
+        if isinstance(name, str) and "::" in name:
+            return name.split(".")[0]
+    schema = getattr(op, "_schema", None)
+    if schema is not None:
+        return schema.name
+    raise SplitError(f"split: {op!r} is not a registered op; pass torch.ops.<ns>.<name> or 'ns::name'")
+
+
+@attrs.frozen
+class Piece:
+    """One piece of the stitching program."""
+
+    name: str
+    kind: str  # "graph" (captured per size) or "split" (run eagerly)
+    module: torch.fx.GraphModule = attrs.field(repr=False, eq=False)
+
+
+@attrs.frozen(eq=False)
+class Piecewise:
+    """A function cut into pieces; see the module docstring. Equal to `fn` in outputs."""
+
+    fn: Callable
+    ops: tuple[str, ...]
+    program: torch.fx.GraphModule = attrs.field(repr=False)
+    pieces: tuple[Piece, ...] = attrs.field(repr=False)
+    axes: Any = None
+    symbols: Mapping[Any, str] = attrs.field(factory=dict, repr=False)
+    compiled: bool = False
+
+    is_split = True
+
+    @property
+    def __name__(self) -> str:
+        return getattr(self.fn, "__name__", type(self.fn).__name__)
+
+    @property
+    def __wrapped__(self) -> Callable:
+        return self.fn
+
+    @property
+    def num_graph_pieces(self) -> int:
+        return sum(p.kind == "graph" for p in self.pieces)
+
+    @property
+    def num_split_pieces(self) -> int:
+        return sum(p.kind == "split" for p in self.pieces)
+
+    def __call__(self, *args):
+        return self.program(*args)
+
+    def capture_pieces(self, backend, args: tuple, **options):
+        """Capture every graph piece at the size of `args` (graphify calls this for
+        PIECEWISE keys). See `transforms._schedule.capture_pieces`."""
+        from ._schedule import capture_pieces
+
+        return capture_pieces(self, backend, args, **options)
+
+
+def _user_frame(exc: BaseException) -> str:
+    """'file:line' of the innermost frame outside torch, where the construct is."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/torch/" not in f.filename.replace("\\", "/")]
+    return f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
+
+
+def _trace(fn: Callable, example: Sequence[Any]) -> torch.fx.GraphModule:
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    try:
+        return make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*example)
+    except GuardOnDataDependentSymNode as exc:
+        raise SplitError(
+            f"split({getattr(fn, '__name__', fn)}): cannot trace data-dependent Python control flow{_user_frame(exc)}: "
+            f"{str(exc).splitlines()[0]}; a branch or loop on tensor values (if t.any(), .item(), .tolist()) "
+            "cannot be in a graph: move it into a registered op and name that op in `ops`, so it runs eagerly"
+        ) from None
+    except Exception as exc:
+        if "data-dependent" in str(exc) or "DataDependent" in type(exc).__name__:
+            raise SplitError(
+                f"split({getattr(fn, '__name__', fn)}): cannot trace data-dependent Python control flow{_user_frame(exc)}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0]}; move it into a registered op and name that op in `ops`"
+            ) from None
+        raise SplitError(
+            f"split({getattr(fn, '__name__', fn)}): tracing failed{_user_frame(exc)}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _symbols(fn: Callable, gm: torch.fx.GraphModule, example: Sequence[Any], axes) -> dict:
+    """Map the symbol of each batch-axis argument's dim 0 to "tokens" or "reqs"."""
+    from graphify._axes import layout_for
+
+    layout = layout_for("split", fn, axes, example)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    symbols: dict = {}
+    for node, axis in zip(placeholders, layout):
+        val = node.meta.get("val")
+        if axis.kind not in ("tokens", "reqs") or not isinstance(val, torch.Tensor) or val.dim() == 0:
+            continue
+        expr = val.shape[0].node.expr if isinstance(val.shape[0], torch.SymInt) else None
+        if expr is None or not expr.is_symbol:
+            raise SplitError(
+                f"split: argument {node.target!r} ({axis.kind}) traced with a fixed dim 0 of {val.shape[0]}; trace "
+                "with an example whose token and request counts are at least 2"
+            )
+        if symbols.get(expr, axis.kind) != axis.kind:
+            raise SplitError(
+                "split: the example has as many tokens as requests, so the trace cannot tell them apart; "
+                "trace with an example whose token count differs from its request count (both >= 2)"
+            )
+        symbols[expr] = axis.kind
+    return symbols
+
+
+def split(
+    fn: Callable,
+    ops: Iterable[Any],
+    *example: Any,
+    axes: "Sequence | Mapping | None" = None,
+    compile: bool = False,
+) -> Piecewise:
+    """Trace `fn` on `example` and cut it at every call of `ops`.
+
+    **Arguments:**
+    - `fn`: the function (weights may be closed over).
+    - `ops`: registered ops (torch.library) to split at, such as attention; they run
+      eagerly between captured pieces.
+    - `example`: one call's arguments; batch axes must have at least 2 tokens, 2 requests,
+      and a token count different from the request count.
+    - `axes`: as in `graphify` (graphify reuses them when given none itself).
+    - `compile`: compile each graph piece with torch.compile (inductor) before capture.
+
+    **Returns:** a `Piecewise`. Raises `SplitError` for an op that `fn` never calls and for
+    code that cannot be traced (data-dependent control flow).
+
+    !!! example
+        >>> # graphify(split(step, [torch.ops.graphify_models.unified_attention], *batch), mode="FULL_AND_PIECEWISE")
+    """
+    names = tuple(dict.fromkeys(op_name(op) for op in ops))
+    if not names:
+        raise SplitError("split: ops is empty; name at least one op to split at (for no split, graphify fn directly)")
+    gm = _trace(fn, example)
+    found = {n.target._schema.name for n in gm.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise SplitError(
+            f"split({getattr(fn, '__name__', fn)}): op(s) {missing} do not occur in the traced function; "
+            f"ops it calls include {sorted(o for o in found if not o.startswith('aten::'))[:10] or 'only aten ops'}"
+        )
+    symbols = _symbols(fn, gm, example, axes)
+    part: dict = {}
+    current = 0
+    split_ids = set()
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op == "call_function" and getattr(node.target, "_schema", None) is not None and node.target._schema.name in names:
+            current += 1
+            part[node] = current
+            split_ids.add(current)
+            current += 1
+        else:
+            part[node] = current
+    program = split_module(gm, None, lambda node: part[node], keep_original_order=True)
+    pieces = []
+    for node in program.graph.nodes:
+        if node.op == "call_module":
+            index = int(node.target.rsplit("_", 1)[-1])
+            module = getattr(program, node.target)
+            kind = "split" if index in split_ids else "graph"
+            if kind == "graph" and compile:
+                module = torch.compile(module, dynamic=True, fullgraph=True)
+                setattr(program, node.target, module)
+            pieces.append(Piece(node.target, kind, module))
+    return Piecewise(fn, names, program, tuple(pieces), axes, symbols, compile)
