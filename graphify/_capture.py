@@ -128,6 +128,7 @@ def capture_table(
     weak_outputs: bool,
     out_axes,
     progress: bool,
+    largest_first: bool = True,
 ) -> GraphTable:
     """Capture every key of `keys`; see the module docstring."""
     try:
@@ -135,7 +136,7 @@ def capture_table(
     except CaptureError as exc:
         raise CaptureError(f"{call}: {exc}") from None
     backend.validate(call, device)
-    pairs = keys.pairs()
+    pairs = keys.pairs(largest_first)
     rows = {
         "tokens": keys.max_tokens(),
         "reqs": max((k.reqs_rows for _, k in pairs), default=1),

@@ -65,6 +65,7 @@ class Graphified:
     progress: bool = True
     uniform: Callable[..., bool] | None = None
     has_lora: Callable[..., bool] | None = None
+    largest_first: bool = True
     table: GraphTable | None = attrs.field(default=None, repr=False)
     resolution: Resolution = attrs.field(init=False, repr=False)
     keys: KeySet = attrs.field(init=False, repr=False)
@@ -154,6 +155,7 @@ class Graphified:
             weak_outputs=self.weak_outputs and backend.name == "cuda",
             out_axes=self.out_axes,
             progress=self.progress,
+            largest_first=self.largest_first,
         )
         return attrs.evolve(self, table=table)
 
@@ -261,6 +263,7 @@ def graphify(
     progress: bool = True,
     uniform: Callable[..., bool] | None = None,
     has_lora: Callable[..., bool] | None = None,
+    largest_first: bool = True,
 ) -> Graphified:
     """Give `fn` CUDA graphs: a callable that pads, dispatches and replays.
 
@@ -275,14 +278,18 @@ def graphify(
       mode is downgraded to what it allows, with the reason logged and kept in `.resolution`.
     - `backend`: "cuda", "sim" (CPU simulation) or "auto" (cuda for CUDA tensors).
     - `pool`: a `Pool` to capture into; share one between functions to share memory.
-    - `warmups`: eager runs before each capture.
+    - `warmups`: eager runs before each capture (on CUDA the first runs under an op guard
+      that rejects uncapturable ops before CUDA sees them, so at least one runs).
     - `uniform_query_len`: tokens per request in a uniform batch (1 + spec tokens).
     - `max_num_reqs`: most requests per batch; caps uniform decode graphs.
     - `lora`: also capture LoRA variants; `has_lora(*args)` says which a call needs.
     - `max_padding_ratio`: run eagerly rather than pad beyond this factor.
     - `weak_outputs`: let later captures reuse each graph's output memory (CUDA only).
     - `progress`: show a progress bar while capturing (on a terminal).
-    - `uniform`: `uniform(*args) -> bool`; default: tokens == requests * uniform_query_len.
+    - `uniform`: `uniform(*args) -> bool`; default: tokens == requests * uniform_query_len,
+      exact for single-token decode; with spec decode (1+k tokens) pass a predicate.
+    - `has_lora`: `has_lora(*args) -> bool` when `lora` keys exist.
+    - `largest_first`: capture largest sizes first (so smaller ones reuse their memory).
 
     **Returns:** an uncaptured `Graphified`; call `.capture(*example_args)` to capture.
 
@@ -297,6 +304,6 @@ def graphify(
         sizes = vllm_sizes(512)
     return Graphified(
         fn, mode, sizes, axes, out_axes, support, backend, pool, warmups, uniform_query_len, max_num_reqs,
-        lora, max_padding_ratio, weak_outputs, progress, uniform, has_lora,
+        lora, max_padding_ratio, weak_outputs, progress, uniform, has_lora, largest_first,
     )
 

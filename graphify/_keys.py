@@ -39,13 +39,16 @@ class KeySet:
     def of(self, mode: Mode) -> frozenset[BatchDescriptor]:
         return {Mode.FULL: self.full, Mode.PIECEWISE: self.piecewise}.get(mode, frozenset())
 
-    def pairs(self) -> tuple[tuple[Mode, BatchDescriptor], ...]:
+    def pairs(self, largest_first: bool = True) -> tuple[tuple[Mode, BatchDescriptor], ...]:
         """Every (runtime mode, key) in capture order: mixed keys largest first, then
-        uniform FULL keys largest first (as vLLM captures them)."""
+        uniform FULL keys largest first (as vLLM captures them). Largest first lets each
+        smaller graph reuse the pool memory the larger ones freed; `largest_first=False`
+        exists to measure that."""
         mixed = [(Mode.FULL, k) for k in self.full if k.is_relaxed]
         mixed += [(Mode.PIECEWISE, k) for k in self.piecewise]
         uniform = [(Mode.FULL, k) for k in self.full if not k.is_relaxed]
-        order = lambda mk: (-mk[1].num_tokens, mk[0] is Mode.PIECEWISE, mk[1].sort_key())  # noqa: E731
+        sign = -1 if largest_first else 1
+        order = lambda mk: (sign * mk[1].num_tokens, mk[0] is Mode.PIECEWISE, mk[1].sort_key())  # noqa: E731
         return tuple(sorted(mixed, key=order)) + tuple(sorted(uniform, key=order))
 
     def __len__(self) -> int:

@@ -1,0 +1,42 @@
+"""CUDA-only piecewise behaviour: pool memory across sizes, and inductor-compiled pieces."""
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+from graphify import Pool, graphify, sglang_piecewise_sizes
+from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
+from transforms import split
+
+pytestmark = [pytest.mark.cuda, requires_cuda]
+CFG = DecoderConfig.tiny(max_seq_len=256, hidden=256, heads=4, kv_heads=2, ffn=512, layers=4, vocab_size=512)
+
+
+def build(compile=False):
+    step = varlen_step(CFG, init_params(CFG, seed=0, device="cuda"), "unified")
+    cache = new_paged_cache(CFG, 600, 16, device="cuda")
+    example = BatchLayout((3, 1, 5), (4, 7, 0), 16, 16).build(CFG, device="cuda")
+    return step, cache, example, split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=compile)
+
+
+def test_all_sizes_share_the_largest_sizes_memory():
+    step, cache, example, pw = build()
+    sizes = sglang_piecewise_sizes(256)
+    alone = graphify(pw, mode="PIECEWISE", sizes=sizes[-1:], pool=Pool("alone"), progress=False).capture(*example, cache)
+    every = graphify(pw, mode="PIECEWISE", sizes=sizes, pool=Pool("every"), progress=False).capture(*example, cache)
+    assert len(every.table) == len(sizes)
+    assert every.table.nbytes <= 1.05 * alone.table.nbytes
+    lay = BatchLayout((40, 1, 1, 7), (0, 30, 9, 2), 16, 16)
+    batch = lay.build(CFG, device="cuda", seed=5)
+    ref_cache = cache.clone()
+    torch.testing.assert_close(every(*batch, cache), step(*batch, ref_cache), rtol=1e-4, atol=1e-4)
+
+
+def test_inductor_compiled_pieces_match_eager():
+    step, cache, example, pw = build(compile=True)
+    assert pw.compiled
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(8, 16, 32), progress=False).capture(*example, cache)
+    for lay in (BatchLayout((1,) * 6, (20, 3, 9, 40, 2, 7), 16, 16), BatchLayout((9, 1, 12), (0, 30, 4), 16, 16)):
+        batch = lay.build(CFG, device="cuda", seed=len(lay.query_lens))
+        ref_cache = cache.clone()
+        torch.testing.assert_close(g(*batch, cache), step(*batch, ref_cache), rtol=2e-3, atol=2e-3)

@@ -1,0 +1,177 @@
+"""split(fn, ops) and the piecewise / dual modes on the varlen reference model, on every
+backend, against eager execution on random prefill, decode, mixed and spec-decode batches."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+
+from graphify import Mode, Support, graphify, tokens
+from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
+from transforms import SplitError, split
+
+SIZES = (4, 8, 16, 32)
+BLOCK = 4
+CFG = DecoderConfig.tiny(max_seq_len=64)
+
+
+def layout(query_lens, context_lens):
+    return BatchLayout(tuple(query_lens), tuple(context_lens), block_size=BLOCK, max_blocks=16)
+
+
+def random_layout(kind: str, rnd: random.Random, max_tokens: int = 40):
+    """A batch of one kind: prefill (no context), decode (1 token each), mixed, spec (1+k each)."""
+    r = rnd.randint(1, 6)
+    if kind == "decode":
+        q = [1] * rnd.randint(1, 20)
+    elif kind == "spec":
+        q = [2] * rnd.randint(1, 12)
+    elif kind == "prefill":
+        q = [rnd.randint(2, 9) for _ in range(r)]
+    else:
+        q = [rnd.choice([1, 1, rnd.randint(2, 9)]) for _ in range(r)] + [3]
+    ctx = [0 if kind == "prefill" else rnd.randint(1, 30) for _ in q]
+    while sum(q) > max_tokens:
+        q.pop(), ctx.pop()
+    return layout(q, ctx)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(CFG, seed=3)
+
+
+def model(params, attention, device):
+    step = varlen_step(CFG, {k: v.to(device) for k, v in params.items()}, attention)
+    cache = new_paged_cache(CFG, 256, BLOCK, device=device, seed=4)
+    example = layout((3, 1, 5), (4, 7, 0)).build(CFG, device=device)
+    return step, cache, example
+
+
+def check_against_eager(g, step, cache, batches, device, rtol=1e-4, atol=1e-4):
+    for i, lay in enumerate(batches):
+        batch = lay.build(CFG, device=device, seed=100 + i)
+        ref_cache = cache.clone()
+        ref = step(*batch, ref_cache)
+        out = g(*batch, cache)
+        assert out.shape == ref.shape == (len(lay.query_lens), CFG.vocab_size)
+        torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+        torch.testing.assert_close(cache, ref_cache, rtol=rtol, atol=atol)
+
+
+# -- split itself ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("attention", ["unified", "split"])
+def test_split_equals_fn_and_has_layers_plus_one_graph_pieces(params, attention):
+    step, cache, example = model(params, attention, "cpu")
+    pw = split(step, split_ops(attention), *example, cache, axes=varlen_axes())
+    assert pw.num_graph_pieces == CFG.layers + 1 and pw.num_split_pieces == CFG.layers
+    assert [p.kind for p in pw.pieces] == ["graph", "split"] * CFG.layers + ["graph"]
+    assert sorted(pw.symbols.values()) == ["reqs", "tokens"]
+    rnd = random.Random(0)
+    for kind in ("prefill", "decode", "mixed"):
+        batch = random_layout(kind, rnd).build(CFG, seed=1)
+        c1, c2 = cache.clone(), cache.clone()
+        assert torch.equal(pw(*batch, c1), step(*batch, c2)) and torch.equal(c1, c2)
+
+
+def test_op_that_does_not_occur_is_named(params):
+    step, cache, example = model(params, "unified", "cpu")
+    with pytest.raises(SplitError, match=r"\['graphify_models::split_attention'\] do not occur"):
+        split(step, split_ops("split"), *example, cache, axes=varlen_axes())
+    with pytest.raises(SplitError, match="ops is empty"):
+        split(step, [], *example, cache)
+    with pytest.raises(SplitError, match="namespace::name"):
+        split(step, ["attention"], *example, cache)
+
+
+def test_data_dependent_control_flow_is_named_with_advice():
+    def branchy(x):
+        if x.sum() > 0:  # data-dependent
+            return x * 2
+        return x
+
+    with pytest.raises(SplitError) as info:
+        split(branchy, ["graphify_models::unified_attention"], torch.randn(5, 3), axes=(tokens(),))
+    msg = str(info.value)
+    assert "data-dependent" in msg and "if x.sum() > 0" in msg and "ops" in msg
+
+
+def test_example_with_as_many_tokens_as_requests_is_rejected(params):
+    step, cache, _ = model(params, "unified", "cpu")
+    square = layout((1, 1, 1), (4, 7, 2)).build(CFG)
+    with pytest.raises(SplitError, match="token count differs"):
+        split(step, split_ops("unified"), *square, cache, axes=varlen_axes())
+
+
+# -- every mode against eager ---------------------------------------------------------------
+
+@pytest.mark.parametrize("attention", ["unified", "split"])
+@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_every_mode_equals_eager_on_random_batches(backend, params, attention, mode):
+    name, device = backend
+    step, cache, example = model(params, attention, device)
+    pw = split(step, split_ops(attention), *example, cache, axes=varlen_axes())
+    g = graphify(pw, mode=mode, sizes=SIZES, support=model_support(attention), backend=name, progress=False)
+    g = g.capture(*example, cache)
+    rnd = random.Random(hash((attention, mode)) & 0xFFFF)
+    batches = [random_layout(kind, rnd) for kind in ("prefill", "decode", "mixed", "spec") for _ in range(2)]
+    batches.append(layout([6] * 9, [1] * 9))  # 54 tokens: above the largest size, eager
+    check_against_eager(g, step, cache, batches, device)
+    assert g.stats.calls == len(batches)
+    if g.resolution.mode is not Mode.NONE:
+        assert len(g.table) == len(g.keys) > 0
+
+
+def test_full_and_piecewise_dispatches_decode_to_full_and_mixed_to_piecewise(backend, params):
+    name, device = backend
+    step, cache, example = model(params, "split", device)
+    pw = split(step, split_ops("split"), *example, cache, axes=varlen_axes())
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=SIZES, support=model_support("split"), backend=name, progress=False)
+    g = g.capture(*example, cache)
+    check_against_eager(g, step, cache, [layout([1] * 5, [3, 9, 2, 20, 7]), layout([4, 1, 1], [0, 5, 6])], device)
+    rows = g.stats.rows()
+    assert [(r.mode, r.padded_to, r.calls) for r in rows] == [(Mode.PIECEWISE, 8, 1), (Mode.FULL, 8, 1)]
+    full_keys = {e.key for e in g.table if e.mode is Mode.FULL}
+    assert all(k.uniform and k.num_reqs == k.num_tokens for k in full_keys)
+
+
+def test_spec_decode_batches_count_as_uniform(backend, params):
+    name, device = backend
+    step, cache, example = model(params, "unified", device)
+    pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
+    # With 1+k query tokens, tokens == k * requests does not prove every request has k
+    # tokens ([1, 3, 2] has 6 = 3 * 2), so a spec-decode engine says which batches are uniform.
+    is_uniform = lambda *args: bool((args[3] == 2).all())  # noqa: E731
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=SIZES, uniform_query_len=2, uniform=is_uniform,
+                 backend=name, progress=False)
+    g = g.capture(*example, cache)
+    check_against_eager(g, step, cache, [layout([2] * 3, [5, 8, 1]), layout([1, 3, 2], [5, 8, 1])], device)
+    assert [(r.mode, r.padded_to) for r in g.stats.rows()] == [(Mode.PIECEWISE, 8), (Mode.FULL, 8)]
+    assert any(e.key.uniform and e.key.num_reqs == 4 for e in g.table)  # 8 tokens = 4 requests of 2
+
+
+# -- mode resolution against the backends ----------------------------------------------------
+
+def test_backend_support_downgrades_with_a_logged_reason(params, caplog):
+    step, cache, example = model(params, "split", "cpu")
+    pw = split(step, split_ops("split"), *example, cache, axes=varlen_axes())
+    with caplog.at_level(logging.WARNING, logger="graphify"):
+        g = graphify(pw, mode="FULL", support=model_support("split"))
+    assert g.resolution.mode is Mode.FULL_AND_PIECEWISE
+    assert "UNIFORM_SINGLE_TOKEN_DECODE" in caplog.text and "FULL_AND_PIECEWISE" in caplog.text
+    spec = graphify(pw, mode="FULL_AND_PIECEWISE", support=model_support("split"), uniform_query_len=3)
+    assert spec.resolution.mode is Mode.PIECEWISE and "spec decode" in spec.resolution.reasons[-1]
+    hybrid = model_support(["unified", "split"])
+    assert hybrid is Support.UNIFORM_SINGLE_TOKEN_DECODE
+
+
+def test_mode_impossible_even_after_downgrade_is_an_error(params):
+    step, cache, example = model(params, "unified", "cpu")
+    pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
+    with pytest.raises(ValueError, match="PIECEWISE"):
+        graphify(pw, mode="FULL", support=Support.NEVER)
+    assert graphify(pw, mode="FULL_AND_PIECEWISE", support=Support.NEVER).resolution.mode is Mode.PIECEWISE
