@@ -153,7 +153,7 @@ class Graphified:
             pool=self.pool if self.pool is not None else Pool(f"{_fn_name(self.fn)}"),
             warmups=self.warmups,
             weak_outputs=self.weak_outputs and backend.name == "cuda",
-            out_axes=self.out_axes,
+            out_axes=self.out_axes if self.out_axes is not None else (getattr(self.fn, "out_axes", None) or None),
             progress=self.progress,
             largest_first=self.largest_first,
         )

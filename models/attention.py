@@ -24,7 +24,20 @@ import torch.nn.functional as F
 
 from graphify import Support
 
-__all__ = ["AttentionBackend", "BACKENDS", "unified_attention", "split_attention"]
+__all__ = ["AttentionBackend", "BACKENDS", "unified_attention", "split_attention", "triton_kernels"]
+
+USE_TRITON = True  # on CUDA, when Triton is installed; tests switch it off to compare
+
+
+def triton_kernels(q: torch.Tensor):
+    """The Triton kernels module for CUDA tensors, or None (CPU, no Triton, switched off)."""
+    if not (USE_TRITON and q.is_cuda):
+        return None
+    try:
+        from . import _triton_attention
+    except ImportError:
+        return None
+    return _triton_attention
 
 
 def _write_kv(kv_cache, layer: int, slot_mapping, k, v) -> None:
@@ -57,6 +70,11 @@ def unified_attention(
     slot_mapping: torch.Tensor, positions: torch.Tensor, query_lens: torch.Tensor, seq_lens: torch.Tensor,
     block_tables: torch.Tensor, out: torch.Tensor,
 ) -> None:
+    kernels = triton_kernels(q)
+    if kernels is not None:
+        kernels.write_kv(kv_cache, layer, slot_mapping, k, v)
+        kernels.paged_attention(q, kv_cache, layer, positions, query_lens, block_tables, out)
+        return
     _write_kv(kv_cache, layer, slot_mapping, k, v)
     keys, values = _request_kv(kv_cache, layer, block_tables)
     t, r = q.shape[0], block_tables.shape[0]
@@ -72,9 +90,14 @@ def split_attention(
     slot_mapping: torch.Tensor, positions: torch.Tensor, query_lens: torch.Tensor, seq_lens: torch.Tensor,
     block_tables: torch.Tensor, out: torch.Tensor,
 ) -> None:
+    t, r = q.shape[0], block_tables.shape[0]
+    kernels = triton_kernels(q)
+    if t == r and kernels is not None:  # the decode routine, as one kernel on CUDA
+        kernels.write_kv(kv_cache, layer, slot_mapping, k, v)
+        kernels.paged_attention(q, kv_cache, layer, positions, query_lens, block_tables, out)
+        return
     _write_kv(kv_cache, layer, slot_mapping, k, v)
     keys, values = _request_kv(kv_cache, layer, block_tables)
-    t, r = q.shape[0], block_tables.shape[0]
     if t == r:  # every request has one token: the decode routine
         visible = torch.arange(keys.shape[1], device=q.device)[None, :] <= positions[:, None]
         out.copy_(_grouped(q, keys, values, visible))

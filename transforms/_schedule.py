@@ -209,8 +209,10 @@ def capture_pieces(pw, backend, args: tuple, *, pool, warmups: int, weak_outputs
                     if isinstance(src, torch.fx.Node) and not is_static(src) and isinstance(inputs[j], torch.Tensor):
                         inputs[j] = inputs[j].clone()  # a buffer we own, read by the graph
                         copies.append((slot_of[src], inputs[j]))
+                # Inductor-compiled pieces are compiled on their first (warm-up) call: not
+                # under the op guard, whose dispatch mode would compile them for fake inputs.
                 captured = backend.capture(module, tuple(inputs), pool=pool, warmups=max(warmups, 1),
-                                           weak_outputs=False, stream=stream)
+                                           weak_outputs=False, stream=stream, guard=not pw.compiled)
                 graphs.append(captured.graph if captured.graph is not None else captured)
                 nbytes += captured.nbytes
                 env[node] = captured.outputs

@@ -68,6 +68,7 @@ class Piecewise:
     axes: Any = None
     symbols: Mapping[Any, str] = attrs.field(factory=dict, repr=False)
     compiled: bool = False
+    out_axes: tuple = ()
 
     is_split = True
 
@@ -212,4 +213,19 @@ def split(
                 module = torch.compile(module, dynamic=True, fullgraph=True)
                 setattr(program, node.target, module)
             pieces.append(Piece(node.target, kind, module))
-    return Piecewise(fn, names, program, tuple(pieces), axes, symbols, compile)
+    return Piecewise(fn, names, program, tuple(pieces), axes, symbols, compile, _out_axes(gm, symbols))
+
+
+def _out_axes(gm: torch.fx.GraphModule, symbols: Mapping) -> tuple:
+    """Per flat output, the batch axis its dim 0 follows ("tokens", "reqs" or None), read
+    from the trace's symbolic shapes: graphify cuts outputs by it."""
+    from torch.utils import _pytree as pytree
+
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    axes = []
+    for value in pytree.tree_leaves(output.args[0]):
+        val = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        lead = val.shape[0] if isinstance(val, torch.Tensor) and val.dim() else None
+        expr = lead.node.expr if isinstance(lead, torch.SymInt) else None
+        axes.append(symbols.get(expr))
+    return tuple(axes)

@@ -38,9 +38,11 @@ class Backend(Protocol):
         """The side stream every capture of one table shares (None where streams don't apply)."""
 
     def capture(
-        self, fn: Callable, args: tuple, *, pool: Any, warmups: int, weak_outputs: bool, stream: Any = None
+        self, fn: Callable, args: tuple, *, pool: Any, warmups: int, weak_outputs: bool, stream: Any = None,
+        guard: bool = True,
     ) -> Captured:
-        """Warm up `fn(*args)`, then record it on `stream` into a graph allocated from `pool`."""
+        """Warm up `fn(*args)` (the first run under the op guard unless `guard` is off),
+        then record it on `stream` into a graph allocated from `pool`."""
 
     def reserved_bytes(self, device: torch.device) -> int:
         """Device memory the allocator holds now (for pool reports)."""

@@ -3,6 +3,7 @@ Replay is `CUDAGraph.replay()` on the caller's current stream."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -13,6 +14,8 @@ from ._base import Captured
 from .sim import CaptureGuard
 
 __all__ = ["TorchCudaBackend", "weak_alias"]
+
+_CAPTURE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
 
 
 def weak_alias(t):
@@ -52,14 +55,21 @@ class TorchCudaBackend:
             return torch.cuda.graph_pool_handle()
 
     def new_stream(self, device: torch.device) -> "torch.cuda.Stream":
-        """One side stream for every warm-up and capture of a table: cuBLAS keeps a
-        workspace per stream, so a fresh stream per graph would put one in every graph."""
-        return torch.cuda.Stream(device)
+        """The side stream every warm-up and capture on `device` uses. cuBLAS keeps a
+        workspace per stream for the life of the process: a fresh stream per graph would
+        put one in every graph's pool, and one per table would never give it back."""
+        index = torch.device(device).index or 0
+        stream = _CAPTURE_STREAMS.get(index)
+        if stream is None:
+            stream = _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
+        return stream
 
     def reserved_bytes(self, device: torch.device) -> int:
         return torch.cuda.memory_reserved(device)
 
-    def capture(self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None) -> Captured:
+    def capture(
+        self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: bool = True
+    ) -> Captured:
         device = torch.cuda.current_device()
         stream = stream if stream is not None else self.new_stream(device)
         # Warm-up and capture share one stream so per-stream workspaces (cuBLAS) exist

@@ -1,0 +1,106 @@
+"""Triton kernels for the reference paged attention on CUDA: one launch writes the new keys
+and values into the cache, one computes attention for every token (any mix of prefill and
+decode) with an online softmax over its request's blocks. Few launches matter here: split
+ops run eagerly between piecewise graphs, so their launch count is host time per layer.
+
+The torch implementation in `attention.py` is the reference (and the CPU path); the CUDA
+tests compare the two.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["write_kv", "paged_attention"]
+
+
+@triton.jit
+def _write_kv_kernel(K, V, KC, VC, slots, stride_kt, stride_vt, KVD: tl.constexpr, KVD_PAD: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slots + t).to(tl.int64)
+    offs = tl.arange(0, KVD_PAD)
+    mask = offs < KVD
+    tl.store(KC + slot * KVD + offs, tl.load(K + t * stride_kt + offs, mask=mask), mask=mask)
+    tl.store(VC + slot * KVD + offs, tl.load(V + t * stride_vt + offs, mask=mask), mask=mask)
+
+
+def write_kv(kv_cache: torch.Tensor, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """k, v [T, kv_heads, d] into the cache at `slot_mapping` (cache contiguous)."""
+    t = k.shape[0]
+    if t == 0:
+        return
+    kvd = k.shape[1] * k.shape[2]
+    k2, v2 = k.reshape(t, kvd), v.reshape(t, kvd)
+    _write_kv_kernel[(t,)](k2, v2, kv_cache[layer, 0], kv_cache[layer, 1], slot_mapping,
+                           k2.stride(0), v2.stride(0), KVD=kvd, KVD_PAD=triton.next_power_of_2(kvd))
+
+
+@triton.jit
+def _attention_kernel(
+    Q, KC, VC, Out, block_tables, ends, positions,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, num_reqs, scale,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, KVH: tl.constexpr,
+    BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)  # kv head
+    # The token's request: how many requests end at or before it (ends = cumsum(query_lens)).
+    req = 0
+    for i in range(0, num_reqs, 128):
+        offs_r = i + tl.arange(0, 128)
+        e = tl.load(ends + offs_r, mask=offs_r < num_reqs, other=2147483647)
+        req += tl.sum((e <= t).to(tl.int32), axis=0)
+    req = tl.minimum(req, num_reqs - 1)
+    pos = tl.load(positions + t)
+
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + t * stride_qt + (h * G + offs_g)[:, None] * stride_qh + offs_d[None, :],
+                mask=offs_g[:, None] < G, other=0.0)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    for start in range(0, pos + 1, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        visible = offs_n <= pos
+        blk = tl.load(block_tables + req * stride_bt + offs_n // BS, mask=visible, other=0).to(tl.int64)
+        row = (blk * BS + offs_n % BS) * (KVH * D) + h * D
+        k = tl.load(KC + row[:, None] + offs_d[None, :], mask=visible[:, None], other=0.0)
+        v = tl.load(VC + row[:, None] + offs_d[None, :], mask=visible[:, None], other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(visible[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(Out + t * stride_ot + (h * G + offs_g)[:, None] * stride_oh + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=offs_g[:, None] < G)
+
+
+def paged_attention(q, kv_cache, layer: int, positions, query_lens, block_tables, out) -> None:
+    """out[t] = attention of q[t] over its request's cached positions <= positions[t]."""
+    t, heads, d = q.shape
+    if t == 0:
+        return
+    cache = kv_cache[layer]
+    kvh, bs = cache.shape[-2], cache.shape[-3]
+    g = heads // kvh
+    ends = torch.cumsum(query_lens, 0, dtype=torch.int32)
+    _attention_kernel[(t, kvh)](
+        q, cache[0], cache[1], out, block_tables, ends, positions,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), block_tables.shape[0],
+        1.0 / d**0.5,
+        G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, BS=bs, KVH=kvh, BLOCK_N=max(16, bs),
+        IEEE=q.dtype == torch.float32,
+    )
