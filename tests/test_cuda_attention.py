@@ -12,7 +12,7 @@ from models import attention as attention_module
 pytestmark = [pytest.mark.cuda, requires_cuda]
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("block", [4, 16])
 @pytest.mark.parametrize("attention", ["unified", "split"])
 def test_triton_kernels_equal_the_torch_reference(monkeypatch, dtype, tol, block, attention):
@@ -31,5 +31,6 @@ def test_triton_kernels_equal_the_torch_reference(monkeypatch, dtype, tol, block
         monkeypatch.setattr(attention_module, "USE_TRITON", False)
         ref = step(*batch, ref_cache)
         monkeypatch.setattr(attention_module, "USE_TRITON", True)
-        torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+        relative = (out.float() - ref.float()).norm() / ref.float().norm()  # METHOD.md's bf16 yardstick
+        assert relative < tol, f"relative error {relative:.2e} on {layout}"
         torch.testing.assert_close(cache, ref_cache)
