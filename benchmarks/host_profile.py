@@ -50,7 +50,7 @@ def main():
         "schedule.replay(8, 8)": host_us(lambda: sched.replay(8, 8)),
         "one graph piece replay": host_us(lambda: sched.steps[2].replay()),
         "attention via torch.ops (dispatcher)": host_us(lambda: torch.ops.graphify_models.unified_attention(q, k, k, cache, 0, slots, pos, ql, sl, bt, out)),
-        "attention impl called directly": host_us(lambda: attn.unified_attention._init_fn(q, k, k, cache, 0, slots, pos, ql, sl, bt, out)),
+        "attention impl called directly": host_us(lambda: getattr(attn.unified_attention, "_init_fn")(q, k, k, cache, 0, slots, pos, ql, sl, bt, out)),
         "triton write_kv": host_us(lambda: tri.write_kv(cache, 0, slots, k, k)),
         "triton paged_attention": host_us(lambda: tri.paged_attention(q, cache, 0, pos, ql, bt, out)),
         "torch.cumsum": host_us(lambda: torch.cumsum(ql, 0, dtype=torch.int32)),
