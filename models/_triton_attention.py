@@ -39,19 +39,23 @@ def write_kv(kv_cache: torch.Tensor, layer: int, slot_mapping: torch.Tensor, k: 
 
 @triton.jit
 def _attention_kernel(
-    Q, KC, VC, Out, block_tables, ends, positions,
+    Q, KC, VC, Out, block_tables, query_lens, positions,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, num_reqs, scale,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, KVH: tl.constexpr,
     BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
 ):
     t = tl.program_id(0)
     h = tl.program_id(1)  # kv head
-    # The token's request: how many requests end at or before it (ends = cumsum(query_lens)).
+    # The token's request: how many requests end at or before it, the ends being the
+    # running sum of the query lengths (computed here: no separate cumsum launch).
     req = 0
+    carry = 0
     for i in range(0, num_reqs, 128):
         offs_r = i + tl.arange(0, 128)
-        e = tl.load(ends + offs_r, mask=offs_r < num_reqs, other=2147483647)
-        req += tl.sum((e <= t).to(tl.int32), axis=0)
+        lens = tl.load(query_lens + offs_r, mask=offs_r < num_reqs, other=0).to(tl.int32)
+        ends = carry + tl.cumsum(lens, axis=0)
+        req += tl.sum(((ends <= t) & (offs_r < num_reqs)).to(tl.int32), axis=0)
+        carry += tl.sum(lens, axis=0)
     req = tl.minimum(req, num_reqs - 1)
     pos = tl.load(positions + t)
 
@@ -96,9 +100,8 @@ def paged_attention(q, kv_cache, layer: int, positions, query_lens, block_tables
     cache = kv_cache[layer]
     kvh, bs = cache.shape[-2], cache.shape[-3]
     g = heads // kvh
-    ends = torch.cumsum(query_lens, 0, dtype=torch.int32)
     _attention_kernel[(t, kvh)](
-        q, cache[0], cache[1], out, block_tables, ends, positions,
+        q, cache[0], cache[1], out, block_tables, query_lens, positions,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), block_tables.shape[0],
         1.0 / d**0.5,
         G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, BS=bs, KVH=kvh, BLOCK_N=max(16, bs),

@@ -220,7 +220,8 @@ def capture_pieces(pw, backend, args: tuple, *, pool, warmups: int, weak_outputs
                 steps.append(_GraphStep(captured.replay, tuple(copies)))
             else:
                 env[node] = module(*inputs)
-                placeholders = [p for p in module.graph.nodes if p.op == "placeholder"]
+                module = _direct_call(module)
+                placeholders = [p for p in getattr(program, node.target).graph.nodes if p.op == "placeholder"]
                 specs = []
                 for a, p in zip(node.args, placeholders):
                     if isinstance(a, torch.fx.Node):
@@ -247,6 +248,35 @@ def capture_pieces(pw, backend, args: tuple, *, pool, warmups: int, weak_outputs
     env.clear()
     schedule = Schedule(steps, len(slot_of), static_values, tuple(final_copies), graphs)
     return Captured(schedule.replay, schedule, outputs, nbytes, sized=True)
+
+
+def _direct_call(module: torch.fx.GraphModule) -> Callable:
+    """For a split piece that is one call of a `torch.library.custom_op` whose result it
+    returns (or not at all), that op's Python implementation called directly: at replay the
+    dispatcher and the GraphModule wrapper cost more host time than the op itself. Any
+    other piece is called as the module."""
+    from torch._library.custom_ops import OPDEFS
+
+    nodes = list(module.graph.nodes)
+    calls = [n for n in nodes if n.op == "call_function"]
+    output = nodes[-1]
+    if len(calls) != 1 or len(nodes) != len(calls) + 1 + sum(n.op == "placeholder" for n in nodes):
+        return module
+    call = calls[0]
+    schema = getattr(call.target, "_schema", None)
+    opdef = OPDEFS.get(schema.name) if schema is not None else None
+    impl = getattr(opdef, "_init_fn", None)
+    returns = output.args[0]
+    if impl is None or call.kwargs or returns not in ((), None, call, (call,)):
+        return module
+    placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
+    mapping = tuple((placeholders[a], None) if isinstance(a, torch.fx.Node) else (None, a) for a in call.args)
+
+    def direct(*inputs):
+        result = impl(*[inputs[i] if i is not None else const for i, const in mapping])
+        return (result,) if isinstance(returns, tuple) and returns else result
+
+    return direct
 
 
 def _arg_spec(a, slot_of):
