@@ -1,7 +1,8 @@
-"""Triton kernels for the reference paged attention on CUDA: one launch writes the new keys
-and values into the cache, one computes attention for every token (any mix of prefill and
-decode) with an online softmax over its request's blocks. Few launches matter here: split
-ops run eagerly between piecewise graphs, so their launch count is host time per layer.
+"""Triton kernels for the reference paged attention on CUDA: one launch per layer writes
+the new keys and values into the cache and computes attention for every token (any mix
+of prefill and decode) with an online softmax over its request's blocks. Few launches
+matter here: split ops run eagerly between piecewise graphs, so their launch count is
+host time per layer.
 
 The torch implementation in `attention.py` is the reference (and the CPU path); the CUDA
 tests compare the two.
@@ -39,28 +40,44 @@ def write_kv(kv_cache: torch.Tensor, layer: int, slot_mapping: torch.Tensor, k: 
 
 @triton.jit
 def _attention_kernel(
-    Q, KC, VC, Out, block_tables, query_lens, positions,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, num_reqs, scale,
+    Q, K, V, KC, VC, Out, block_tables, query_lens, positions, slots,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
+    num_reqs, scale,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, KVH: tl.constexpr,
     BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
 ):
     t = tl.program_id(0)
     h = tl.program_id(1)  # kv head
-    # The token's request: how many requests end at or before it, the ends being the
-    # running sum of the query lengths (computed here: no separate cumsum launch).
+    offs_d = tl.arange(0, D)
+    # This token's new key and value go to its slot. Nobody reads them from the cache in
+    # this launch: tokens of the same request take this step's keys from K and V below.
+    slot = tl.load(slots + t).to(tl.int64)
+    tl.store(KC + slot * (KVH * D) + h * D + offs_d, tl.load(K + t * stride_kt + h * stride_kh + offs_d))
+    tl.store(VC + slot * (KVH * D) + h * D + offs_d, tl.load(V + t * stride_vt + h * stride_vh + offs_d))
+
+    # The token's request: how many requests end at or before it (ends = running sum of
+    # the query lengths), and where that request's new tokens end.
     req = 0
     carry = 0
+    end = 2147483647
     for i in range(0, num_reqs, 128):
         offs_r = i + tl.arange(0, 128)
         lens = tl.load(query_lens + offs_r, mask=offs_r < num_reqs, other=0).to(tl.int32)
         ends = carry + tl.cumsum(lens, axis=0)
-        req += tl.sum(((ends <= t) & (offs_r < num_reqs)).to(tl.int32), axis=0)
+        inside = offs_r < num_reqs
+        req += tl.sum(((ends <= t) & inside).to(tl.int32), axis=0)
+        end = tl.minimum(end, tl.min(tl.where((ends > t) & inside, ends, 2147483647), axis=0))
         carry += tl.sum(lens, axis=0)
     req = tl.minimum(req, num_reqs - 1)
     pos = tl.load(positions + t)
+    if t < carry:  # keys before the request's first new token come from the cache
+        first = end - tl.load(query_lens + req).to(tl.int32)
+        ctx = tl.load(positions + first)
+    else:  # a padding token: everything from the cache (its request is padding too)
+        first = 0
+        ctx = pos + 1
 
     offs_g = tl.arange(0, G_PAD)
-    offs_d = tl.arange(0, D)
     q = tl.load(Q + t * stride_qt + (h * G + offs_g)[:, None] * stride_qh + offs_d[None, :],
                 mask=offs_g[:, None] < G, other=0.0)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
@@ -69,10 +86,15 @@ def _attention_kernel(
     for start in range(0, pos + 1, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         visible = offs_n <= pos
-        blk = tl.load(block_tables + req * stride_bt + offs_n // BS, mask=visible, other=0).to(tl.int64)
+        cached = visible & (offs_n < ctx)
+        fresh = visible & (offs_n >= ctx)
+        blk = tl.load(block_tables + req * stride_bt + offs_n // BS, mask=cached, other=0).to(tl.int64)
         row = (blk * BS + offs_n % BS) * (KVH * D) + h * D
-        k = tl.load(KC + row[:, None] + offs_d[None, :], mask=visible[:, None], other=0.0)
-        v = tl.load(VC + row[:, None] + offs_d[None, :], mask=visible[:, None], other=0.0)
+        new = first + offs_n - ctx
+        k = tl.load(KC + row[:, None] + offs_d[None, :], mask=cached[:, None], other=0.0)
+        k += tl.load(K + new[:, None] * stride_kt + h * stride_kh + offs_d[None, :], mask=fresh[:, None], other=0.0)
+        v = tl.load(VC + row[:, None] + offs_d[None, :], mask=cached[:, None], other=0.0)
+        v += tl.load(V + new[:, None] * stride_vt + h * stride_vh + offs_d[None, :], mask=fresh[:, None], other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -92,8 +114,9 @@ def _attention_kernel(
              out.to(Out.dtype.element_ty), mask=offs_g[:, None] < G)
 
 
-def paged_attention(q, kv_cache, layer: int, positions, query_lens, block_tables, out) -> None:
-    """out[t] = attention of q[t] over its request's cached positions <= positions[t]."""
+def paged_attention(q, k, v, kv_cache, layer: int, slot_mapping, positions, query_lens, block_tables, out) -> None:
+    """Write k, v at `slot_mapping`, then out[t] = attention of q[t] over its request's
+    positions <= positions[t]: one launch."""
     t, heads, d = q.shape
     if t == 0:
         return
@@ -101,9 +124,9 @@ def paged_attention(q, kv_cache, layer: int, positions, query_lens, block_tables
     kvh, bs = cache.shape[-2], cache.shape[-3]
     g = heads // kvh
     _attention_kernel[(t, kvh)](
-        q, cache[0], cache[1], out, block_tables, query_lens, positions,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), block_tables.shape[0],
-        1.0 / d**0.5,
+        q, k, v, cache[0], cache[1], out, block_tables, query_lens, positions, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        block_tables.stride(0), block_tables.shape[0], 1.0 / d**0.5,
         G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, BS=bs, KVH=kvh, BLOCK_N=max(16, bs),
         IEEE=q.dtype == torch.float32,
     )

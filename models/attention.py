@@ -72,8 +72,7 @@ def unified_attention(
 ) -> None:
     kernels = triton_kernels(q)
     if kernels is not None:
-        kernels.write_kv(kv_cache, layer, slot_mapping, k, v)
-        kernels.paged_attention(q, kv_cache, layer, positions, query_lens, block_tables, out)
+        kernels.paged_attention(q, k, v, kv_cache, layer, slot_mapping, positions, query_lens, block_tables, out)
         return
     _write_kv(kv_cache, layer, slot_mapping, k, v)
     keys, values = _request_kv(kv_cache, layer, block_tables)
@@ -93,8 +92,7 @@ def split_attention(
     t, r = q.shape[0], block_tables.shape[0]
     kernels = triton_kernels(q)
     if t == r and kernels is not None:  # the decode routine, as one kernel on CUDA
-        kernels.write_kv(kv_cache, layer, slot_mapping, k, v)
-        kernels.paged_attention(q, kv_cache, layer, positions, query_lens, block_tables, out)
+        kernels.paged_attention(q, k, v, kv_cache, layer, slot_mapping, positions, query_lens, block_tables, out)
         return
     _write_kv(kv_cache, layer, slot_mapping, k, v)
     keys, values = _request_kv(kv_cache, layer, block_tables)
