@@ -51,7 +51,6 @@ def main():
         "one graph piece replay": host_us(lambda: sched.steps[2].replay()),
         "attention via torch.ops (dispatcher)": host_us(lambda: torch.ops.graphify_models.unified_attention(q, k, k, cache, 0, slots, pos, ql, sl, bt, out)),
         "attention impl called directly": host_us(lambda: getattr(attn.unified_attention, "_init_fn")(q, k, k, cache, 0, slots, pos, ql, sl, bt, out)),
-        "triton write_kv (separate kernel)": host_us(lambda: tri.write_kv(cache, 0, slots, k, k)),
         "triton paged_attention (fused write)": host_us(lambda: tri.paged_attention(q, k, k, cache, 0, slots, pos, ql, bt, out)),
         "torch.cumsum": host_us(lambda: torch.cumsum(ql, 0, dtype=torch.int32)),
         "split piece GraphModule call": host_us(lambda: sched.steps[1].fn(*[a if a is not None else None for a in sched._trimmed[(8, 8)][1]])),

@@ -14,28 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["write_kv", "paged_attention"]
-
-
-@triton.jit
-def _write_kv_kernel(K, V, KC, VC, slots, stride_kt, stride_vt, KVD: tl.constexpr, KVD_PAD: tl.constexpr):
-    t = tl.program_id(0)
-    slot = tl.load(slots + t).to(tl.int64)
-    offs = tl.arange(0, KVD_PAD)
-    mask = offs < KVD
-    tl.store(KC + slot * KVD + offs, tl.load(K + t * stride_kt + offs, mask=mask), mask=mask)
-    tl.store(VC + slot * KVD + offs, tl.load(V + t * stride_vt + offs, mask=mask), mask=mask)
-
-
-def write_kv(kv_cache: torch.Tensor, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """k, v [T, kv_heads, d] into the cache at `slot_mapping` (cache contiguous)."""
-    t = k.shape[0]
-    if t == 0:
-        return
-    kvd = k.shape[1] * k.shape[2]
-    k2, v2 = k.reshape(t, kvd), v.reshape(t, kvd)
-    _write_kv_kernel[(t,)](k2, v2, kv_cache[layer, 0], kv_cache[layer, 1], slot_mapping,
-                           k2.stride(0), v2.stride(0), KVD=kvd, KVD_PAD=triton.next_power_of_2(kvd))
+__all__ = ["paged_attention"]
 
 
 @triton.jit
