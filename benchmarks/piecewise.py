@@ -133,25 +133,26 @@ def run(inductor: bool = False) -> dict:
 
 
 def summarize(result: dict) -> dict:
+    """Ratios within one scenario and batch: vs NONE (speed-up) and vs FULL; targets."""
     rows = result["rows"]
-    by = {(r["scenario"], r["mode"]): r for r in rows}
-    checks = {}
-    for scenario in sorted({r["scenario"] for r in rows}):
-        none = by.get((scenario, "NONE"))
-        full = by.get((scenario, "FULL"))
-        for r in rows:
-            if r["scenario"] != scenario:
-                continue
-            r["speedup_vs_none"] = none["ms"] / r["ms"] if none else None
-            r["vs_full"] = r["ms"] / full["ms"] if full else None
-    decode_ratio = [by[("decode", "PIECEWISE")]["ms"] / by[("decode", "FULL")]["ms"]] if ("decode", "FULL") in by else []
+    by = {(r["scenario"], r["mode"], r["tokens"]): r for r in rows}
+    for r in rows:
+        none = by.get((r["scenario"], "NONE", r["tokens"]))
+        full = by.get((r["scenario"], "FULL", r["tokens"]))
+        r["speedup_vs_none"] = none["ms"] / r["ms"] if none else None
+        r["vs_full"] = r["ms"] / full["ms"] if full else None
     caps = {c["what"]: c for c in result["captures"]}
     alone = caps.get("piecewise, largest size alone")
-    if alone and alone["pool_mib"] > 0:
-        for what in ("piecewise, all sizes, largest first", "piecewise, all sizes, smallest first"):
+    for what in ("piecewise, all sizes, largest first", "piecewise, all sizes, smallest first"):
+        if alone and alone["pool_mib"] > 0 and what in caps:
             caps[what]["vs_largest_alone"] = caps[what]["pool_mib"] / alone["pool_mib"]
-    checks["piecewise_decode_vs_full"] = decode_ratio
-    return checks
+    prefill = sorted((r for r in rows if r["scenario"].startswith("prefill") and r["mode"] == "PIECEWISE"),
+                     key=lambda r: r["tokens"])
+    return {
+        "piecewise_decode_vs_full (target <= 1.3)": [r["vs_full"] for r in rows if r["scenario"] == "decode" and r["mode"] == "PIECEWISE"],
+        "piecewise_prefill_speedup (target >= 3.5 at the smaller size)": [r["speedup_vs_none"] for r in prefill],
+        "all_sizes_memory_vs_largest_alone (target <= 1.05)": caps.get("piecewise, all sizes, largest first", {}).get("vs_largest_alone"),
+    }
 
 
 COLUMNS = [("scenario", "scenario", "s"), ("mode", "mode", "s"), ("tokens", "tokens", "d"), ("reqs", "reqs", "d"),
@@ -172,6 +173,10 @@ def render(result: dict) -> str:
     lines.append(table(result["rows"], COLUMNS))
     lines.append("\nCapture (PIECEWISE keys capture one graph per piece: layers + 1 per size):\n")
     lines.append(table(result["captures"], CAPTURE_COLUMNS))
+    lines.append("\nTargets:\n")
+    for name, value in result["checks"].items():
+        shown = ", ".join(f"{v:.3f}" for v in value) if isinstance(value, list) else ("-" if value is None else f"{value:.3f}")
+        lines.append(f"- {name}: {shown}")
     return "\n".join(lines)
 
 
