@@ -106,6 +106,6 @@ def paged_attention(q, k, v, kv_cache, layer: int, slot_mapping, positions, quer
         q, k, v, cache[0], cache[1], out, block_tables, query_lens, positions, slot_mapping,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), block_tables.shape[0], 1.0 / d**0.5,
-        G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, BS=bs, KVH=kvh, BLOCK_N=max(16, bs),
+        G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, BS=bs, KVH=kvh, BLOCK_N=max(64, bs),
         IEEE=q.dtype == torch.float32,
     )
