@@ -155,7 +155,8 @@ class Runtime:
         has_lora = bool(self.lora_fn(*args)) if self.lora_fn is not None else False
         decision = self.dispatcher.lookup(n, uniform, has_lora)
         if decision.mode is _NONE:
-            stats.record(_NONE, n, None)
+            with self.lock:
+                stats.tally(_NONE, n, None)
             return self.fn(*args)
         r_real = n if r < 0 else r
         plan_key = (id(decision), n, r_real)  # decisions are unique objects of the dispatcher
@@ -183,7 +184,7 @@ class Runtime:
                 else:
                     torch._foreach_copy_(dsts, srcs)
             plan.replay()
-        stats.record(decision.mode, n, plan.padded)
+            stats.tally(decision.mode, n, plan.padded)
         if plan.single:
             return plan.outputs[0]
         return pytree.tree_unflatten(plan.outputs, plan.out_spec)

@@ -37,14 +37,17 @@ class Stats:
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
 
     def record(self, mode: Mode, tokens: int, padded_to: int | None) -> None:
-        key = (mode, padded_to)
         with self._lock:
-            row = self._counts.get(key)
-            if row is None:
-                self._counts[key] = [1, tokens]
-            else:
-                row[0] += 1
-                row[1] += tokens
+            self.tally(mode, tokens, padded_to)
+
+    def tally(self, mode: Mode, tokens: int, padded_to: int | None) -> None:
+        """`record` for callers that already serialise their calls (graphify's runtime)."""
+        row = self._counts.get((mode, padded_to))
+        if row is None:
+            self._counts[mode, padded_to] = [1, tokens]
+        else:
+            row[0] += 1
+            row[1] += tokens
 
     def rows(self) -> tuple[StatsRow, ...]:
         """One row per (runtime mode, padded size), sorted by mode then size."""
