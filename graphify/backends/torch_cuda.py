@@ -76,7 +76,7 @@ class TorchCudaBackend:
         # before capture (vLLM #53818). The first warm-up runs under the op guard.
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            with CaptureGuard():
+            with CaptureGuard() if guard else contextlib.nullcontext():
                 fn(*args)
             for _ in range(warmups - 1):
                 fn(*args)
