@@ -85,7 +85,10 @@ def _runtime_modes(g) -> str:
     return ",".join(sorted({r.mode.value for r in g.stats.rows()}))
 
 
-def run(inductor: bool = False) -> dict:
+SCENARIOS = ("decode", "prefill", "mixed", "memory")
+
+
+def run(inductor: bool = False, scenarios=SCENARIOS) -> dict:
     env = environment()
     b = Bench(env["gpu"], inductor)
     cfg = b.cfg
@@ -93,7 +96,7 @@ def run(inductor: bool = False) -> dict:
     kv = 255 if b.gpu else 60
     decode_blocks = -(-(kv + 1) // b.block)
     print("decode", file=sys.stderr)
-    for mode in ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"):
+    for mode in ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE") if "decode" in scenarios else ():
         g = b.graphified(mode, vllm_sizes(max(decode_bs)), decode_blocks, "decode schedule")
         for bs in decode_bs:
             b.measure("decode", g, mode, b.layout([1] * bs, [kv] * bs, decode_blocks), seed=bs)
@@ -105,14 +108,15 @@ def run(inductor: bool = False) -> dict:
     mixed = b.layout([64] * 4 + [1] * 32, [0] * 4 + [200] * 32, prefill_blocks) if b.gpu else \
         b.layout([8] * 4 + [1] * 8, [0] * 4 + [40] * 8, prefill_blocks)
     print("prefill and mixed", file=sys.stderr)
-    for mode in ("NONE", "PIECEWISE"):
+    for mode in ("NONE", "PIECEWISE") if {"prefill", "mixed"} & set(scenarios) else ():
         g = b.graphified(mode, schedule, prefill_blocks, "prefill schedule, largest first")
-        for t in prefill_tokens:
+        for t in prefill_tokens if "prefill" in scenarios else ():
             b.measure(f"prefill {t}", g, mode, b.layout([t], [0], prefill_blocks), seed=t)
-        b.measure("mixed", g, mode, mixed, seed=7)
+        if "mixed" in scenarios:
+            b.measure("mixed", g, mode, mixed, seed=7)
         del g
     mixed_sizes = sglang_piecewise_sizes(sum(mixed.query_lens) + 200)
-    for mode in ("FULL", "FULL_AND_PIECEWISE"):
+    for mode in ("FULL", "FULL_AND_PIECEWISE") if "mixed" in scenarios else ():
         g = b.graphified(mode, mixed_sizes, prefill_blocks, "mixed schedule")
         b.measure("mixed", g, mode, mixed, seed=7)
         del g
@@ -122,7 +126,7 @@ def run(inductor: bool = False) -> dict:
         ("piecewise, largest size alone", schedule[-1:], True),
         ("piecewise, all sizes, smallest first", schedule, False),
         ("piecewise, all sizes, largest first", schedule, True),
-    ):
+    ) if "memory" in scenarios else ():
         g = b.graphified("PIECEWISE", sizes, prefill_blocks, label, pool=Pool(label), largest_first=largest_first)
         del g
         if b.gpu:
@@ -183,11 +187,14 @@ def render(result: dict) -> str:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inductor", action="store_true", help="compile graph pieces with inductor before capture")
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     args = parser.parse_args(argv)
-    result = run(args.inductor)
+    result = run(args.inductor, tuple(args.scenarios))
     result["checks"] = summarize(result)
     markdown = render(result)
     name = "piecewise-inductor" if args.inductor else "piecewise"
+    if tuple(args.scenarios) != SCENARIOS:
+        name += "-" + "-".join(args.scenarios)
     paths = write(name, result.pop("env"), result, markdown)
     print(markdown)
     print(f"\nwrote {paths[0]} and {paths[1]}")
