@@ -71,7 +71,18 @@ def infer_out_axes(fn: Callable, specs: Sequence[ArgSpec], args: Sequence[Any], 
     """
     if out_axes is not None:
         fixed = tuple(out_axes) if isinstance(out_axes, (tuple, list)) else (out_axes,)
-        return lambda tok, req, flat: fixed if len(fixed) == len(flat) else fixed * len(flat)
+        bad = [a for a in fixed if a not in ("tokens", "reqs", None)]
+        if bad:
+            raise ValueError(f"out_axes: {bad[0]!r} is not an output axis; use 'tokens', 'reqs' or None")
+
+        def given(tok: int, req: int, flat: Sequence[Any]) -> tuple[str | None, ...]:
+            if len(fixed) == 1:
+                return fixed * len(flat)
+            if len(fixed) != len(flat):
+                raise ValueError(f"out_axes has {len(fixed)} entries but the function returns {len(flat)} outputs")
+            return fixed
+
+        return given
 
     probed = _probe_out_axes(fn, specs, args) if any(s.axis.kind == "reqs" for s in specs) else None
 

@@ -367,3 +367,22 @@ def test_random_ops_draw_fresh_numbers_on_every_replay(backend):
     a, b = g(x).clone(), g(x).clone()
     assert not torch.equal(a, b)
     assert bool(((a - x) >= 0).all() and ((a - x) < 1).all())
+
+
+def test_explicit_out_axes_cut_request_outputs_and_bad_ones_are_named(backend):
+    name, device = backend
+
+    def pair(x, lens):
+        return x.sum(-1), lens * 2  # per token, per request
+
+    g = graphify(pair, mode="FULL", sizes=(8,), axes=(tokens(), reqs()), out_axes=("tokens", "reqs"),
+                 backend=name, progress=False).capture(torch.randn(5, 3, device=device), torch.ones(2, device=device))
+    x, lens = torch.randn(6, 3, device=device), torch.randn(4, device=device)
+    a, b = g(x, lens)
+    assert torch.equal(a, x.sum(-1)) and torch.equal(b, lens * 2)
+    with pytest.raises(CaptureError, match="out_axes has 3 entries but the function returns 2"):
+        graphify(pair, mode="FULL", sizes=(8,), axes=(tokens(), reqs()), out_axes=("tokens", "reqs", None),
+                 backend=name, progress=False).capture(torch.randn(5, 3, device=device), torch.ones(2, device=device))
+    with pytest.raises(CaptureError, match="not an output axis"):
+        graphify(pair, mode="FULL", sizes=(8,), axes=(tokens(), reqs()), out_axes="rows",
+                 backend=name, progress=False).capture(torch.randn(5, 3, device=device), torch.ones(2, device=device))
