@@ -175,3 +175,32 @@ def test_mode_impossible_even_after_downgrade_is_an_error(params):
     with pytest.raises(ValueError, match="PIECEWISE"):
         graphify(pw, mode="FULL", support=Support.NEVER)
     assert graphify(pw, mode="FULL_AND_PIECEWISE", support=Support.NEVER).resolution.mode is Mode.PIECEWISE
+
+
+@torch.library.custom_op("graphify_tests::mix_rows", mutates_args=())
+def mix_rows(x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """A split op that returns a new tensor and reads the real request count."""
+    return x * (1.0 + lens.float().sum()) - x.mean(0, keepdim=True)
+
+
+@mix_rows.register_fake
+def _(x, lens):
+    return torch.empty_like(x)
+
+
+def test_split_ops_that_return_new_tensors_feed_later_pieces_and_the_output(backend):
+    name, device = backend
+    w = torch.randn(6, 6, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def fn(x, lens):
+        h = mix_rows(torch.tanh(x @ w), lens)  # eager result read by the next graph piece
+        return mix_rows(h @ w + 1.0, lens)  # and an eager result as the function's output
+
+    example = (torch.randn(7, 6, device=device), torch.ones(3, dtype=torch.long, device=device))
+    pw = split(fn, [mix_rows], *example, axes=(tokens(), "reqs"))
+    assert [p.kind for p in pw.pieces] == ["graph", "split", "graph", "split"]
+    g = graphify(pw, mode="PIECEWISE", sizes=(4, 8, 16), backend=name, progress=False).capture(*example)
+    for n, r in ((3, 2), (8, 5), (11, 4), (16, 1)):
+        x, lens = torch.randn(n, 6, device=device), torch.randint(1, 5, (r,), device=device)
+        torch.testing.assert_close(g(x, lens), fn(x, lens), rtol=1e-5, atol=1e-5)
+    assert {r.mode for r in g.stats.rows()} == {Mode.PIECEWISE}
