@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,8 @@ from ._table import GraphTable
 from .backends import BACKENDS, get_backend
 
 __all__ = ["graphify", "Graphified"]
+
+log = logging.getLogger("graphify")
 
 
 def _mode_field(value):
@@ -83,9 +86,7 @@ class Graphified:
             self.mode, self.support, split=bool(getattr(self.fn, "is_split", False)), uniform_query_len=self.uniform_query_len
         )
         if resolution.changed and self.table is None:  # once, when built; not again per capture
-            import logging
-
-            logging.getLogger("graphify").warning("%s: %s", call, "; ".join(resolution.reasons))
+            log.warning("%s: %s", call, "; ".join(resolution.reasons))
         keys = plan_keys(
             resolution.mode,
             self.sizes,
