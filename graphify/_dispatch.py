@@ -24,10 +24,6 @@ class Decision:
     key: BatchDescriptor | None
     reason: str
 
-    @property
-    def padded_tokens(self) -> int | None:
-        return None if self.key is None else self.key.num_tokens
-
 
 def _sizes_of(keys, *, uniform: bool, has_lora: bool) -> tuple[int, ...]:
     return tuple(sorted({k.num_tokens for k in keys if k.uniform == uniform and k.has_lora == has_lora}))

@@ -61,10 +61,6 @@ class Mode(enum.Enum):
         return self in _DUAL
 
     @property
-    def is_runtime(self) -> bool:
-        return self in RUNTIME_MODES
-
-    @property
     def has_full(self) -> bool:
         return Mode.FULL in (self.decode_mode(), self.mixed_mode())
 

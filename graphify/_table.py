@@ -81,13 +81,6 @@ class StaticBuffers:
                 out.append(arg)
         return tuple(out)
 
-    def reset(self) -> None:
-        """Fill every padded buffer with its padding again."""
-        with torch.no_grad():
-            for buf, pad in zip(self.buffers, self.pads):
-                if pad is not None:
-                    buf.copy_(pad)
-
     def changed(self, specs: Sequence[ArgSpec]) -> list[str]:
         """Names of padded arguments whose buffers no longer hold only padding."""
         return [

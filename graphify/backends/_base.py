@@ -43,6 +43,3 @@ class Backend(Protocol):
     ) -> Captured:
         """Warm up `fn(*args)` (the first run under the op guard unless `guard` is off),
         then record it on `stream` into a graph allocated from `pool`."""
-
-    def reserved_bytes(self, device: torch.device) -> int:
-        """Device memory the allocator holds now (for pool reports)."""

@@ -85,9 +85,6 @@ class SimBackend:
     def new_pool_handle(self, device: torch.device):
         return ("sim", next(self._pool_ids))
 
-    def reserved_bytes(self, device: torch.device) -> int:
-        return 0
-
     def new_stream(self, device: torch.device):
         return None
 

@@ -64,9 +64,6 @@ class TorchCudaBackend:
             stream = _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
         return stream
 
-    def reserved_bytes(self, device: torch.device) -> int:
-        return torch.cuda.memory_reserved(device)
-
     def capture(
         self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: bool = True
     ) -> Captured:
