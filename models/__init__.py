@@ -9,10 +9,10 @@
 from .attention import BACKENDS as ATTENTION_BACKENDS
 from .attention import AttentionBackend
 from .decoder import SCRATCH_ROW, Decoder, DecoderConfig, decode_step, init_params, new_kv_cache
-from .varlen import BatchLayout, VarlenDecoder, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
+from .varlen import BatchLayout, BlockTables, VarlenDecoder, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 
 __all__ = [
-    "ATTENTION_BACKENDS", "AttentionBackend", "BatchLayout", "Decoder", "DecoderConfig", "SCRATCH_ROW",
+    "ATTENTION_BACKENDS", "AttentionBackend", "BatchLayout", "BlockTables", "Decoder", "DecoderConfig", "SCRATCH_ROW",
     "VarlenDecoder", "decode_step", "init_params", "model_support", "new_kv_cache", "new_paged_cache",
     "split_ops", "varlen_axes", "varlen_step",
 ]

@@ -22,7 +22,10 @@ from graphify import Support, reqs, tokens, persistent, weakest
 from .attention import BACKENDS
 from .decoder import Decoder, DecoderConfig, _rope
 
-__all__ = ["VarlenDecoder", "varlen_step", "varlen_axes", "new_paged_cache", "BatchLayout", "split_ops", "model_support"]
+__all__ = [
+    "VarlenDecoder", "varlen_step", "varlen_axes", "new_paged_cache", "BatchLayout", "BlockTables", "split_ops",
+    "model_support",
+]
 
 
 def _backend_names(cfg: DecoderConfig, attention: "str | Sequence[str]") -> tuple[str, ...]:
@@ -136,3 +139,43 @@ class BatchLayout:
     @property
     def blocks_needed(self) -> int:
         return 1 + sum(-(-(q + c) // self.block_size) for q, c in zip(self.query_lens, self.context_lens))
+
+
+class BlockTables:
+    """Per-request KV blocks across steps, as a serving engine keeps them: a request's
+    blocks grow as its sequence grows and return to the free list when it finishes.
+    Block 0 stays scratch. `batch(...)` turns one step into the model's batch tensors."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_blocks: int):
+        self.block_size, self.max_blocks = block_size, max_blocks
+        self.free = list(range(num_blocks - 1, 0, -1))
+        self.owned: dict[int, list[int]] = {}
+
+    def _grow(self, rid: int, total: int) -> list[int]:
+        blocks = self.owned.setdefault(rid, [])
+        need = -(-total // self.block_size)
+        if need > self.max_blocks:
+            raise ValueError(f"BlockTables: request {rid} needs {need} blocks, more than max_blocks={self.max_blocks}")
+        while len(blocks) < need:
+            if not self.free:
+                raise RuntimeError("BlockTables: out of KV blocks; give the cache more blocks")
+            blocks.append(self.free.pop())
+        return blocks
+
+    def release(self, rid: int) -> None:
+        self.free.extend(reversed(self.owned.pop(rid, [])))
+
+    def batch(self, cfg: DecoderConfig, request_ids, query_lens, context_lens, *, device="cpu", seed: int = 0) -> tuple:
+        """(token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables) for one step."""
+        gen = torch.Generator().manual_seed(seed)
+        ids, pos, slots, tables = [], [], [], []
+        for rid, ql, ctx in zip(request_ids, query_lens, context_lens):
+            blocks = self._grow(rid, ctx + ql)
+            for p in range(ctx, ctx + ql):
+                pos.append(p)
+                slots.append(blocks[p // self.block_size] * self.block_size + p % self.block_size)
+            tables.append(blocks + [0] * (self.max_blocks - len(blocks)))
+            ids += torch.randint(0, cfg.vocab_size, (ql,), generator=gen).tolist()
+        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        seq = [q + c for q, c in zip(query_lens, context_lens)]
+        return (as_long(ids), as_long(pos), as_long(slots), as_long(list(query_lens)), as_long(seq), as_long(tables))

@@ -204,3 +204,32 @@ def test_split_ops_that_return_new_tensors_feed_later_pieces_and_the_output(back
         x, lens = torch.randn(n, 6, device=device), torch.randint(1, 5, (r,), device=device)
         torch.testing.assert_close(g(x, lens), fn(x, lens), rtol=1e-5, atol=1e-5)
     assert {r.mode for r in g.stats.rows()} == {Mode.PIECEWISE}
+
+
+def test_a_serving_trace_under_full_and_piecewise_equals_eager(backend, params):
+    """Chunked prefills continuing from cached context, decodes and spec steps, with KV
+    blocks kept per request across steps: the graphified step equals eager step by step."""
+    from benchmarks.trace import schedule, synthetic_requests
+    from models import BlockTables
+
+    name, device = backend
+    step, cache, example = model(params, "unified", device)
+    pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=SIZES, backend=name, progress=False).capture(*example, cache)
+    requests = synthetic_requests(5, 8, prompt_range=(3, 20), output_range=(2, 6))
+    steps = schedule(requests, max_tokens=24, chunk=8, spec_tokens=1, spec_every=2)
+    tables = BlockTables(256, BLOCK, 16)
+    ref_cache = cache.clone()
+    finished = {r.id: r.prompt_len + r.output_len for r in requests}
+    done = {r.id: 0 for r in requests}
+    for i, s in enumerate(steps):
+        batch = tables.batch(CFG, s.request_ids, s.query_lens, s.context_lens, device=device, seed=i)
+        torch.testing.assert_close(g(*batch, cache), step(*batch, ref_cache), rtol=1e-4, atol=1e-4)
+        for rid, q in zip(s.request_ids, s.query_lens):
+            done[rid] += q
+            if done[rid] == finished[rid]:
+                tables.release(rid)
+    torch.testing.assert_close(cache, ref_cache, rtol=1e-4, atol=1e-4)
+    kinds = {s.kind for s in steps}
+    assert {"decode", "mixed"} <= kinds
+    assert {r.mode for r in g.stats.rows()} >= {Mode.FULL, Mode.PIECEWISE}
