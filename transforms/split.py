@@ -8,6 +8,9 @@ intermediate value, which dimensions grow with tokens and which with requests. t
 would lift those mutations out of the graph; a dynamo backend traces lazily, on first call,
 behind guards.
 
+Only dim 0 of the token- and request-axis arguments is symbolic in the trace (the rest are
+constants), so no other dimension is ever taken for a batch dimension.
+
 The result is a frozen `Piecewise`: the stitching program (a `torch.fx.GraphModule` whose
 submodules are the pieces) plus, for each piece, whether it is a graph piece (captured per
 size) or a split piece (one of `ops`, run eagerly). Calling it runs the stitching program.
@@ -105,11 +108,33 @@ def _user_frame(exc: BaseException) -> str:
     return f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
 
 
-def _trace(fn: Callable, example: Sequence[Any]) -> torch.fx.GraphModule:
+def _fake_inputs(example: Sequence[Any], layout) -> tuple:
+    """Fake copies of the example in which only dim 0 of token- and request-axis arguments
+    is symbolic. Every other dimension stays a constant, so a KV cache whose head count
+    happens to equal the example's request count is never mistaken for a batch dimension."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    fakes = []
+    for arg, axis in zip(example, layout):
+        if not isinstance(arg, torch.Tensor):
+            fakes.append(arg)
+            continue
+        dynamic = [
+            DimDynamic.DYNAMIC if i == 0 and axis.kind in ("tokens", "reqs") else DimDynamic.STATIC
+            for i in range(arg.dim())
+        ]
+        context = StatelessSymbolicContext(dynamic_sizes=dynamic, constraint_sizes=[None] * arg.dim())
+        fakes.append(mode.from_tensor(arg, symbolic_context=context))
+    return tuple(fakes)
+
+
+def _trace(fn: Callable, example: Sequence[Any], layout) -> torch.fx.GraphModule:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     try:
-        return make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*example)
+        return make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*_fake_inputs(example, layout))
     except GuardOnDataDependentSymNode as exc:
         raise SplitError(
             f"split({getattr(fn, '__name__', fn)}): cannot trace data-dependent Python control flow{_user_frame(exc)}: "
@@ -127,11 +152,8 @@ def _trace(fn: Callable, example: Sequence[Any]) -> torch.fx.GraphModule:
         ) from exc
 
 
-def _symbols(fn: Callable, gm: torch.fx.GraphModule, example: Sequence[Any], axes) -> dict:
+def _symbols(gm: torch.fx.GraphModule, layout) -> dict:
     """Map the symbol of each batch-axis argument's dim 0 to "tokens" or "reqs"."""
-    from graphify._axes import layout_for
-
-    layout = layout_for("split", fn, axes, example)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     symbols: dict = {}
     for node, axis in zip(placeholders, layout):
@@ -142,12 +164,12 @@ def _symbols(fn: Callable, gm: torch.fx.GraphModule, example: Sequence[Any], axe
         if expr is None or not expr.is_symbol:
             raise SplitError(
                 f"split: argument {node.target!r} ({axis.kind}) traced with a fixed dim 0 of {val.shape[0]}; trace "
-                "with an example whose token and request counts are at least 2"
+                "with an example that has at least 2 tokens and 2 requests"
             )
         if symbols.get(expr, axis.kind) != axis.kind:
             raise SplitError(
-                "split: the example has as many tokens as requests, so the trace cannot tell them apart; "
-                "trace with an example whose token count differs from its request count (both >= 2)"
+                "split: the function ties the token count to the request count (it only works when they are "
+                "equal), so its pieces cannot be cut to a real batch; give requests and tokens separate axes"
             )
         symbols[expr] = axis.kind
     return symbols
@@ -166,8 +188,8 @@ def split(
     - `fn`: the function (weights may be closed over).
     - `ops`: registered ops (torch.library) to split at, such as attention; they run
       eagerly between captured pieces.
-    - `example`: one call's arguments; batch axes must have at least 2 tokens, 2 requests,
-      and a token count different from the request count.
+    - `example`: one call's arguments; batch axes need at least 2 tokens and 2 requests.
+      Only dim 0 of token- and request-axis arguments is traced symbolically.
     - `axes`: as in `graphify` (graphify reuses them when given none itself).
     - `compile`: compile each graph piece with torch.compile (inductor) before capture.
 
@@ -180,7 +202,10 @@ def split(
     names = tuple(dict.fromkeys(op_name(op) for op in ops))
     if not names:
         raise SplitError("split: ops is empty; name at least one op to split at (for no split, graphify fn directly)")
-    gm = _trace(fn, example)
+    from graphify._axes import layout_for
+
+    layout = layout_for("split", fn, axes, example)
+    gm = _trace(fn, example, layout)
     found = {n.target._schema.name for n in gm.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")}
     missing = [n for n in names if n not in found]
     if missing:
@@ -188,7 +213,7 @@ def split(
             f"split({getattr(fn, '__name__', fn)}): op(s) {missing} do not occur in the traced function; "
             f"ops it calls include {sorted(o for o in found if not o.startswith('aten::'))[:10] or 'only aten ops'}"
         )
-    symbols = _symbols(fn, gm, example, axes)
+    symbols = _symbols(gm, layout)
     part: dict = {}
     current = 0
     split_ids = set()
