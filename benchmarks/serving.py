@@ -104,7 +104,9 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
                 out = g(*batch, cache)
                 worst = max(worst, (out.float() - step(*batch, ref_cache).float()).abs().max().item())
             g.stats.reset()
-            latencies = [timed(lambda: g(*batch, cache))[1] for batch in tqdm(batches, desc=f"{mode}: run", leave=False, disable=None)]
+            latencies = []
+            for batch in tqdm(batches, desc=f"{mode}: run", leave=False, disable=None):
+                latencies.append(timed(lambda: g(*batch, cache))[1])  # noqa: B023 - called at once
         by_mode = {r.mode: r.calls for r in g.stats.by_mode()}
         rows.append({
             "config": f"graphify {mode}",
@@ -120,7 +122,6 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
             "max_err_vs_eager": worst,
         })
         print(f"{mode}: {rows[-1]['tokens_per_s']:.0f} tok/s", file=sys.stderr)
-        del g
     kinds = {k: sum(s.kind == k for s in steps) for k in ("prefill", "mixed", "decode", "spec")}
     return {"env": env, "rows": rows, "trace": {"requests": num_requests, "seed": seed, "steps": len(steps),
                                                  "tokens": tokens_total, "step_kinds": kinds,
