@@ -104,6 +104,14 @@ def table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
     return "\n".join([head, rule, *body])
 
 
+def publish(name: str, result: dict, markdown: str) -> tuple[Path, Path]:
+    """Write `result` (its "env" stamped on top) and `markdown`, then print the table."""
+    paths = write(name, result.pop("env"), result, markdown)
+    print(markdown)
+    print(f"\nwrote {paths[0]} and {paths[1]}")
+    return paths
+
+
 def write(name: str, env: dict, payload: dict, markdown: str) -> tuple[Path, Path]:
     """Write `<name>-<device>.json` and `.md` under benchmarks/results/."""
     RESULTS.mkdir(parents=True, exist_ok=True)

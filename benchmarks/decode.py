@@ -22,7 +22,7 @@ from graphify import graphify, persistent, tokens, vllm_sizes
 from models import DecoderConfig, decode_step, init_params, new_kv_cache
 
 from . import dispatch as dispatch_bench
-from ._report import environment, host_cost_us, host_pipelined_us, sync, table, time_per_call, write
+from ._report import environment, host_cost_us, host_pipelined_us, publish, sync, table, time_per_call
 
 INPUT_SETS = 8
 
@@ -176,9 +176,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     result = run(tuple(args.batch_sizes))
     markdown = render(result)
-    paths = write("decode", result.pop("env"), result, markdown)
-    print(markdown)
-    print(f"\nwrote {paths[0]} and {paths[1]}")
+    publish("decode", result, markdown)
     return result
 
 

@@ -26,7 +26,7 @@ from graphify import Pool, graphify, sglang_piecewise_sizes, vllm_sizes
 from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
-from ._report import environment, sync, table, time_per_call, write
+from ._report import environment, publish, sync, table, time_per_call
 
 ATTENTION = "unified"
 INPUT_SETS = 4
@@ -195,9 +195,7 @@ def main(argv=None) -> dict:
     name = "piecewise-inductor" if args.inductor else "piecewise"
     if tuple(args.scenarios) != SCENARIOS:
         name += "-" + "-".join(args.scenarios)
-    paths = write(name, result.pop("env"), result, markdown)
-    print(markdown)
-    print(f"\nwrote {paths[0]} and {paths[1]}")
+    publish(name, result, markdown)
     return result
 
 

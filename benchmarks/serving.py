@@ -26,7 +26,7 @@ from graphify import Mode, graphify, sglang_piecewise_sizes
 from models import BlockTables, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
-from ._report import environment, sync, table, write
+from ._report import environment, publish, sync, table
 from .trace import schedule, synthetic_requests
 
 ATTENTION = "unified"
@@ -154,9 +154,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     result = run(args.requests, args.seed)
     markdown = render(result)
-    paths = write("serving", result.pop("env"), result, markdown)
-    print(markdown)
-    print(f"\nwrote {paths[0]} and {paths[1]}")
+    publish("serving", result, markdown)
     return result
 
 
