@@ -43,17 +43,15 @@ def _sym_sizer(val, symbols) -> Callable[[int, int], Any] | None:
     (a tuple for tensors, an int for SymInts); None for values that do not vary."""
     import sympy
 
-    syms = {s: kind for s, kind in symbols.items()}
-
     def evaluator(expr):
         free = expr.free_symbols
         if not free:
             return lambda n, r: int(expr)
-        if not free <= set(syms):
+        if not free <= symbols.keys():
             return None
         args = sorted(free, key=str)
         f = sympy.lambdify(args, expr, "math")
-        return lambda n, r: int(f(*[(n if syms[a] == "tokens" else r) for a in args]))
+        return lambda n, r: int(f(*[(n if symbols[a] == "tokens" else r) for a in args]))
 
     if isinstance(val, torch.SymInt):
         return evaluator(val.node.expr)
