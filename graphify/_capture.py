@@ -140,6 +140,7 @@ def capture_table(
     out_axes,
     progress: bool,
     largest_first: bool = True,
+    library: str | None = None,
 ) -> GraphTable:
     """Capture every key of `keys`; see the module docstring."""
     try:
@@ -156,7 +157,7 @@ def capture_table(
     entries: dict = {}
     try:
         with _device_scope(device), torch.no_grad():
-            static = StaticBuffers.allocate(specs, example, rows)
+            static = StaticBuffers.allocate(specs, example, rows, backend.empty)
             handle = pool.handle_for(backend, device, call)
             stream = backend.new_stream(device)
             out_rule = infer_out_axes(fn, specs, example, out_axes)
@@ -170,14 +171,16 @@ def capture_table(
         done = len(entries)
         entries.clear()  # release the graphs captured so far
         if device is not None and device.type == "cuda":
-            torch.cuda.empty_cache()
+            pool.trim()
         if not isinstance(exc, Exception):
             raise
         raise _as_capture_error(call, exc, done, len(pairs)) from exc
     for entry in entries.values():
         pool.track(entry, f"{call} {entry.label}", entry.nbytes)
     seconds = time.perf_counter() - start
-    table = GraphTable(types.MappingProxyType(entries), keys, specs, static, backend, pool, device, seconds)
+    table = GraphTable(
+        types.MappingProxyType(entries), keys, specs, static, backend, pool, device, seconds, library, store=entries
+    )
     log.info(
         "%s: captured %d graphs in %.2f s, %.1f MiB in pool %r",
         call, len(entries), seconds, table.nbytes / MiB, pool.name,

@@ -13,6 +13,7 @@ from ._axes import layout_for, specs_for
 from ._capture import capture_table
 from ._dispatch import Decision, Dispatcher, explain_miss
 from ._errors import InputMismatchError
+from ._interop import ForeignFunction, foreign_library, module, to_torch, tree_from_torch
 from ._keys import KeySet, plan_keys
 from ._mode import Mode
 from ._pool import Pool
@@ -96,9 +97,10 @@ class Graphified:
         )
         runtime = None
         if self.table is not None:
+            lib = self.table.library
             runtime = Runtime(
                 call=call,
-                fn=self.fn,
+                fn=ForeignFunction(self.fn, lib) if lib else self.fn,
                 table=self.table,
                 dispatcher=Dispatcher(self.table.keys, self.max_padding_ratio),
                 uniform_fn=self.uniform,
@@ -134,6 +136,12 @@ class Graphified:
         naming the key that failed; graphs captured before it are released.
         """
         args = self._bind(example_args, example_kwargs)
+        library = foreign_library(self._call, args)
+        fn = self.fn
+        if library is not None:  # CuPy / NumPy arrays: capture a torch-facing view of fn
+            if getattr(fn, "is_split", False):
+                raise ValueError(f"{self._call}.capture: split functions take torch tensors, not {library} arrays")
+            fn, args = ForeignFunction(fn, library), tuple(map(to_torch, args))
         axes = self.axes if self.axes is not None else getattr(self.fn, "axes", None)
         layout = layout_for(self._call, self.fn, axes, args)
         if not any(a.kind in ("tokens", "reqs") for a in layout):
@@ -142,11 +150,14 @@ class Graphified:
             )
         specs = specs_for(self._call, self.fn, layout, args)
         device = next((s.device for s in specs if s.device is not None), None)
-        backend = get_backend(self.backend, device)
+        try:
+            backend = get_backend(self.backend, device, library)
+        except ValueError as exc:
+            raise ValueError(f"{self._call}.capture: {exc}") from None
         table = capture_table(
             call=self._call,
-            fn=self.fn,
-            capturers=self._capturers(backend),
+            fn=fn,
+            capturers=self._capturers(backend, fn),
             keys=self.keys,
             specs=specs,
             example=args,
@@ -157,8 +168,19 @@ class Graphified:
             out_axes=self.out_axes if self.out_axes is not None else (getattr(self.fn, "out_axes", None) or None),
             progress=self.progress,
             largest_first=self.largest_first,
+            library=library,
         )
         return attrs.evolve(self, table=table)
+
+    def release(self) -> "Graphified":
+        """Free this callable's graphs now instead of when it is dropped; returns the
+        uncaptured callable (capture it again to get graphs back). Calls to this one then
+        raise. The pool's free memory goes back to the device with `pool.trim()`."""
+        if self._runtime is not None:
+            with self._runtime.lock:
+                self._runtime.plans.clear()
+                self.table.release()
+        return attrs.evolve(self, table=None)
 
     def static_inputs(self, num_tokens: int, num_reqs: int | None = None) -> tuple:
         """Arguments for a call of `num_tokens` tokens (and `num_reqs` requests) that *are*
@@ -181,10 +203,10 @@ class Graphified:
             )
         return self._runtime.static_inputs(num_tokens, num_reqs)
 
-    def _capturers(self, backend) -> dict[Mode, Callable]:
+    def _capturers(self, backend, fn: Callable) -> dict[Mode, Callable]:
         """How each runtime mode captures: FULL records `fn` whole; PIECEWISE asks a split
         function to capture its pieces (and run its split ops eagerly between them)."""
-        capturers = {Mode.FULL: lambda args, **kw: backend.capture(self.fn, args, **kw)}
+        capturers = {Mode.FULL: lambda args, **kw: backend.capture(fn, args, **kw)}
         if getattr(self.fn, "is_split", False):
             capturers[Mode.PIECEWISE] = lambda args, **kw: self.fn.capture_pieces(backend, args, **kw)
         return capturers
@@ -197,7 +219,23 @@ class Graphified:
         if runtime is None:
             self.stats.record(Mode.NONE, _leading_rows(args), None)
             return self.fn(*args)
+        if runtime.library is not None:
+            return self._call_foreign(runtime, args)
         return runtime.run(args, self.stats)
+
+    def _call_foreign(self, runtime: Runtime, args: Sequence[Any]):
+        """A call with CuPy / NumPy arrays: torch views in, views of the outputs back. With
+        CuPy, copies and replay run on the caller's current CuPy stream."""
+        library = runtime.library
+        targs = tuple(map(to_torch, args))
+        if library == "cupy":
+            from .backends.streams import caller_cupy_stream
+
+            with caller_cupy_stream():
+                out = runtime.run(targs, self.stats)
+        else:
+            out = runtime.run(targs, self.stats)
+        return tree_from_torch(out, module(library))
 
     def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
         if not kwargs:

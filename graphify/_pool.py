@@ -15,18 +15,28 @@ MiB = 1 << 20
 
 @attrs.frozen
 class PoolReport:
-    """Bytes a pool holds: per live graph (reserved while capturing it) and in total."""
+    """Bytes a pool holds: per live graph (what the pool grew by while capturing it), and
+    in total as the allocator itself counts them: `reserved_bytes` (memory the pool holds
+    from the device) and `used_bytes` (of that, in live blocks: outputs, kept buffers).
+    Without an allocator to ask (the sim backend) both are the per-graph sum."""
 
     name: str
+    backend: str | None
     device: str | None
     per_graph: tuple[tuple[str, int], ...]
+    reserved_bytes: int
+    used_bytes: int
 
     @property
     def total_bytes(self) -> int:
+        """What the live graphs grew the pool by, summed."""
         return sum(b for _, b in self.per_graph)
 
     def __str__(self) -> str:
-        lines = [f"pool {self.name!r} on {self.device}: {len(self.per_graph)} graphs, {self.total_bytes / MiB:.1f} MiB"]
+        lines = [
+            f"pool {self.name!r} ({self.backend} on {self.device}): {len(self.per_graph)} graphs, "
+            f"{self.reserved_bytes / MiB:.1f} MiB reserved, {self.used_bytes / MiB:.1f} MiB in use"
+        ]
         lines += [f"  {label:<40} {b / MiB:9.2f} MiB" for label, b in self.per_graph]
         return "\n".join(lines)
 
@@ -35,7 +45,8 @@ class PoolReport:
 class Pool:
     """A memory pool for captured graphs.
 
-    Pass one `Pool` to several `graphify` calls (a draft and a target model, say) and their
+    The pool's memory comes from the backend's allocator: a torch graph pool (`cuda`),
+    a `cupy.cuda.MemoryPool` of its own (`cupy`). Pass one `Pool` to several `graphify` calls (a draft and a target model, say) and their
     graphs share memory. Sharing means their replays must not overlap in time (each
     replay may overwrite memory another graph's outputs live in), as in a serving loop
     that runs one model at a time. The memory returns when the last graph using it is
@@ -48,7 +59,7 @@ class Pool:
 
     name: str = "pool"
     _handle: Any = attrs.field(default=None, init=False, repr=False)
-    _backend: str | None = attrs.field(default=None, init=False)
+    _backend: Any = attrs.field(default=None, init=False, repr=False)
     _device: torch.device | None = attrs.field(default=None, init=False)
     _graphs: "weakref.WeakKeyDictionary" = attrs.field(factory=weakref.WeakKeyDictionary, init=False, repr=False)
 
@@ -56,10 +67,10 @@ class Pool:
         """The backend's pool handle, created on first use; one pool serves one device."""
         if self._handle is None:
             self._handle = backend.new_pool_handle(device)
-            self._backend, self._device = backend.name, device
-        elif (self._backend, self._device) != (backend.name, device):
+            self._backend, self._device = backend, device
+        elif (self._backend.name, self._device) != (backend.name, device):
             raise ValueError(
-                f"{call}: pool {self.name!r} belongs to backend {self._backend!r} on {self._device}, "
+                f"{call}: pool {self.name!r} belongs to backend {self._backend.name!r} on {self._device}, "
                 f"not {backend.name!r} on {device}; use one Pool per device and backend"
             )
         return self._handle
@@ -68,6 +79,18 @@ class Pool:
         """Count `nbytes` against this pool while `owner` (a captured entry) lives."""
         self._graphs[owner] = (label, nbytes)
 
+    def trim(self) -> None:
+        """Give the pool's free cached blocks back to the device (memory of released or
+        dropped graphs). Live graphs keep theirs."""
+        if self._handle is not None:
+            self._backend.trim(self._handle, self._device)
+
     def report(self) -> PoolReport:
         rows = tuple(sorted(self._graphs.values(), key=lambda r: -r[1]))
-        return PoolReport(self.name, None if self._device is None else str(self._device), rows)
+        if self._handle is None:
+            return PoolReport(self.name, None, None, rows, 0, 0)
+        usage = self._backend.usage(self._handle)
+        if usage is None:
+            captured = sum(b for _, b in rows)
+            usage = (captured, captured)
+        return PoolReport(self.name, self._backend.name, str(self._device), rows, *usage)

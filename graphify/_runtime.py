@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 from ._axes import mismatch
 from ._dispatch import Dispatcher
-from ._errors import InputMismatchError
+from ._errors import GraphifyError, InputMismatchError
 from ._mode import Mode
 from ._stats import Stats
 from ._table import Entry, GraphTable
@@ -65,6 +65,7 @@ class Runtime:
     ):
         self.call, self.fn, self.table, self.dispatcher = call, fn, table, dispatcher
         self.uniform_fn, self.lora_fn = uniform_fn, lora_fn
+        self.library = table.library
         self.q = table.keys.uniform_query_len
         specs = table.specs
         self.nargs = len(specs)
@@ -163,7 +164,7 @@ class Runtime:
         with self.lock:
             plan = self.plans.get(plan_key)
             if plan is None:
-                plan = self.plans[plan_key] = self._plan(self.table[decision.mode, decision.key], n, r_real)
+                plan = self.plans[plan_key] = self._plan(self._entry(decision), n, r_real)
             dsts, srcs = [], []
             for i, view, ptr in plan.inputs:
                 a = args[i]
@@ -188,6 +189,15 @@ class Runtime:
         if plan.single:
             return plan.outputs[0]
         return pytree.tree_unflatten(plan.outputs, plan.out_spec)
+
+    def _entry(self, decision) -> Entry:
+        entry = self.table.entries.get((decision.mode, decision.key))
+        if entry is None:
+            raise GraphifyError(
+                f"{self.call}: this callable's graphs were released (release()); use the callable "
+                "release() returned and capture it again"
+            )
+        return entry
 
     def _plan(self, entry: Entry, n: int, r: int) -> _Plan:
         key = entry.key

@@ -48,17 +48,22 @@ class StaticBuffers:
     persistent: tuple[torch.Tensor | None, ...]
 
     @classmethod
-    def allocate(cls, specs: Sequence[ArgSpec], args: Sequence[Any], rows: Mapping[str, int]) -> "StaticBuffers":
+    def allocate(
+        cls, specs: Sequence[ArgSpec], args: Sequence[Any], rows: Mapping[str, int], empty=torch.empty
+    ) -> "StaticBuffers":
+        """Buffers from `empty(shape, dtype, device)`: the backend's allocator (CuPy memory
+        for the cupy backend), so static inputs live where the graphs' library expects."""
         buffers, pads = [], []
         persistent = tuple(arg if spec.axis.kind == "persistent" else None for spec, arg in zip(specs, args))
         for spec, arg in zip(specs, args):
             kind = spec.axis.kind
             if kind in PADDED:
-                pad = torch.full((rows[kind], *spec.trailing), spec.axis.pad, dtype=spec.dtype, device=spec.device)
-                buffers.append(pad.clone())
+                shape = (rows[kind], *spec.trailing)
+                pad = empty(shape, spec.dtype, spec.device).fill_(spec.axis.pad)
+                buffers.append(empty(shape, spec.dtype, spec.device).copy_(pad))
                 pads.append(pad)
             elif kind == "fixed":
-                buffers.append(arg.detach().clone())
+                buffers.append(empty(tuple(arg.shape), spec.dtype, spec.device).copy_(arg))
                 pads.append(None)
             else:
                 buffers.append(None)
@@ -103,6 +108,16 @@ class GraphTable:
     pool: Any
     device: torch.device | None
     seconds: float = 0.0
+    library: str | None = None
+    _store: dict | None = attrs.field(default=None, repr=False, alias="store")
+
+    def release(self) -> int:
+        """Drop every graph (their pool memory becomes free for reuse or `Pool.trim()`);
+        returns how many. Calls through this table then raise, saying to capture again."""
+        count = len(self.entries)
+        if self._store is not None:
+            self._store.clear()
+        return count
 
     def __getitem__(self, pair: tuple[Mode, BatchDescriptor]) -> Entry:
         return self.entries[pair]

@@ -1,6 +1,8 @@
 """Capture backends: the only code that records and replays graphs.
 
 - `cuda`: torch CUDA graphs (`torch.cuda.CUDAGraph`) in an explicit memory pool.
+- `cupy`: CuPy stream capture into `cupy.cuda.Graph`, CuPy memory pools (CuPy imported
+  only when used).
 - `sim`: a CPU simulation with the same semantics (static buffers, outputs overwritten in
   place on every replay, persistent storage checked, uncapturable ops rejected), so the
   whole of graphify runs in tests without a GPU.
@@ -9,18 +11,25 @@
 from __future__ import annotations
 
 from ._base import Backend, Captured
+from .cupy_graph import CupyBackend
 from .sim import SimBackend
 from .torch_cuda import TorchCudaBackend
 
-__all__ = ["Backend", "Captured", "SimBackend", "TorchCudaBackend", "get_backend", "BACKENDS"]
+__all__ = ["Backend", "Captured", "CupyBackend", "SimBackend", "TorchCudaBackend", "get_backend", "BACKENDS"]
 
-BACKENDS = {"cuda": TorchCudaBackend(), "sim": SimBackend()}
+BACKENDS = {"cuda": TorchCudaBackend(), "cupy": CupyBackend(), "sim": SimBackend()}
 
 
-def get_backend(name: str, device) -> Backend:
-    """The backend named `name`; "auto" picks cuda for CUDA tensors and sim otherwise."""
+def get_backend(name: str, device, library: str | None = None) -> Backend:
+    """The backend named `name`; "auto" picks cupy for CuPy arrays, cuda for CUDA tensors
+    and sim otherwise."""
     if name == "auto":
-        name = "cuda" if device is not None and device.type == "cuda" else "sim"
+        name = "cupy" if library == "cupy" else "cuda" if device is not None and device.type == "cuda" else "sim"
+    elif name == "cupy" and library != "cupy":
+        raise ValueError(
+            "backend='cupy' captures functions of CuPy arrays; for torch tensors (or functions mixing "
+            "torch and CuPy kernels on torch tensors) use backend='cuda'"
+        )
     try:
         return BACKENDS[name]
     except KeyError:

@@ -37,6 +37,15 @@ class Backend(Protocol):
     def new_stream(self, device: torch.device) -> Any:
         """The side stream every capture of one table shares (None where streams don't apply)."""
 
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Uninitialised memory for a static buffer, from this backend's allocator."""
+
+    def usage(self, handle: Any) -> "tuple[int, int] | None":
+        """(reserved, in use) bytes of a pool, read from the allocator; None if it has none."""
+
+    def trim(self, handle: Any, device: torch.device) -> None:
+        """Give a pool's free cached blocks back to the device."""
+
     def capture(
         self, fn: Callable, args: tuple, *, pool: Any, warmups: int, weak_outputs: bool, stream: Any = None,
         guard: bool = True,

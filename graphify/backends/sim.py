@@ -88,6 +88,16 @@ class SimBackend:
     def new_stream(self, device: torch.device):
         return None
 
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    def usage(self, handle) -> None:
+        """No allocator to ask: the report counts what each capture kept."""
+        return None
+
+    def trim(self, handle, device) -> None:
+        return None
+
     def capture(
         self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: bool = True
     ) -> Captured:

@@ -12,6 +12,7 @@ from torch.utils import _pytree as pytree
 from .._errors import CaptureError
 from ._base import Captured
 from .sim import CaptureGuard
+from .streams import cupy_follows_torch
 
 __all__ = ["TorchCudaBackend", "weak_alias"]
 
@@ -64,6 +65,22 @@ class TorchCudaBackend:
             stream = _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
         return stream
 
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    def usage(self, handle) -> tuple[int, int]:
+        """(reserved, in use) bytes of the pool `handle`, from the caching allocator's own
+        segment table (the segments torch assigned to that pool)."""
+        reserved = used = 0
+        for seg in torch.cuda.memory._snapshot()["segments"]:
+            if tuple(seg.get("segment_pool_id", ())) == tuple(handle):
+                reserved += seg["total_size"]
+                used += seg["allocated_size"]
+        return reserved, used
+
+    def trim(self, handle, device) -> None:
+        torch.cuda.empty_cache()
+
     def capture(
         self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: bool = True
     ) -> Captured:
@@ -71,19 +88,19 @@ class TorchCudaBackend:
         stream = stream if stream is not None else self.new_stream(device)
         # Warm-up and capture share one stream so per-stream workspaces (cuBLAS) exist
         # before capture (vLLM #53818). The first warm-up runs under the op guard.
+        # CuPy kernels in `fn` follow the capture stream and allocate from torch.
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
             with CaptureGuard() if guard else contextlib.nullcontext():
                 fn(*args)
             for _ in range(warmups - 1):
                 fn(*args)
         stream.synchronize()
-        torch.cuda.empty_cache()
-        before = torch.cuda.memory_reserved(device)
+        before = self.usage(pool)[0]
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
+        with torch.cuda.graph(graph, pool=pool, stream=stream), cupy_follows_torch(stream, device):
             outputs = fn(*args)
-        nbytes = torch.cuda.memory_reserved(device) - before
+        nbytes = self.usage(pool)[0] - before  # what this graph grew its pool by
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)
         return Captured(graph.replay, graph, outputs, nbytes)

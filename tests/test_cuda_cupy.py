@@ -1,0 +1,159 @@
+"""CUDA + CuPy: CuPy functions captured by the cupy backend, torch+CuPy functions captured
+by the cuda backend, pool reports against the allocators' own counters, memory returned."""
+
+import gc
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+from graphify import Pool, UnsupportedOpError, graphify, persistent, tokens
+
+cp = pytest.importorskip("cupy", reason="needs CuPy (pip install 'graphify[cuda12]' or '[cuda13]')")
+pytestmark = [pytest.mark.cuda, requires_cuda]
+
+MiB = 1 << 20
+SIZES = (1, 2, 4, 8, 16, 32)
+
+_scale_rows = None
+
+
+def scale_rows_kernel():
+    """A RawKernel: out[i, j] = x[i, j] * s[i] (so the reduction feeds custom code)."""
+    global _scale_rows
+    if _scale_rows is None:
+        _scale_rows = cp.RawKernel(
+            r'''
+            extern "C" __global__ void scale_rows(const float* x, const float* s, float* out, int rows, int cols) {
+                int i = blockIdx.x * blockDim.x + threadIdx.x;
+                if (i < rows * cols) out[i] = x[i] * s[i / cols];
+            }''',
+            "scale_rows",
+        )
+    return _scale_rows
+
+
+def cupy_fn(x, w):
+    """Elementwise + reduction + a RawKernel, all CuPy (no cuBLAS: CuPy won't capture it)."""
+    h = cp.tanh(x[:, :, None] * w[None]).sum(axis=1)
+    norm = cp.sqrt((h * h).sum(axis=1) + 1e-6)
+    out = cp.empty_like(h)
+    rows, cols = h.shape
+    scale_rows_kernel()(((rows * cols + 127) // 128,), (128,), (h, 1.0 / norm, out, cp.int32(rows), cp.int32(cols)))
+    return out
+
+
+def mixed_fn(x, w):
+    """torch matmul, a CuPy elementwise step and a RawKernel, and torch again."""
+    h = torch.relu(x @ w)
+    hc = cp.from_dlpack(h)
+    norm = cp.sqrt((hc * hc).sum(axis=1) + 1e-6)
+    out = cp.empty_like(hc)
+    rows, cols = hc.shape
+    scale_rows_kernel()(((rows * cols + 127) // 128,), (128,), (hc, 1.0 / norm, out, cp.int32(rows), cp.int32(cols)))
+    return torch.from_dlpack(out) + 1
+
+
+def cupy_matmul(x, w):
+    return x @ w
+
+
+def test_cupy_matmul_is_rejected_with_advice_and_the_callable_still_works():
+    rs = cp.random.RandomState(4)
+    w = rs.standard_normal((8, 8), dtype=cp.float32)
+    g = graphify(cupy_matmul, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent()), progress=False)
+    with pytest.raises(UnsupportedOpError, match="backend='cuda'"):
+        g.capture(rs.standard_normal((2, 8), dtype=cp.float32), w)
+    x = rs.standard_normal((3, 8), dtype=cp.float32)
+    cp.testing.assert_allclose(g(x, w), x @ w)  # uncaptured: eager, unchanged
+
+
+def capture_cupy(pool=None):
+    rs = cp.random.RandomState(0)
+    w = rs.standard_normal((64, 128), dtype=cp.float32)
+    g = graphify(cupy_fn, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), pool=pool, progress=False)
+    return g.capture(rs.standard_normal((3, 64), dtype=cp.float32), w), w
+
+
+def test_cupy_function_equals_eager_at_every_size():
+    g, w = capture_cupy()
+    assert g.table.backend.name == "cupy" and g.table.library == "cupy"
+    rs = cp.random.RandomState(1)
+    for n in (*range(1, 33), 40):
+        x = rs.standard_normal((n, 64), dtype=cp.float32)
+        got = g(x, w)
+        assert isinstance(got, cp.ndarray) and got.shape == (n, 128)
+        cp.testing.assert_allclose(got, cupy_fn(x, w), rtol=1e-5, atol=1e-5)
+    assert {row.mode.value for row in g.stats.rows()} == {"FULL", "NONE"}
+
+
+def test_cupy_replay_runs_on_the_callers_cupy_stream():
+    g, w = capture_cupy()
+    x = cp.random.RandomState(2).standard_normal((16, 64), dtype=cp.float32)
+    want = cupy_fn(x, w)
+    cp.cuda.Device().synchronize()
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        for _ in range(20):
+            out = g(x, w)
+        kept = out.copy()
+    side.synchronize()
+    cp.testing.assert_allclose(kept, want, rtol=1e-5, atol=1e-5)
+
+
+def test_mixed_torch_and_cupy_function_is_captured_by_the_cuda_backend():
+    w = torch.randn(64, 128, device="cuda")
+    g = graphify(mixed_fn, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), progress=False)
+    g = g.capture(torch.randn(3, 64, device="cuda"), w)
+    assert g.table.backend.name == "cuda"
+    for n in (1, 5, 16, 32, 33):
+        x = torch.randn(n, 64, device="cuda")
+        torch.testing.assert_close(g(x, w), mixed_fn(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_cupy_pool_report_matches_cupy_counters_and_memory_returns():
+    default = cp.get_default_memory_pool()
+    base_used = default.used_bytes()
+    pool = Pool("cupy")
+    g1, w = capture_cupy(pool)
+    g2, _ = capture_cupy(pool)  # a second function in the same pool (draft + target)
+    report = pool.report()
+    handle = pool._handle
+    assert report.backend == "cupy" and len(report.per_graph) == 2 * len(SIZES)
+    assert report.reserved_bytes == handle.total_bytes() and report.used_bytes == handle.used_bytes()
+    assert abs(report.total_bytes - handle.total_bytes()) <= MiB
+    del g1, g2
+    gc.collect()
+    pool.trim()
+    after = pool.report()
+    assert after.per_graph == () and after.reserved_bytes == 0 and handle.total_bytes() == 0
+    del w
+    gc.collect()
+    assert default.used_bytes() - base_used <= MiB  # static buffers returned too
+
+
+def relu_matmul(x, w):
+    return torch.relu(x @ w) * 2
+
+
+def test_torch_pool_report_matches_torch_allocator_and_memory_returns():
+    w = torch.randn(256, 4096, device="cuda")
+    graphify(relu_matmul, mode="FULL", sizes=(8,), axes=(tokens(), persistent()), progress=False).capture(
+        torch.randn(4, 256, device="cuda"), w
+    )  # the capture stream's cuBLAS workspace is made once per process: not part of what is measured
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    pool = Pool("torch")
+    g = graphify(relu_matmul, mode="FULL", sizes=(64, 128, 256), axes=(tokens(), persistent()),
+                 pool=pool, progress=False).capture(torch.randn(4, 256, device="cuda"), w)
+    report = pool.report()
+    assert report.backend == "cuda" and report.reserved_bytes > 0
+    assert abs(report.total_bytes - report.reserved_bytes) <= MiB  # per-graph deltas vs allocator segments
+    assert torch.cuda.memory_reserved() - base >= report.reserved_bytes
+    released = g.release()
+    gc.collect()
+    pool.trim()
+    assert pool.report().reserved_bytes == 0
+    assert torch.cuda.memory_reserved() - base <= 2 * MiB  # static buffers of `released` may stay until dropped
+    del released

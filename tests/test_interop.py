@@ -1,0 +1,112 @@
+"""Functions of foreign arrays (the CuPy path's logic, run with NumPy on the sim backend),
+explicit release, and pool reports."""
+
+import numpy as np
+import pytest
+import torch
+
+from graphify import GraphifyError, Pool, graphify, persistent, tokens
+from graphify._interop import array_library, foreign_library
+
+SIZES = (1, 2, 4, 8, 16)
+
+
+def np_mlp(x, w):
+    """Elementwise, matmul and a row reduction, all NumPy."""
+    h = np.tanh(x @ w)
+    return h - h.mean(axis=1, keepdims=True), (h * h).sum(axis=1)
+
+
+def captured(pool=None):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 5)).astype(np.float32)
+    g = graphify(np_mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), backend="sim", pool=pool,
+                 progress=False)
+    return g.capture(rng.standard_normal((3, 6)).astype(np.float32), w), w
+
+
+def test_array_library_names_foreign_arrays_only():
+    assert array_library(np.zeros(2)) == "numpy"
+    assert array_library(torch.zeros(2)) is None
+    assert array_library(3) is None
+    with pytest.raises(TypeError, match="one library"):
+        foreign_library("call", [np.zeros(1), FakeCupy()])
+
+
+class FakeCupy:
+    """Stands in for a CuPy array in the mixing check (only its module name matters)."""
+
+    __module__ = "cupy._core.core"
+
+    def __dlpack__(self):  # pragma: no cover - never called
+        raise AssertionError
+
+
+def test_numpy_function_equals_eager_at_every_size_and_above():
+    g, w = captured()
+    assert g.table.library == "numpy" and g.table.backend.name == "sim"
+    rng = np.random.default_rng(1)
+    for n in (*range(1, 17), 23):
+        x = rng.standard_normal((n, 6)).astype(np.float32)
+        got, want = g(x, w), np_mlp(x, w)
+        assert all(isinstance(a, np.ndarray) for a in got)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+            assert a.shape == b.shape
+    modes = {row.mode for row in g.stats.rows()}
+    assert {"FULL", "NONE"} <= {m.value for m in modes}
+
+
+def test_numpy_outputs_are_views_of_the_static_outputs():
+    g, w = captured()
+    x = np.random.default_rng(2).standard_normal((4, 6)).astype(np.float32)
+    first, _ = g(x, w)
+    kept = first.copy()
+    g(x * 2, w)
+    assert not np.allclose(first, kept)  # overwritten in place by the next replay, as on a GPU
+
+
+def test_numpy_persistent_swap_and_wrong_dtype_are_rejected():
+    g, w = captured()
+    x = np.ones((2, 6), dtype=np.float32)
+    with pytest.raises(GraphifyError, match="persistent argument 'w'"):
+        g(x, w.copy())
+    with pytest.raises(TypeError, match="argument 'x'"):
+        g(x.astype(np.float64), w)
+
+
+def test_release_frees_graphs_and_the_report_shows_it():
+    pool = Pool("released")
+    g, w = captured(pool)
+    assert len(pool.report().per_graph) == len(SIZES)
+    report = pool.report()
+    assert report.reserved_bytes == report.total_bytes > 0
+    fresh = g.release()
+    assert not fresh.captured and pool.report().per_graph == ()
+    x = np.random.default_rng(3).standard_normal((5, 6)).astype(np.float32)
+    with pytest.raises(GraphifyError, match="released"):
+        g(x, w)
+    np.testing.assert_allclose(fresh(x, w)[1], np_mlp(x, w)[1], rtol=1e-6)  # uncaptured: eager
+    again = fresh.capture(x, w)
+    np.testing.assert_allclose(again(x, w)[1], np_mlp(x, w)[1], rtol=1e-5)
+
+
+def test_two_functions_share_one_pool_report():
+    import gc
+
+    pool = Pool("draft+target")
+    g1, _ = captured(pool)
+    g2, _ = captured(pool)
+    assert len(pool.report().per_graph) == 2 * len(SIZES)
+    del g1
+    gc.collect()
+    assert len(pool.report().per_graph) == len(SIZES)  # only live graphs count
+    del g2
+    gc.collect()
+    assert pool.report().per_graph == ()
+
+
+def test_cupy_backend_rejects_torch_functions():
+    g = graphify(lambda x: x + 1, mode="FULL", sizes=(2,), backend="cupy", progress=False)
+    with pytest.raises(ValueError, match="backend='cupy' captures functions of CuPy arrays"):
+        g.capture(torch.randn(2, 3))
