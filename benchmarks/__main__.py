@@ -1,6 +1,7 @@
-"""The main job: `python -m benchmarks` runs the decode benchmark (GPU, or the CPU
-simulation on a machine without one) and writes its results to benchmarks/results/."""
+"""The main job: `python -m benchmarks` runs the serving-trace benchmark (GPU, or the CPU
+simulation on a machine without one) and writes its table, JSON and plot to
+benchmarks/results/."""
 
-from .decode import main
+from .serving import main
 
 main()

@@ -1,5 +1,8 @@
-"""Serving-trace benchmark (work in progress for the main job): the varlen reference model
-through one seeded synthetic trace (`benchmarks/trace.py`) under every graphify mode.
+"""The main job: the varlen reference model through one seeded synthetic serving trace
+(`benchmarks/trace.py`: arrivals over time, chunked prefills mixed with decodes, batch
+sizes from 1 up, some speculative-decode steps) under every graphify mode, graphify over
+inductor-compiled pieces, and torch.compile(mode="reduce-overhead"); then a batch-8
+decode step of the peers side by side.
 
 Per configuration: tokens per second, step latency p50/p99, start-up seconds (split +
 capture), graph pool MiB, padding waste, share of steps per runtime mode, and the largest
@@ -7,8 +10,8 @@ difference to eager over the trace (checked step by step against an eager copy o
 cache). On a GPU: the Qwen2.5-0.5B-shaped model; on a CPU-only machine the tiny one through
 the simulation backend, and the timings say so.
 
-Not yet here (next): torch.compile(mode="reduce-overhead") beside these, graphify over
-inductor pieces, and a plot.
+Output: a table in the terminal; Markdown, JSON and a PNG plot (throughput and p99 by
+configuration) under benchmarks/results/, stamped with device, date and versions.
 
     python -m benchmarks.serving [--requests 48] [--seed 0]
 """
@@ -26,7 +29,9 @@ from graphify import Mode, graphify, sglang_piecewise_sizes
 from models import BlockTables, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
-from ._report import environment, publish, sync, table
+from ._plot import plot_serving
+from ._report import RESULTS, device_slug, environment, host_pipelined_us, publish, sync, table, time_per_call
+from .peers import ReduceOverhead
 from .trace import schedule, synthetic_requests
 
 ATTENTION = "unified"
@@ -66,74 +71,199 @@ def step_timer(gpu: bool):
     return timed
 
 
+def _percentile(values, q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Setup:
+    """The model, its paged cache, the trace as batches, and an example batch for split."""
+
+    def __init__(self, gpu: bool, num_requests: int, seed: int):
+        device = "cuda" if gpu else "cpu"
+        self.gpu, self.device = gpu, device
+        self.cfg = cfg = DecoderConfig.qwen2_5_0_5b(max_seq_len=1024) if gpu else DecoderConfig.tiny(max_seq_len=256)
+        self.block, self.max_blocks = 16, 64
+        self.max_tokens = 512 if gpu else 64
+        self.requests = synthetic_requests(seed, num_requests, prompt_range=(16, 400) if gpu else (4, 60),
+                                           output_range=(8, 64) if gpu else (2, 12))
+        self.steps = schedule(self.requests, max_tokens=self.max_tokens, chunk=self.max_tokens // 2, spec_tokens=2,
+                              spec_every=4)
+        self.params = init_params(cfg, seed=0, device=device)
+        self.step = varlen_step(cfg, self.params, ATTENTION)
+        self.num_blocks = 1 + sum(-(-(r.prompt_len + r.output_len) // self.block) for r in self.requests) + 32
+        self.cache = new_paged_cache(cfg, self.num_blocks, self.block, device=device, seed=1)
+        self.batches = build_batches(cfg, self.steps, self.requests, block=self.block, max_blocks=self.max_blocks,
+                                     num_blocks=self.num_blocks, device=device)
+        self.example = next(b for b in self.batches if b[3].shape[0] >= 2)  # split needs >= 2 tokens and requests
+        self.tokens = sum(s.num_tokens for s in self.steps)
+
+    def graphify(self, mode: str, inductor: bool = False):
+        """(callable, start-up seconds): split (+ inductor) and capture."""
+        sync()
+        t0 = time.perf_counter()
+        fn = self.step
+        if mode != "NONE":
+            fn = split(self.step, split_ops(ATTENTION), *self.example, self.cache, axes=varlen_axes(), compile=inductor)
+        g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(self.max_tokens), axes=varlen_axes(),
+                     support=model_support(ATTENTION), uniform_query_len=1, progress=True)
+        if mode != "NONE":
+            g = g.capture(*self.example, self.cache)
+        sync()
+        return g, time.perf_counter() - t0
+
+    def decode_batch(self, b: int, context: int = 256) -> tuple:
+        """A uniform decode batch of `b` requests at KV length `context` (own KV blocks)."""
+        tables = BlockTables(self.num_blocks, self.block, self.max_blocks)
+        return tables.batch(self.cfg, tuple(range(b)), (1,) * b, (context,) * b, device=self.device, seed=b)
+
+
+def run_trace(setup: Setup, call, name: str, timed) -> tuple[float, list[float]]:
+    """Check `call` against eager step by step (each on its own copy of the cache), then
+    time every step. Returns (largest difference, latencies ms)."""
+    from tqdm.auto import tqdm
+
+    cache, ref_cache = setup.cache, setup.cache.clone()
+    worst = 0.0
+    with torch.inference_mode():
+        for batch in tqdm(setup.batches, desc=f"{name}: check", leave=False, disable=None):
+            out = call(*batch, cache)
+            worst = max(worst, (out.float() - setup.step(*batch, ref_cache).float()).abs().max().item())
+        latencies = [timed(lambda: call(*batch, cache))[1]  # noqa: B023 - called at once
+                     for batch in tqdm(setup.batches, desc=f"{name}: run", leave=False, disable=None)]
+    del ref_cache
+    return worst, latencies
+
+
+def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tuple[dict, object]:
+    name = f"graphify {mode}" + (" + inductor" if inductor else "")
+    g, startup = setup.graphify(mode, inductor)
+    g.stats.reset()
+    worst, latencies = run_trace(setup, g, name, timed)
+    calls = len(setup.batches)
+    by_mode = {r.mode: r.calls / 2 for r in g.stats.by_mode()}  # checked once, timed once
+    pool = None if g.table is None else g.table.pool.report()
+    return {
+        "config": name,
+        "tokens_per_s": setup.tokens / (sum(latencies) / 1e3),
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": _percentile(latencies, 0.99),
+        "startup_s": startup,
+        "graph_mib": 0.0 if pool is None else pool.reserved_bytes / 2**20,
+        "padding_waste_pct": 100 * g.stats.padding_waste(),
+        "steps_full_pct": 100 * by_mode.get(Mode.FULL, 0) / calls,
+        "steps_piecewise_pct": 100 * by_mode.get(Mode.PIECEWISE, 0) / calls,
+        "steps_none_pct": 100 * by_mode.get(Mode.NONE, 0) / calls,
+        "uses_graphs": "yes" if mode != "NONE" else "no",
+        "max_err_vs_eager": worst,
+    }, g
+
+
+def reduce_overhead_row(setup: Setup, timed) -> tuple[dict, ReduceOverhead]:
+    """torch.compile reduce-overhead over the same trace. Its start-up is the first pass
+    (compiles, recompiles for new shapes, graph recordings) less a steady pass."""
+    sync()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    compiled = ReduceOverhead(setup.step, [setup.cache, *setup.params.values()])
+    t0 = time.perf_counter()
+    worst, _ = run_trace(setup, compiled, "torch.compile", timed)
+    first_pass = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _, latencies = run_trace(setup, compiled, "torch.compile", timed)
+    steady = time.perf_counter() - t0
+    skips = compiled.graph_skips
+    return {
+        "config": "torch.compile reduce-overhead",
+        "tokens_per_s": setup.tokens / (sum(latencies) / 1e3),
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": _percentile(latencies, 0.99),
+        "startup_s": max(first_pass - steady, 0.0),
+        "graph_mib": (torch.cuda.memory_reserved() - base) / 2**20,
+        "padding_waste_pct": 0.0,
+        "uses_graphs": "yes" if skips == 0 else f"no ({skips} skips)",
+        "max_err_vs_eager": worst,
+    }, compiled
+
+
+def decode_rows(setup: Setup, candidates: dict, b: int = 8) -> list[dict]:
+    """Batch-`b` decode: step time (CUDA events, back to back) and host cost per step
+    (issued while the device is busy), each against eager on the same inputs."""
+    batch = setup.decode_batch(b)
+    cache = setup.cache
+    rows = []
+    with torch.inference_mode():
+        ref = setup.step(*batch, cache).float()
+        for name, call in candidates.items():
+            err = (call(*batch, cache).float() - ref).abs().max().item()
+            rows.append({
+                "config": name,
+                "step_ms": time_per_call(lambda i: call(*batch, cache)),  # noqa: B023
+                "host_us": host_pipelined_us(lambda i: call(*batch, cache)),  # noqa: B023
+                "max_err_vs_eager": err,
+            })
+    return rows
+
+
 def run(num_requests: int = 48, seed: int = 0) -> dict:
     env = environment()
     gpu = env["gpu"]
-    device = "cuda" if gpu else "cpu"
-    cfg = DecoderConfig.qwen2_5_0_5b(max_seq_len=1024) if gpu else DecoderConfig.tiny(max_seq_len=256)
-    block, max_blocks = 16, 64
-    max_tokens = 512 if gpu else 64
-    requests = synthetic_requests(seed, num_requests, prompt_range=(16, 400) if gpu else (4, 60),
-                                  output_range=(8, 64) if gpu else (2, 12))
-    steps = schedule(requests, max_tokens=max_tokens, chunk=max_tokens // 2, spec_tokens=2, spec_every=4)
-    params = init_params(cfg, seed=0, device=device)
-    step = varlen_step(cfg, params, ATTENTION)
-    num_blocks = 1 + sum(-(-(r.prompt_len + r.output_len) // block) for r in requests)
-    cache = new_paged_cache(cfg, num_blocks, block, device=device, seed=1)
-    batches = build_batches(cfg, steps, requests, block=block, max_blocks=max_blocks, num_blocks=num_blocks, device=device)
-    example = next(b for b in batches if b[3].shape[0] >= 2)  # split traces with >= 2 tokens and requests
+    setup = Setup(gpu, num_requests, seed)
     timed = step_timer(gpu)
-    tokens_total = sum(s.num_tokens for s in steps)
-    rows = []
-    from tqdm.auto import tqdm
-
+    rows, decode = [], []
     for mode in MODES:
-        sync()
-        t0 = time.perf_counter()
-        fn = step if mode == "NONE" else split(step, split_ops(ATTENTION), *example, cache, axes=varlen_axes())
-        g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(max_tokens), axes=varlen_axes(),
-                     support=model_support(ATTENTION), uniform_query_len=1, progress=True)
-        if mode != "NONE":
-            g = g.capture(*example, cache)
-        sync()
-        startup = time.perf_counter() - t0
-        ref_cache = cache.clone()
-        worst = 0.0
-        with torch.inference_mode():
-            for batch in tqdm(batches, desc=f"{mode}: check", leave=False, disable=None):
-                out = g(*batch, cache)
-                worst = max(worst, (out.float() - step(*batch, ref_cache).float()).abs().max().item())
-            g.stats.reset()
-            latencies = []
-            for batch in tqdm(batches, desc=f"{mode}: run", leave=False, disable=None):
-                latencies.append(timed(lambda: g(*batch, cache))[1])  # noqa: B023 - called at once
-        by_mode = {r.mode: r.calls for r in g.stats.by_mode()}
-        rows.append({
-            "config": f"graphify {mode}",
-            "tokens_per_s": tokens_total / (sum(latencies) / 1e3),
-            "p50_ms": statistics.median(latencies),
-            "p99_ms": sorted(latencies)[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-            "startup_s": startup,
-            "graph_mib": 0.0 if g.table is None else g.table.nbytes / 2**20,
-            "padding_waste_pct": 100 * g.stats.padding_waste(),
-            "steps_full_pct": 100 * by_mode[Mode.FULL] / len(batches),
-            "steps_piecewise_pct": 100 * by_mode[Mode.PIECEWISE] / len(batches),
-            "steps_none_pct": 100 * by_mode[Mode.NONE] / len(batches),
-            "max_err_vs_eager": worst,
-        })
-        print(f"{mode}: {rows[-1]['tokens_per_s']:.0f} tok/s", file=sys.stderr)
-    kinds = {k: sum(s.kind == k for s in steps) for k in ("prefill", "mixed", "decode", "spec")}
-    return {"env": env, "rows": rows, "trace": {"requests": num_requests, "seed": seed, "steps": len(steps),
-                                                 "tokens": tokens_total, "step_kinds": kinds,
-                                                 "max_batch_tokens": max_tokens},
-            "config": {"model": "qwen2.5-0.5b-shape" if gpu else "tiny", "dtype": str(cfg.dtype), "attention": ATTENTION}}
+        row, g = graphify_row(setup, mode, timed)
+        rows.append(row)
+        if mode == "FULL_AND_PIECEWISE":
+            plain = g
+        del g
+        print(f"{row['config']}: {row['tokens_per_s']:.0f} tok/s", file=sys.stderr)
+    if gpu:  # inductor needs a GPU toolchain here; the peer is CUDA-only
+        row, inductor = graphify_row(setup, "FULL_AND_PIECEWISE", timed, inductor=True)
+        rows.append(row)
+        row, compiled = reduce_overhead_row(setup, timed)
+        rows.append(row)
+        b = 8
+        static = inductor.static_inputs(b, b)
+        batch = setup.decode_batch(b)
+        for dst, src in zip(static, batch):
+            dst.copy_(src)
+        decode = decode_rows(setup, {
+            "eager": setup.step,
+            "torch.compile reduce-overhead": compiled,
+            "graphify FULL_AND_PIECEWISE": plain,
+            "graphify FULL_AND_PIECEWISE + inductor": inductor,
+        }, b)
+        with torch.inference_mode():  # the same, with the batch already in graphify's static buffers
+            ref = setup.step(*batch, setup.cache).float()
+            err = (inductor(*static).float() - ref).abs().max().item()
+            decode.append({"config": "graphify F&P + inductor, static inputs",
+                           "step_ms": time_per_call(lambda i: inductor(*static)),
+                           "host_us": host_pipelined_us(lambda i: inductor(*static)), "max_err_vs_eager": err})
+        peer = next(r for r in decode if r["config"] == "torch.compile reduce-overhead")
+        for r in decode:
+            r["step_vs_reduce_overhead"] = r["step_ms"] / peer["step_ms"]
+            r["host_vs_reduce_overhead"] = r["host_us"] / peer["host_us"]
+    kinds = {k: sum(s.kind == k for s in setup.steps) for k in ("prefill", "mixed", "decode", "spec")}
+    by = {r["config"]: r for r in rows}
+    fp, pw, none = (by[f"graphify {m}"]["tokens_per_s"] for m in ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE"))
+    return {"env": env, "rows": rows, "decode": decode,
+            "ratios": {"fp_vs_piecewise": fp / pw, "fp_vs_none": fp / none},
+            "trace": {"requests": num_requests, "seed": seed, "steps": len(setup.steps), "tokens": setup.tokens,
+                      "step_kinds": kinds, "max_batch_tokens": setup.max_tokens},
+            "config": {"model": "qwen2.5-0.5b-shape" if gpu else "tiny", "dtype": str(setup.cfg.dtype),
+                       "attention": ATTENTION}}
 
 
 COLUMNS = [("config", "configuration", "s"), ("tokens_per_s", "tokens/s", ".0f"), ("p50_ms", "p50 ms", ".3f"),
            ("p99_ms", "p99 ms", ".3f"), ("startup_s", "start-up s", ".2f"), ("graph_mib", "graph MiB", ".1f"),
            ("padding_waste_pct", "padding %", ".1f"), ("steps_full_pct", "FULL %", ".0f"),
            ("steps_piecewise_pct", "PIECEWISE %", ".0f"), ("steps_none_pct", "NONE %", ".0f"),
-           ("max_err_vs_eager", "max err vs eager", ".3g")]
+           ("uses_graphs", "uses graphs", "s"), ("max_err_vs_eager", "max err vs eager", ".3g")]
+DECODE_COLUMNS = [("config", "batch-8 decode", "s"), ("step_ms", "step ms", ".3f"),
+                  ("step_vs_reduce_overhead", "step ÷ reduce-overhead", ".3f"), ("host_us", "host µs/step", ".1f"),
+                  ("host_vs_reduce_overhead", "host ÷ reduce-overhead", ".3f"),
+                  ("max_err_vs_eager", "max err vs eager", ".3g")]
 
 
 def render(result: dict) -> str:
@@ -144,6 +274,16 @@ def render(result: dict) -> str:
     lines.append(f"Trace: {t['requests']} requests (seed {t['seed']}), {t['steps']} steps, {t['tokens']} tokens, "
                  f"at most {t['max_batch_tokens']} tokens a step; step kinds {t['step_kinds']}.\n")
     lines.append(table(result["rows"], COLUMNS))
+    r = result["ratios"]
+    lines.append(f"\nFULL_AND_PIECEWISE tokens/s: {r['fp_vs_piecewise']:.2f}x PIECEWISE, {r['fp_vs_none']:.2f}x NONE (eager).")
+    if result["decode"]:
+        lines.append("\nBatch-8 decode step (KV length 256), step time with CUDA events over back-to-back steps; host "
+                     "µs to issue one step while the device is busy (medians).\n")
+        lines.append(table(result["decode"], DECODE_COLUMNS))
+    lines.append("\nStart-up: split + capture for graphify; for torch.compile its first pass over the trace "
+                 "(compile, recompiles, graph recordings) less a steady pass. Graph MiB: graphify's pool as its "
+                 "allocator counts it; torch.compile's growth of torch.cuda.memory_reserved(). Max err: largest "
+                 "|logit - eager| over every step (bf16 on the GPU; inductor rounds differently).")
     return "\n".join(lines)
 
 
@@ -154,7 +294,15 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     result = run(args.requests, args.seed)
     markdown = render(result)
+    env = result["env"]
+    title = (f"serving trace, {result['config']['model']} on {env['device']}, torch {env['torch']}"
+             + ("" if env["gpu"] else " (CPU simulation: not GPU timings)"))
+    png = plot_serving(result["rows"], RESULTS / f"serving-{device_slug(env)}.png", title)
+    if png is not None:
+        markdown += f"\n\n![throughput and p99 by configuration]({png.name})"
     publish("serving", result, markdown)
+    if png is None:
+        print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
     return result
 
 

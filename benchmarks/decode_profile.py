@@ -1,0 +1,97 @@
+"""Profile of the batch-8 decode step: graphify (plain and inductor pieces, FULL graph) vs
+torch.compile reduce-overhead. Kernels per step and GPU time by kernel (torch.profiler,
+which sees the kernels inside graph replays), and the host cost split into the graph
+launch alone and graphify's own work.
+
+    python -m benchmarks.decode_profile
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from graphify import graphify
+from models import model_support, split_ops, varlen_axes
+from transforms import split
+
+from ._report import environment, host_pipelined_us, publish, table, time_per_call
+from .peers import ReduceOverhead
+from .serving import ATTENTION, Setup
+
+B = 8
+STEPS = 5
+
+
+def kernels(call, steps: int = STEPS) -> tuple[float, float, list[tuple[str, int, float]]]:
+    """(kernels per step, GPU ms per step, top kernels (name, count/step, µs/step))."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            call()
+        torch.cuda.synchronize()
+    by = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by[e.name][0] += 1
+            by[e.name][1] += e.time_range.elapsed_us()
+    count = sum(c for c, _ in by.values()) / steps
+    gpu_us = sum(t for _, t in by.values()) / steps
+    top = sorted(((n[:70], c / steps, t / steps) for n, (c, t) in by.items()), key=lambda r: -r[2])[:12]
+    return count, gpu_us / 1e3, top
+
+
+def run() -> dict:
+    env = environment()
+    setup = Setup(True, 48, 0)
+    batch = setup.decode_batch(B)
+    cache = setup.cache
+    out = {}
+    with torch.inference_mode():
+        graphs = {}
+        for name, compiled in (("graphify FULL", False), ("graphify FULL + inductor pieces", True)):
+            fn = split(setup.step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes(), compile=compiled)
+            g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=(B,), axes=varlen_axes(),
+                         support=model_support(ATTENTION), progress=False).capture(*setup.example, cache)
+            graphs[name] = g
+        peer = ReduceOverhead(setup.step, [cache, *setup.params.values()])
+        calls = {name: (lambda g=g: g(*batch, cache)) for name, g in graphs.items()}
+        calls["torch.compile reduce-overhead"] = lambda: peer(*batch, cache)
+        rows = []
+        for name, call in calls.items():
+            count, gpu_ms, top = kernels(call)
+            row = {"config": name, "kernels_per_step": count, "gpu_ms": gpu_ms,
+                   "step_ms": time_per_call(lambda i: call()), "host_us": host_pipelined_us(lambda i: call())}
+            if name in graphs:
+                entry = next(iter(graphs[name].table))
+                row["replay_alone_us"] = host_pipelined_us(lambda i: entry.replay())  # noqa: B023
+            rows.append(row)
+            out[name] = top
+    return {"env": env, "rows": rows, "top_kernels": out}
+
+
+COLUMNS = [("config", "batch-8 decode", "s"), ("kernels_per_step", "kernels/step", ".0f"), ("gpu_ms", "GPU ms (sum)", ".3f"),
+           ("step_ms", "step ms", ".3f"), ("host_us", "host µs/step", ".1f"), ("replay_alone_us", "graph launch alone µs", ".1f")]
+
+
+def render(result: dict) -> str:
+    lines = [table(result["rows"], COLUMNS)]
+    for name, top in result["top_kernels"].items():
+        lines.append(f"\nTop kernels, {name} (per step):\n")
+        lines.append(table([{"kernel": k, "count": c, "us": t} for k, c, t in top],
+                           [("kernel", "kernel", "s"), ("count", "count", ".0f"), ("us", "µs", ".1f")]))
+    return "\n".join(lines)
+
+
+def main() -> dict:
+    result = run()
+    publish("decode-profile", result, render(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
