@@ -3,7 +3,8 @@ torch.compile reduce-overhead. Kernels per step and GPU time by kernel (torch.pr
 which sees the kernels inside graph replays), and the host cost split into the graph
 launch alone and graphify's own work.
 
-    python -m benchmarks.decode_profile
+    python -m benchmarks.decode_profile          # graphify, plain and inductor pieces
+    python -m benchmarks.decode_profile --peer   # torch.compile reduce-overhead (own process)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import collections
 
 import torch
 
-from graphify import graphify
+from graphify import Mode, graphify
 from models import model_support, split_ops, varlen_axes
 from transforms import split
 
@@ -45,7 +46,7 @@ def kernels(call, steps: int = STEPS) -> tuple[float, float, list[tuple[str, int
     return count, gpu_us / 1e3, top
 
 
-def run() -> dict:
+def run(peer: bool = False) -> dict:
     env = environment()
     setup = Setup(True, 48, 0)
     batch = setup.decode_batch(B)
@@ -53,24 +54,27 @@ def run() -> dict:
     out = {}
     with torch.inference_mode():
         graphs = {}
-        for name, compiled in (("graphify FULL", False), ("graphify FULL + inductor pieces", True)):
+        for name, compiled in () if peer else (("graphify FULL", False), ("graphify FULL + inductor pieces", True)):
             fn = split(setup.step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes(), compile=compiled)
             g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=(B,), axes=varlen_axes(),
                          support=model_support(ATTENTION), progress=False).capture(*setup.example, cache)
             graphs[name] = g
-        peer = ReduceOverhead(setup.step, [cache, *setup.params.values()])
         calls = {name: (lambda g=g: g(*batch, cache)) for name, g in graphs.items()}
-        calls["torch.compile reduce-overhead"] = lambda: peer(*batch, cache)
+        if peer:  # in its own process: see benchmarks/serving.run_peer
+            graphs.clear()
+            compiled = ReduceOverhead(setup.step, [cache, *setup.params.values()])
+            calls = {"torch.compile reduce-overhead": lambda: compiled(*batch, cache)}
         rows = []
-        for name, call in calls.items():
-            count, gpu_ms, top = kernels(call)
-            row = {"config": name, "kernels_per_step": count, "gpu_ms": gpu_ms,
-                   "step_ms": time_per_call(lambda i: call()), "host_us": host_pipelined_us(lambda i: call())}
+        for name, call in calls.items():  # timings first: the profiler slows later launches
+            row = {"config": name, "step_ms": time_per_call(lambda i: call()),  # noqa: B023
+                   "host_us": host_pipelined_us(lambda i: call())}  # noqa: B023
             if name in graphs:
-                entry = next(iter(graphs[name].table))
+                entry = next(e for e in graphs[name].table if e.mode is Mode.FULL)
                 row["replay_alone_us"] = host_pipelined_us(lambda i: entry.replay())  # noqa: B023
             rows.append(row)
-            out[name] = top
+        for row in rows:
+            row["kernels_per_step"], row["gpu_ms"], out[row["config"]] = kernels(calls[row["config"]])
+            print(row, flush=True)
     return {"env": env, "rows": rows, "top_kernels": out}
 
 
@@ -87,9 +91,14 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> dict:
-    result = run()
-    publish("decode-profile", result, render(result))
+def main(argv=None) -> dict:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer", action="store_true", help="profile torch.compile reduce-overhead instead")
+    args = parser.parse_args(argv)
+    result = run(args.peer)
+    publish("decode-profile-peer" if args.peer else "decode-profile", result, render(result))
     return result
 
 

@@ -31,7 +31,6 @@ from transforms import split
 
 from ._plot import plot_serving
 from ._report import RESULTS, device_slug, environment, host_pipelined_us, publish, sync, table, time_per_call
-from .peers import ReduceOverhead
 from .trace import schedule, synthetic_requests
 
 ATTENTION = "unified"
@@ -159,31 +158,22 @@ def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tupl
     }, g
 
 
-def reduce_overhead_row(setup: Setup, timed) -> tuple[dict, ReduceOverhead]:
-    """torch.compile reduce-overhead over the same trace. Its start-up is the first pass
-    (compiles, recompiles for new shapes, graph recordings) less a steady pass."""
-    sync()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_reserved()
-    compiled = ReduceOverhead(setup.step, [setup.cache, *setup.params.values()])
-    t0 = time.perf_counter()
-    worst, _ = run_trace(setup, compiled, "torch.compile", timed)
-    first_pass = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    _, latencies = run_trace(setup, compiled, "torch.compile", timed)
-    steady = time.perf_counter() - t0
-    skips = compiled.graph_skips
-    return {
-        "config": "torch.compile reduce-overhead",
-        "tokens_per_s": setup.tokens / (sum(latencies) / 1e3),
-        "p50_ms": statistics.median(latencies),
-        "p99_ms": _percentile(latencies, 0.99),
-        "startup_s": max(first_pass - steady, 0.0),
-        "graph_mib": (torch.cuda.memory_reserved() - base) / 2**20,
-        "padding_waste_pct": 0.0,
-        "uses_graphs": "yes" if skips == 0 else f"no ({skips} skips)",
-        "max_err_vs_eager": worst,
-    }, compiled
+def run_peer(num_requests: int, seed: int) -> tuple[dict, dict]:
+    """torch.compile reduce-overhead on the same trace and decode batch, in its own
+    process: graphs of inductor kernels captured by graphify crash (illegal address) once
+    reduce-overhead has compiled the same code in the same process, so peers never share
+    one (see benchmarks/peers.py)."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/peer.json"
+        subprocess.run([sys.executable, "-m", "benchmarks.peers", "--requests", str(num_requests), "--seed", str(seed),
+                        "--out", out], check=True)
+        with open(out) as f:
+            result = json.load(f)
+    return result["row"], result["decode"]
 
 
 def decode_rows(setup: Setup, candidates: dict, b: int = 8) -> list[dict]:
@@ -221,8 +211,6 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
     if gpu:  # inductor needs a GPU toolchain here; the peer is CUDA-only
         row, inductor = graphify_row(setup, "FULL_AND_PIECEWISE", timed, inductor=True)
         rows.append(row)
-        row, compiled = reduce_overhead_row(setup, timed)
-        rows.append(row)
         b = 8
         static = inductor.static_inputs(b, b)
         batch = setup.decode_batch(b)
@@ -230,7 +218,6 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
             dst.copy_(src)
         decode = decode_rows(setup, {
             "eager": setup.step,
-            "torch.compile reduce-overhead": compiled,
             "graphify FULL_AND_PIECEWISE": plain,
             "graphify FULL_AND_PIECEWISE + inductor": inductor,
         }, b)
@@ -240,10 +227,13 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
             decode.append({"config": "graphify F&P + inductor, static inputs",
                            "step_ms": time_per_call(lambda i: inductor(*static)),
                            "host_us": host_pipelined_us(lambda i: inductor(*static)), "max_err_vs_eager": err})
-        peer = next(r for r in decode if r["config"] == "torch.compile reduce-overhead")
+        del plain, inductor, static
+        peer_row, peer_decode = run_peer(num_requests, seed)
+        rows.append(peer_row)
+        decode.insert(1, peer_decode)
         for r in decode:
-            r["step_vs_reduce_overhead"] = r["step_ms"] / peer["step_ms"]
-            r["host_vs_reduce_overhead"] = r["host_us"] / peer["host_us"]
+            r["step_vs_reduce_overhead"] = r["step_ms"] / peer_decode["step_ms"]
+            r["host_vs_reduce_overhead"] = r["host_us"] / peer_decode["host_us"]
     kinds = {k: sum(s.kind == k for s in setup.steps) for k in ("prefill", "mixed", "decode", "spec")}
     by = {r["config"]: r for r in rows}
     fp, pw, none = (by[f"graphify {m}"]["tokens_per_s"] for m in ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE"))

@@ -206,7 +206,17 @@ class Graphified:
     def _capturers(self, backend, fn: Callable) -> dict[Mode, Callable]:
         """How each runtime mode captures: FULL records `fn` whole; PIECEWISE asks a split
         function to capture its pieces (and run its split ops eagerly between them)."""
-        capturers = {Mode.FULL: lambda args, **kw: backend.capture(fn, args, **kw)}
+        twin = _eager_twin(fn)
+        if twin is not None:
+            # torch.compile'd code called under the op guard's dispatch mode falls back to
+            # eager for good, so the guard checks the eager twin; an unguarded warm-up then
+            # compiles on these very arguments and the capture records inductor's kernels.
+            def full(args, **kw):
+                return backend.capture(fn, args, **{**kw, "warmups": max(kw.get("warmups", 1), 2), "guard": twin})
+        else:
+            def full(args, **kw):
+                return backend.capture(fn, args, **kw)
+        capturers = {Mode.FULL: full}
         if getattr(self.fn, "is_split", False):
             capturers[Mode.PIECEWISE] = lambda args, **kw: self.fn.capture_pieces(backend, args, **kw)
         return capturers
@@ -273,6 +283,14 @@ class Graphified:
             f"; {len(t)} graphs on {t.backend.name} ({t.device}) in {t.seconds:.2f} s, "
             f"{t.nbytes / (1 << 20):.1f} MiB reserved in pool {t.pool.name!r}"
         )
+
+
+def _eager_twin(fn: Callable) -> Callable | None:
+    """The uncompiled function behind a torch.compile'd one (or behind a split function
+    with compiled pieces), to run under the op guard; None for uncompiled functions."""
+    if getattr(fn, "is_split", False):
+        return fn.fn if getattr(fn, "compiled", False) else None
+    return getattr(fn, "_torchdynamo_orig_callable", None)
 
 
 def _leading_rows(args: Sequence[Any]) -> int:

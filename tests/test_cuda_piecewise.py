@@ -40,3 +40,42 @@ def test_inductor_compiled_pieces_match_eager():
         batch = lay.build(CFG, device="cuda", seed=len(lay.query_lens))
         ref_cache = cache.clone()
         torch.testing.assert_close(g(*batch, cache), step(*batch, ref_cache), rtol=2e-3, atol=2e-3)
+
+
+def replayed_kernels(call) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def test_full_graphs_of_compiled_pieces_hold_inductor_kernels():
+    step, cache, example, pw = build(compile=True)
+    g = graphify(pw, mode="FULL", sizes=(8,), progress=False).capture(*example, cache)
+    plain = graphify(build()[3], mode="FULL", sizes=(8,), progress=False).capture(*example, cache)
+    batch = BatchLayout((1,) * 8, (5, 3, 9, 40, 2, 7, 11, 1), 16, 16).build(CFG, device="cuda", seed=8)
+    compiled_kernels = replayed_kernels(lambda: g(*batch, cache))
+    assert any(name.startswith("triton_") for name in compiled_kernels)  # inductor's, not eager aten kernels
+    assert len(compiled_kernels) < len(replayed_kernels(lambda: plain(*batch, cache)))
+    ref_cache = cache.clone()
+    torch.testing.assert_close(g(*batch, cache), step(*batch, ref_cache), rtol=2e-3, atol=2e-3)
+
+
+def test_full_graph_of_a_torch_compiled_function_matches_eager():
+    w = torch.randn(64, 64, device="cuda")
+
+    def block(x, w):
+        return torch.nn.functional.silu(x @ w) * torch.sigmoid(x) + x
+
+    from graphify import persistent, tokens
+
+    g = graphify(torch.compile(block, dynamic=True), mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()),
+                 progress=False)
+    g = g.capture(torch.randn(4, 64, device="cuda"), w)
+    for n in (3, 6, 8):
+        x = torch.randn(n, 64, device="cuda")
+        torch.testing.assert_close(g(x, w), block(x, w), rtol=1e-4, atol=1e-4)

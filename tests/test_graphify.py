@@ -386,3 +386,22 @@ def test_explicit_out_axes_cut_request_outputs_and_bad_ones_are_named(backend):
     with pytest.raises(CaptureError, match="not an output axis"):
         graphify(pair, mode="FULL", sizes=(8,), axes=(tokens(), reqs()), out_axes="rows",
                  backend=name, progress=False).capture(torch.randn(5, 3, device=device), torch.ones(2, device=device))
+
+
+def test_compiled_functions_get_an_unguarded_warmup_before_full_capture():
+    calls, twin_calls = [], []
+
+    def twin(x):
+        twin_calls.append(x.shape[0])
+        return x * 3
+
+    def fn(x):
+        calls.append(x.shape[0])
+        return x * 3
+
+    fn._torchdynamo_orig_callable = twin  # what torch.compile's wrapper carries
+    g = graphify(fn, mode="FULL", sizes=(4,), backend="sim", progress=False).capture(torch.randn(2, 3))
+    assert twin_calls == [4]  # the eager twin runs under the op guard, never the compiled code
+    assert len(calls) == 3  # two unguarded warm-ups (the first compiles), then the capture
+    x = torch.randn(3, 3)
+    torch.testing.assert_close(g(x), x * 3)

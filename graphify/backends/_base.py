@@ -48,7 +48,9 @@ class Backend(Protocol):
 
     def capture(
         self, fn: Callable, args: tuple, *, pool: Any, warmups: int, weak_outputs: bool, stream: Any = None,
-        guard: bool = True,
+        guard: "bool | Callable" = True,
     ) -> Captured:
-        """Warm up `fn(*args)` (the first run under the op guard unless `guard` is off),
-        then record it on `stream` into a graph allocated from `pool`."""
+        """Warm up `fn(*args)` (the first run under the op guard unless `guard` is off; a
+        callable `guard` is an eager twin of a compiled `fn` that runs under the guard in
+        its place, because torch.compile'd code called under a dispatch mode falls back to
+        eager for good), then record it on `stream` into a graph allocated from `pool`."""

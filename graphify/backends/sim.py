@@ -99,12 +99,17 @@ class SimBackend:
         return None
 
     def capture(
-        self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: bool = True
+        self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: "bool | Callable" = True
     ) -> Captured:
         for _ in range(warmups):
             fn(*args)
-        with CaptureGuard() if guard else contextlib.nullcontext():
+        if callable(guard):  # an eager twin runs under the guard; the function itself is captured
+            with CaptureGuard():
+                guard(*args)
             result = fn(*args)
+        else:
+            with CaptureGuard() if guard else contextlib.nullcontext():
+                result = fn(*args)
         outputs = pytree.tree_map(_clone_out, result)
         flat_out, _ = pytree.tree_flatten(outputs)
         static_out = [t for t in flat_out if isinstance(t, torch.Tensor)]
