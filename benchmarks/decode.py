@@ -77,7 +77,7 @@ def run(batch_sizes=(1, 8, 64)) -> dict:
     step = decode_step(cfg, params)
     axes = (tokens(), tokens(), tokens(), persistent())
 
-    g = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes, backend="auto")
+    g = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes, backend="auto", outputs="view")
     g = g.capture(*make_inputs(cfg, 1, device, 0)[0], cache)
     print(g.summary(), file=sys.stderr)
 

@@ -57,7 +57,7 @@ class Bench:
         if mode != "NONE" or kw.get("force_split"):
             fn = split(self.step, split_ops(ATTENTION), *example, self.cache, axes=varlen_axes(), compile=self.inductor)
         kw.pop("force_split", None)
-        g = graphify(fn, mode=mode, sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION), progress=False, **kw)
+        g = graphify(fn, mode=mode, sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION), progress=False, outputs="view", **kw)
         if mode == "NONE":
             return g
         sync()

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import logging
 import time
+import traceback
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -170,6 +171,10 @@ def capture_table(
     except BaseException as exc:
         done = len(entries)
         entries.clear()  # release the graphs captured so far
+        # The traceback's frames hold the static buffers and capture-time tensors: clear
+        # their locals, or a kept exception (pytest.raises, a log) keeps that memory.
+        static = None  # noqa: F841
+        traceback.clear_frames(exc.__traceback__)
         if device is not None and device.type == "cuda":
             pool.trim()
         if not isinstance(exc, Exception):

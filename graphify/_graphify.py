@@ -66,6 +66,7 @@ class Graphified:
     lora: bool = False
     max_padding_ratio: float | None = None
     weak_outputs: bool = True
+    outputs: str = attrs.field(default="copy", validator=attrs.validators.in_(("copy", "view")))
     progress: bool = True
     uniform: Callable[..., bool] | None = None
     has_lora: Callable[..., bool] | None = None
@@ -105,6 +106,7 @@ class Graphified:
                 dispatcher=Dispatcher(self.table.keys, self.max_padding_ratio),
                 uniform_fn=self.uniform,
                 lora_fn=self.has_lora,
+                outputs=self.outputs,
             )
         for name, value in (
             ("resolution", resolution), ("keys", keys), ("stats", Stats()), ("_runtime", runtime), ("_call", call)
@@ -317,6 +319,7 @@ def graphify(
     lora: bool = False,
     max_padding_ratio: float | None = None,
     weak_outputs: bool = True,
+    outputs: str = "copy",
     progress: bool = True,
     uniform: Callable[..., bool] | None = None,
     has_lora: Callable[..., bool] | None = None,
@@ -342,6 +345,11 @@ def graphify(
     - `lora`: also capture LoRA variants; `has_lora(*args)` says which a call needs.
     - `max_padding_ratio`: run eagerly rather than pad beyond this factor.
     - `weak_outputs`: let later captures reuse each graph's output memory (CUDA only).
+    - `outputs`: "copy" (default): every call returns tensors of its own, correct forever.
+      "view": the graph's static output buffers, no copy; a view is valid until the next
+      call (on CUDA, reading it afterwards raises, as with torch.compile's graphs; CPU
+      builds of torch cannot check, so there the view silently holds the next result).
+      CuPy/NumPy callers: keep "copy" (their views cannot be checked).
     - `progress`: show a progress bar while capturing (on a terminal).
     - `uniform`: `uniform(*args) -> bool`; default: tokens == requests * uniform_query_len,
       exact for single-token decode; with spec decode (1+k tokens) pass a predicate.
@@ -361,6 +369,6 @@ def graphify(
         sizes = vllm_sizes(512)
     return Graphified(
         fn, mode, sizes, axes, out_axes, support, backend, pool, warmups, uniform_query_len, max_num_reqs,
-        lora, max_padding_ratio, weak_outputs, progress, uniform, has_lora, largest_first,
+        lora, max_padding_ratio, weak_outputs, outputs, progress, uniform, has_lora, largest_first,
     )
 

@@ -31,6 +31,20 @@ def _device_index(device: torch.device | None) -> int:
     return -1 if device is None or device.type == "cpu" else (device.index if device.index is not None else 0)
 
 _NONE = Mode.NONE
+_CAN_POISON = hasattr(torch._C, "_set_storage_access_error_msg")  # CUDA builds of torch
+MAX_PLANS = 4096  # (graph, tokens, requests) plans kept; beyond it the cache starts over
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """`t` over a storage object of its own (same memory), so poisoning it leaves `t` alone."""
+    storage = t.untyped_storage()
+    alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
+    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.shape, t.stride())
+
+
+def _poison(t, msg: str) -> None:
+    if isinstance(t, torch.Tensor):
+        torch._C._set_storage_access_error_msg(t, msg)
 
 
 @attrs.frozen(eq=False)
@@ -62,6 +76,7 @@ class Runtime:
         dispatcher: Dispatcher,
         uniform_fn: Callable[..., bool] | None,
         lora_fn: Callable[..., bool] | None,
+        outputs: str = "copy",
     ):
         self.call, self.fn, self.table, self.dispatcher = call, fn, table, dispatcher
         self.uniform_fn, self.lora_fn = uniform_fn, lora_fn
@@ -84,6 +99,17 @@ class Runtime:
         self.static_checks = tuple((s.index, s.value) for s in specs if s.axis.kind == "static")
         self.lock = threading.Lock()
         self.plans: dict = {}
+        self.handed: list = []
+        self.stale_msg = (
+            f"{call}: this output was overwritten by a later call (outputs='view' hands out the graph's "
+            "static output buffers, valid until the next call); clone() what you keep, or use outputs='copy'"
+        )
+        if outputs == "copy":
+            self.hand_out = self._copy
+        elif outputs == "view" and table.device is not None and table.device.type == "cuda" and _CAN_POISON:
+            self.hand_out = self._checked_view
+        else:  # "view" where torch cannot poison a storage (CPU builds): plain views, documented
+            self.hand_out = self._view
         # Rows of each padded buffer that may hold real data; rows past it hold padding.
         # Padding is copied in only where a smaller batch follows a larger one.
         self.dirty = [0] * len(specs)
@@ -164,6 +190,8 @@ class Runtime:
         with self.lock:
             plan = self.plans.get(plan_key)
             if plan is None:
+                if len(self.plans) >= MAX_PLANS:  # many distinct (tokens, requests) pairs: bound the cache
+                    self.plans.clear()
                 plan = self.plans[plan_key] = self._plan(self._entry(decision), n, r_real)
             dsts, srcs = [], []
             for i, view, ptr in plan.inputs:
@@ -186,9 +214,24 @@ class Runtime:
                     torch._foreach_copy_(dsts, srcs)
             plan.replay()
             stats.tally(decision.mode, n, plan.padded)
+            outputs = self.hand_out(plan.outputs)
         if plan.single:
-            return plan.outputs[0]
-        return pytree.tree_unflatten(plan.outputs, plan.out_spec)
+            return outputs[0]
+        return pytree.tree_unflatten(outputs, plan.out_spec)
+
+    def _copy(self, outputs: list) -> list:
+        return [t.clone() if isinstance(t, torch.Tensor) else t for t in outputs]
+
+    def _view(self, outputs: list) -> list:
+        return outputs
+
+    def _checked_view(self, outputs: list) -> list:
+        """Views on their own storage objects; the previous call's are poisoned first, so
+        reading a view after the next replay raises instead of returning new data."""
+        for t in self.handed:
+            _poison(t, self.stale_msg)
+        self.handed = [_alias(t) if isinstance(t, torch.Tensor) else t for t in outputs]
+        return self.handed
 
     def _entry(self, decision) -> Entry:
         entry = self.table.entries.get((decision.mode, decision.key))

@@ -1,6 +1,7 @@
 """Functions of foreign arrays (the CuPy path's logic, run with NumPy on the sim backend),
 explicit release, and pool reports."""
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -57,13 +58,17 @@ def test_numpy_function_equals_eager_at_every_size_and_above():
     assert {"FULL", "NONE"} <= {m.value for m in modes}
 
 
-def test_numpy_outputs_are_views_of_the_static_outputs():
+def test_numpy_outputs_are_copies_by_default_and_views_on_request():
     g, w = captured()
     x = np.random.default_rng(2).standard_normal((4, 6)).astype(np.float32)
     first, _ = g(x, w)
-    kept = first.copy()
     g(x * 2, w)
-    assert not np.allclose(first, kept)  # overwritten in place by the next replay, as on a GPU
+    np.testing.assert_allclose(first, np_mlp(x, w)[0], rtol=1e-5, atol=1e-6)  # kept: its own memory
+    view = attrs.evolve(g, outputs="view")
+    first, _ = view(x, w)
+    kept = first.copy()
+    view(x * 2, w)
+    assert not np.allclose(first, kept)  # a view of the static output, overwritten by the next replay
 
 
 def test_numpy_persistent_swap_and_wrong_dtype_are_rejected():

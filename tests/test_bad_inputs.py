@@ -1,0 +1,138 @@
+"""Every bad input named in the design and the issues, in one table: each error names the
+call and the argument (or op) and says what to do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graphify import GraphifyError, Pool, graphify, persistent, static, tokens
+from graphify._errors import InputMismatchError
+
+CALL = "graphify(mlp, mode='FULL')"
+
+
+def mlp(x, w, scale):
+    return torch.tanh(x @ w) * scale
+
+
+def captured(**kw):
+    w = torch.randn(8, 8)
+    g = graphify(mlp, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent(), static()), backend="sim",
+                 progress=False, **kw)
+    return g.capture(torch.randn(2, 8), w, 2.0), w
+
+
+def bad_call(g, w):
+    x = torch.randn(3, 8)
+    return {
+        "dtype": lambda: g(x.double(), w, 2.0),
+        "trailing shape": lambda: g(torch.randn(3, 5), w, 2.0),
+        "not a tensor": lambda: g([1.0] * 8, w, 2.0),
+        "argument count": lambda: g(x, w),
+        "persistent swapped": lambda: g(x, w.clone(), 2.0),
+        "persistent reshaped": lambda: g(x, w.view(4, 16), 2.0),
+        "static changed": lambda: g(x, w, 3.0),
+        "unknown keyword": lambda: g(x, w, 2.0, bogus=1),
+    }
+
+
+# case -> (error type, the argument it must name, words of advice it must give)
+CALL_CASES = {
+    "dtype": (InputMismatchError, "'x'", "captured tokens tensor"),
+    "trailing shape": (InputMismatchError, "'x'", "captured tokens tensor"),
+    "not a tensor": (InputMismatchError, "'x'", "must be a tensor"),
+    "argument count": (InputMismatchError, "arguments", "as captured"),
+    "persistent swapped": (GraphifyError, "'w'", "update that tensor in place (copy_) or capture again"),
+    "persistent reshaped": (GraphifyError, "'w'", "pass the same tensor that was captured"),
+    "static changed": (InputMismatchError, "'scale'", "capture again with the new value"),
+    "unknown keyword": (InputMismatchError, "bogus", "unexpected keyword"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CALL_CASES))
+def test_bad_calls(case):
+    g, w = captured()
+    kind, names, advice = CALL_CASES[case]
+    with pytest.raises(kind) as info:
+        bad_call(g, w)[case]()
+    msg = str(info.value)
+    assert CALL in msg and names in msg and advice in msg, msg
+
+
+def capture_cases():
+    w = torch.randn(8, 8)
+    x = torch.randn(2, 8)
+
+    def item_fn(x, w, scale):
+        return x * (x.sum().item() + scale)
+
+    def inplace(x, w, scale):
+        x.add_(scale)
+        return x @ w
+
+    def g_of(fn, **kw):
+        return graphify(fn, **{"mode": "FULL", "sizes": (2, 4), "axes": (tokens(), persistent(), static()),
+                               "backend": "sim", "progress": False, **kw})
+
+    other = Pool("elsewhere")
+    other.handle_for(type("B", (), {"name": "cuda", "new_pool_handle": lambda self, d: 1})(), torch.device("cuda", 0), "x")
+    return {
+        "no gpu for cuda": (lambda: g_of(mlp, backend="cuda").capture(x, w, 2.0), "graphify(mlp", "backend='sim'"),
+        "uncapturable op": (lambda: g_of(item_fn).capture(x, w, 2.0), "aten::_local_scalar_dense", "split op"),
+        "in-place on padded": (lambda: g_of(inplace).capture(x, w, 2.0), "'x'", "mark them persistent()"),
+        "axes length": (lambda: g_of(mlp, axes=(tokens(),)).capture(x, w, 2.0), "axes has 1 entries", "3 arguments"),
+        "no batch axis": (lambda: g_of(mlp, axes=(persistent(), persistent(), static())).capture(x, w, 2.0),
+                          "graphify(mlp", "mark at least one tokens() or reqs()"),
+        "tensor marked static": (lambda: g_of(mlp, axes=(tokens(), static(), static())).capture(x, w, 2.0), "'w'",
+                                 "mark it tokens(), reqs(), fixed() or persistent()"),
+        "non-tensor marked tokens": (lambda: g_of(mlp, axes=(tokens(), persistent(), tokens())).capture(x, w, 2.0),
+                                     "'scale'", "mark non-tensor arguments static()"),
+        "pool of another device": (lambda: g_of(mlp, pool=other).capture(x, w, 2.0), "pool 'elsewhere'",
+                                   "use one Pool per device and backend"),
+        "cupy backend on torch": (lambda: g_of(mlp, backend="cupy").capture(x, w, 2.0), "graphify(mlp",
+                                  "use backend='cuda'"),
+        "static_inputs before capture": (lambda: g_of(mlp).static_inputs(2), "graphify(mlp", "capture first"),
+        "mixed array libraries": (lambda: g_of(mlp).capture(np.ones((2, 8), np.float32), FakeCupy(), 2.0),
+                                  "graphify(mlp", "pass arrays of one library"),
+    }
+
+
+class FakeCupy:
+    __module__ = "cupy._core.core"
+
+    def __dlpack__(self):  # pragma: no cover - never called
+        raise AssertionError
+
+
+@pytest.mark.parametrize("case", sorted(capture_cases()))
+def test_bad_captures(case):
+    if case == "no gpu for cuda" and torch.cuda.is_available():
+        pytest.skip("needs a machine without a GPU")
+    run, names, advice = capture_cases()[case]
+    with pytest.raises((GraphifyError, TypeError, ValueError)) as info:
+        run()
+    msg = str(info.value)
+    assert names in msg and advice in msg, msg
+
+
+def test_bad_construction():
+    for kwargs, advice in (
+        ({"mode": "FAST"}, "valid modes"),
+        ({"backend": "tpu"}, "valid backends"),
+        ({"warmups": -1}, "warmups must be >= 0"),
+        ({"outputs": "share"}, "'copy', 'view'"),
+        ({"max_num_reqs": 0}, "max_num_reqs must be >= 1"),
+    ):
+        with pytest.raises(ValueError) as info:
+            graphify(mlp, **{"mode": "FULL", **kwargs})
+        assert advice in str(info.value), str(info.value)
+
+
+def test_call_after_release_says_capture_again():
+    g, w = captured()
+    g.release()
+    with pytest.raises(GraphifyError) as info:
+        g(torch.randn(2, 8), w, 2.0)
+    assert CALL in str(info.value) and "capture it again" in str(info.value)

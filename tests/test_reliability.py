@@ -1,0 +1,178 @@
+"""Reliability: random differential testing of every mode against eager, faults during
+capture and eager fallback, concurrent callers, and leaks over many calls.
+
+`GRAPHIFY_DIFF_CALLS` sets the random calls per mode (CI default 40; the device run uses
+10,000)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import threading
+import tracemalloc
+
+import pytest
+import torch
+
+from graphify import CaptureError, Pool, graphify, persistent, sglang_piecewise_sizes, tokens
+from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
+from transforms import split
+
+CALLS = int(os.environ.get("GRAPHIFY_DIFF_CALLS", "40"))
+MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+CFG = DecoderConfig.tiny(max_seq_len=128, layers=1)
+MAX_SIZE = 32  # captured sizes go up to here; random batches go above it
+
+
+def random_layout(rnd: random.Random) -> BatchLayout:
+    """A random batch: decodes, prefills, chunked prefills and spec-decode requests mixed,
+    sometimes all decodes (a uniform batch), up to 40 tokens (above the largest size)."""
+    r = rnd.randint(1, 8)
+    if rnd.random() < 0.3:
+        return BatchLayout((1,) * r, tuple(rnd.randint(1, 60) for _ in range(r)), 16, 8)
+    q, c = [], []
+    for _ in range(r):
+        kind = rnd.choice(("decode", "prefill", "chunk", "spec"))
+        q.append({"decode": 1, "prefill": rnd.randint(1, 12), "chunk": rnd.randint(1, 12), "spec": 3}[kind])
+        c.append(0 if kind == "prefill" else rnd.randint(1, 60))
+    return BatchLayout(tuple(q), tuple(c), 16, 8)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_random_calls_match_eager_in_every_mode(backend, mode):
+    name, device = backend
+    step = varlen_step(CFG, init_params(CFG, seed=0, device=device), "unified")
+    cache = new_paged_cache(CFG, 80, 16, device=device, seed=1)
+    example = BatchLayout((3, 1, 5), (4, 7, 0), 16, 8).build(CFG, device=device)
+    fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
+    g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(MAX_SIZE), axes=varlen_axes(), backend=name,
+                 support=model_support("unified"), progress=False)
+    if mode != "NONE":
+        g = g.capture(*example, cache)
+    ref_cache = cache.clone()
+    rnd = random.Random(f"{mode}-{name}")
+    worst, mismatches = 0.0, 0
+    with torch.inference_mode():
+        for i in range(CALLS):
+            batch = random_layout(rnd).build(CFG, device=device, seed=i)
+            got, want = g(*batch, cache), step(*batch, ref_cache)
+            err = (got - want).abs().max().item()
+            worst = max(worst, err)
+            mismatches += not (got.shape == want.shape and err <= 1e-4 * (1 + want.abs().max().item()))
+    assert mismatches == 0, f"{mismatches} of {CALLS} calls differ from eager (worst {worst:.3g})"
+    torch.testing.assert_close(cache, ref_cache, rtol=1e-4, atol=1e-4)  # the KV writes agree too
+    if mode != "NONE":
+        assert g.stats.calls == CALLS
+
+
+def mlp(x, w):
+    return torch.tanh(x @ w) * 2
+
+
+def captured(backend, sizes=(4, 8, 16), **kw):
+    name, device = backend
+    w = torch.randn(16, 16, device=device)
+    g = graphify(mlp, mode="FULL", sizes=sizes, axes=(tokens(), persistent()), backend=name, progress=False, **kw)
+    return g.capture(torch.randn(4, 16, device=device), w), w
+
+
+def test_exception_in_eager_fallback_propagates_and_the_callable_keeps_working(backend):
+    name, device = backend
+
+    def picky(x, w):
+        if x.shape[0] == 20:
+            raise ValueError("twenty rows are not allowed")
+        return mlp(x, w)
+
+    w = torch.randn(16, 16, device=device)
+    g = graphify(picky, mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()), backend=name, progress=False)
+    g = g.capture(torch.randn(4, 16, device=device), w)
+    with pytest.raises(ValueError, match="twenty rows"):
+        g(torch.randn(20, 16, device=device), w)  # above the largest size: eager, the user's error as is
+    x = torch.randn(6, 16, device=device)
+    torch.testing.assert_close(g(x, w), mlp(x, w))
+
+
+def test_out_of_memory_during_capture_says_what_to_do_and_leaks_nothing(backend):
+    name, device = backend
+
+    def hungry(x, w):
+        if x.shape[0] >= 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+        return mlp(x, w)
+
+    pool = Pool("squeezed")
+    w = torch.randn(16, 16, device=device)
+    g = graphify(hungry, mode="FULL", sizes=(4, 8, 16), axes=(tokens(), persistent()), backend=name, pool=pool,
+                 progress=False)
+    with pytest.raises(CaptureError) as info:
+        g.capture(torch.randn(4, 16, device=device), w)
+    msg = str(info.value)
+    assert "graphify(hungry" in msg and "(tokens=16)" in msg
+    assert "fewer sizes or a smaller maximum" in msg and "still works" in msg
+    assert pool.report().per_graph == ()  # nothing captured is kept
+    x = torch.randn(5, 16, device=device)
+    torch.testing.assert_close(g(x, w), mlp(x, w))  # the uncaptured callable still runs
+    smaller = graphify(hungry, mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()), backend=name,
+                       pool=pool, progress=False).capture(x, w)  # the advice works
+    torch.testing.assert_close(smaller(x, w), mlp(x, w))
+
+
+@pytest.mark.parametrize("outputs", ["copy", "view"])
+def test_concurrent_callers_never_see_each_others_outputs(backend, outputs):
+    name, device = backend
+    if outputs == "view" and name != "cuda":
+        pytest.skip("views are checked only where torch can poison a storage (CUDA builds)")
+    g, w = captured(backend, outputs=outputs)
+    errors, wrong, ok = [], [], []
+
+    def worker(seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(40):
+            x = torch.randn(int(torch.randint(1, 17, (1,), generator=gen)), 16, generator=gen).to(device)
+            try:
+                out = g(x, w)
+                good = torch.allclose(out, mlp(x, w), rtol=1e-5, atol=1e-5)
+            except RuntimeError as exc:  # a view read after another thread's call: a clear error
+                assert "overwritten by a later call" in str(exc)
+                errors.append(seed)
+                continue
+            (ok if good else wrong).append(seed)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} calls returned another caller's result"
+    assert len(ok) + len(errors) == 160
+    if outputs == "copy":
+        assert not errors
+
+
+def test_no_host_or_device_memory_grows_over_many_calls_or_stays_after_drop(backend):
+    name, device = backend
+    xs = [torch.randn(n, 16, device=device) for n in range(1, 21)]
+    gc.collect()
+    tracemalloc.start()
+    start_host = tracemalloc.get_traced_memory()[0]
+    g, w = captured(backend, sizes=(1, 2, 4, 8, 16))
+    for x in xs:  # every plan built once
+        g(x, w)
+    gc.collect()
+    before_host = tracemalloc.get_traced_memory()[0]
+    before_dev = torch.cuda.memory_allocated() if name == "cuda" else 0
+    for i in range(10_000):
+        g(xs[i % len(xs)], w)
+    gc.collect()
+    grown_host = tracemalloc.get_traced_memory()[0] - before_host
+    if name == "cuda":
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() - before_dev <= 1 << 20
+    assert grown_host <= 1 << 20, f"host memory grew {grown_host} bytes over 10,000 calls"
+    del g, w
+    gc.collect()
+    left = tracemalloc.get_traced_memory()[0] - start_host
+    tracemalloc.stop()
+    assert left <= 1 << 20, f"{left} bytes of host memory stayed after the callable was dropped"
