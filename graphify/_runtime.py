@@ -35,11 +35,25 @@ _CAN_POISON = hasattr(torch._C, "_set_storage_access_error_msg")  # CUDA builds 
 MAX_PLANS = 4096  # (graph, tokens, requests) plans kept; beyond it the cache starts over
 
 
-def _alias(t: torch.Tensor) -> torch.Tensor:
-    """`t` over a storage object of its own (same memory), so poisoning it leaves `t` alone."""
+_FROM_METADATA = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+
+
+def _metadata(t) -> dict | None:
+    """What `_alias` needs of an output, computed once per plan (None: not a tensor)."""
+    if not isinstance(t, torch.Tensor):
+        return None
     storage = t.untyped_storage()
-    alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
-    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.shape, t.stride())
+    return {"nbytes": storage.nbytes(), "data_ptr": storage.data_ptr(), "size": t.shape, "stride": t.stride(),
+            "dtype": t.dtype, "device": t.device, "storage_offset": t.storage_offset()}
+
+
+def _alias(t: torch.Tensor, meta: dict) -> torch.Tensor:
+    """`t` over a storage object of its own (same memory), so poisoning it leaves `t` alone.
+    Built in C++ from precomputed metadata where torch offers it (as its CUDA graph trees do)."""
+    storage = torch._C._construct_storage_from_data_pointer(meta["data_ptr"], meta["device"], meta["nbytes"])
+    if _FROM_METADATA is not None:
+        return _FROM_METADATA(meta, storage)
+    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
 
 
 def _poison(t, msg: str) -> None:
@@ -61,6 +75,7 @@ class _Plan:
     out_spec: Any
     single: bool
     padded: int
+    meta: tuple | None = None  # per output, for checked views (filled on first use)
 
 
 class Runtime:
@@ -214,23 +229,25 @@ class Runtime:
                     torch._foreach_copy_(dsts, srcs)
             plan.replay()
             stats.tally(decision.mode, n, plan.padded)
-            outputs = self.hand_out(plan.outputs)
+            outputs = self.hand_out(plan)
         if plan.single:
             return outputs[0]
         return pytree.tree_unflatten(outputs, plan.out_spec)
 
-    def _copy(self, outputs: list) -> list:
-        return [t.clone() if isinstance(t, torch.Tensor) else t for t in outputs]
+    def _copy(self, plan: _Plan) -> list:
+        return [t.clone() if isinstance(t, torch.Tensor) else t for t in plan.outputs]
 
-    def _view(self, outputs: list) -> list:
-        return outputs
+    def _view(self, plan: _Plan) -> list:
+        return plan.outputs
 
-    def _checked_view(self, outputs: list) -> list:
+    def _checked_view(self, plan: _Plan) -> list:
         """Views on their own storage objects; the previous call's are poisoned first, so
         reading a view after the next replay raises instead of returning new data."""
         for t in self.handed:
             _poison(t, self.stale_msg)
-        self.handed = [_alias(t) if isinstance(t, torch.Tensor) else t for t in outputs]
+        if plan.meta is None:
+            object.__setattr__(plan, "meta", tuple(_metadata(t) for t in plan.outputs))
+        self.handed = [t if meta is None else _alias(t, meta) for t, meta in zip(plan.outputs, plan.meta)]
         return self.handed
 
     def _entry(self, decision) -> Entry:

@@ -420,3 +420,15 @@ def test_compiled_functions_get_an_unguarded_warmup_before_full_capture():
     assert len(calls) == 3  # two unguarded warm-ups (the first compiles), then the capture
     x = torch.randn(3, 3)
     torch.testing.assert_close(g(x), x * 3)
+
+
+def test_output_alias_shares_memory_on_a_storage_of_its_own():
+    from graphify._runtime import _alias, _metadata
+
+    base = torch.randn(6, 4)
+    view = base[2:5]
+    alias = _alias(view, _metadata(view))
+    assert torch.equal(alias, view) and alias.data_ptr() == view.data_ptr()
+    assert alias.untyped_storage() is not view.untyped_storage()
+    base.add_(1)
+    assert torch.equal(alias, view)  # same memory, so it follows every write
