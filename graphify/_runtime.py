@@ -51,7 +51,7 @@ def _alias(t: torch.Tensor, meta: dict) -> torch.Tensor:
     """`t` over a storage object of its own (same memory), so poisoning it leaves `t` alone.
     Built in C++ from precomputed metadata where torch offers it (as its CUDA graph trees do)."""
     storage = torch._C._construct_storage_from_data_pointer(meta["data_ptr"], meta["device"], meta["nbytes"])
-    if _FROM_METADATA is not None:
+    if _FROM_METADATA is not None and meta["device"].type == "cuda":
         return _FROM_METADATA(meta, storage)
     return torch.empty((0,), dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
 
