@@ -12,7 +12,7 @@ import attrs
 from ._axes import layout_for, specs_for
 from ._capture import capture_table
 from ._dispatch import Decision, Dispatcher, explain_miss
-from ._errors import InputMismatchError
+from ._errors import CaptureError, InputMismatchError
 from ._interop import ForeignFunction, foreign_library, module, to_torch, tree_from_torch
 from ._keys import KeySet, plan_keys
 from ._mode import Mode
@@ -71,6 +71,7 @@ class Graphified:
     uniform: Callable[..., bool] | None = None
     has_lora: Callable[..., bool] | None = None
     largest_first: bool = True
+    group: Any = None
     table: GraphTable | None = attrs.field(default=None, repr=False)
     resolution: Resolution = attrs.field(init=False, repr=False)
     keys: KeySet = attrs.field(init=False, repr=False)
@@ -156,7 +157,31 @@ class Graphified:
             backend = get_backend(self.backend, device, library)
         except ValueError as exc:
             raise ValueError(f"{self._call}.capture: {exc}") from None
-        table = capture_table(
+        lockstep = None
+        if self.group is not None:  # tensor parallel: every rank plans and captures the same graphs
+            from ._distributed import Lockstep
+
+            lockstep = Lockstep(self.group, self._call)
+            lockstep.agree_plan(
+                [f"mode {self.resolution.mode.value}"] + [f"{m.value} {k}" for m, k in self.keys.pairs(self.largest_first)]
+            )
+        try:
+            table = self._capture_table(fn, args, specs, backend, library)
+        except BaseException as exc:
+            if lockstep is not None:
+                lockstep.agree_outcome(exc)
+            raise
+        if lockstep is not None:
+            try:
+                lockstep.agree_outcome(None)
+            except CaptureError:
+                table.release()
+                raise
+            table = attrs.evolve(table, lockstep=lockstep)
+        return attrs.evolve(self, table=table)
+
+    def _capture_table(self, fn, args, specs, backend, library) -> GraphTable:
+        return capture_table(
             call=self._call,
             fn=fn,
             capturers=self._capturers(backend, fn),
@@ -172,7 +197,6 @@ class Graphified:
             largest_first=self.largest_first,
             library=library,
         )
-        return attrs.evolve(self, table=table)
 
     def release(self) -> "Graphified":
         """Free this callable's graphs now instead of when it is dropped; returns the
@@ -324,6 +348,7 @@ def graphify(
     uniform: Callable[..., bool] | None = None,
     has_lora: Callable[..., bool] | None = None,
     largest_first: bool = True,
+    group: Any = None,
 ) -> Graphified:
     """Give `fn` CUDA graphs: a callable that pads, dispatches and replays.
 
@@ -355,6 +380,9 @@ def graphify(
       exact for single-token decode; with spec decode (1+k tokens) pass a predicate.
     - `has_lora`: `has_lora(*args) -> bool` when `lora` keys exist.
     - `largest_first`: capture largest sizes first (so smaller ones reuse their memory).
+    - `group`: a torch.distributed process group whose ranks run this function together
+      (tensor parallelism): capture agrees on the plan and outcome across ranks, and every
+      call checks that all ranks chose the same graph, raising instead of hanging.
 
     **Returns:** an uncaptured `Graphified`; call `.capture(*example_args)` to capture.
 
@@ -369,6 +397,6 @@ def graphify(
         sizes = vllm_sizes(512)
     return Graphified(
         fn, mode, sizes, axes, out_axes, support, backend, pool, warmups, uniform_query_len, max_num_reqs,
-        lora, max_padding_ratio, weak_outputs, outputs, progress, uniform, has_lora, largest_first,
+        lora, max_padding_ratio, weak_outputs, outputs, progress, uniform, has_lora, largest_first, group,
     )
 

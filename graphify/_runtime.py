@@ -96,6 +96,8 @@ class Runtime:
         self.call, self.fn, self.table, self.dispatcher = call, fn, table, dispatcher
         self.uniform_fn, self.lora_fn = uniform_fn, lora_fn
         self.library = table.library
+        self.lockstep = table.lockstep
+        self.modes = tuple(Mode)
         self.q = table.keys.uniform_query_len
         specs = table.specs
         self.nargs = len(specs)
@@ -196,6 +198,8 @@ class Runtime:
             uniform = self.q == 1 if r < 0 else n == r * self.q
         has_lora = bool(self.lora_fn(*args)) if self.lora_fn is not None else False
         decision = self.dispatcher.lookup(n, uniform, has_lora)
+        if self.lockstep is not None:
+            self._agree(decision, n, r)
         if decision.mode is _NONE:
             with self.lock:
                 stats.tally(_NONE, n, None)
@@ -249,6 +253,20 @@ class Runtime:
             object.__setattr__(plan, "meta", tuple(_metadata(t) for t in plan.outputs))
         self.handed = [t if meta is None else _alias(t, meta) for t, meta in zip(plan.outputs, plan.meta)]
         return self.handed
+
+    def _agree(self, decision, n: int, r: int) -> None:
+        """All ranks must run the same graph, or eagerly on the same shape."""
+        key = decision.key
+        if key is None:
+            tokens, reqs = n, r
+        else:
+            tokens, reqs = key.num_tokens, key.reqs_rows
+
+        def describe(mode: int, t: int, q: int) -> str:
+            what = "eager" if self.modes[mode] is _NONE else f"{self.modes[mode].value} graph"
+            return f"{what} for {t} tokens" + (f", {q} requests" if q >= 0 else "")
+
+        self.lockstep.agree_call(self.modes.index(decision.mode), tokens, reqs if reqs is not None else -1, describe)
 
     def _entry(self, decision) -> Entry:
         entry = self.table.entries.get((decision.mode, decision.key))

@@ -109,6 +109,7 @@ class GraphTable:
     device: torch.device | None
     seconds: float = 0.0
     library: str | None = None
+    lockstep: Any = None  # tensor parallelism: ranks agree on every call (graphify._distributed)
     _store: dict | None = attrs.field(default=None, repr=False, alias="store")
 
     def release(self) -> int:

@@ -42,14 +42,31 @@ class DecoderConfig:
     rope_theta: float = 1_000_000.0
     eps: float = 1e-6
     dtype: torch.dtype = attrs.field(default=torch.bfloat16, converter=_dtype)
+    tp: int = 1  # tensor-parallel ranks: each holds heads/tp, kv_heads/tp and ffn/tp
 
     def __attrs_post_init__(self):
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ValueError(f"DecoderConfig: hidden={self.hidden}, heads={self.heads}, kv_heads={self.kv_heads} do not divide")
+        if self.tp < 1 or self.heads % self.tp or self.kv_heads % self.tp or self.ffn % self.tp:
+            raise ValueError(
+                f"DecoderConfig: tp={self.tp} must divide heads={self.heads}, kv_heads={self.kv_heads} and ffn={self.ffn}"
+            )
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def local_heads(self) -> int:
+        return self.heads // self.tp
+
+    @property
+    def local_kv_heads(self) -> int:
+        return self.kv_heads // self.tp
+
+    @property
+    def local_ffn(self) -> int:
+        return self.ffn // self.tp
 
     @classmethod
     def tiny(cls, **overrides) -> "DecoderConfig":
@@ -65,14 +82,14 @@ class DecoderConfig:
 class _Layer(nn.Module):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
-        d, h, kv = cfg.head_dim, cfg.heads, cfg.kv_heads
+        d, h, kv, ffn = cfg.head_dim, cfg.local_heads, cfg.local_kv_heads, cfg.local_ffn
         self.input_norm = nn.Parameter(torch.empty(cfg.hidden))
         self.qkv_weight = nn.Parameter(torch.empty((h + 2 * kv) * d, cfg.hidden))
         self.qkv_bias = nn.Parameter(torch.empty((h + 2 * kv) * d))
         self.o_weight = nn.Parameter(torch.empty(cfg.hidden, h * d))
         self.post_norm = nn.Parameter(torch.empty(cfg.hidden))
-        self.gate_up_weight = nn.Parameter(torch.empty(2 * cfg.ffn, cfg.hidden))
-        self.down_weight = nn.Parameter(torch.empty(cfg.hidden, cfg.ffn))
+        self.gate_up_weight = nn.Parameter(torch.empty(2 * ffn, cfg.hidden))
+        self.down_weight = nn.Parameter(torch.empty(cfg.hidden, ffn))
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -129,6 +146,8 @@ class Decoder(nn.Module):
 
 def init_params(cfg: DecoderConfig, *, seed: int = 0, device="cpu") -> dict[str, torch.Tensor]:
     """Random weights (seeded, drawn on `device`) and RoPE tables, keyed as `Decoder`'s state dict."""
+    if cfg.tp != 1:
+        raise ValueError("init_params: build the full model (tp=1) and shard it with models.shard_params")
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
     params = {}

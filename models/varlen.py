@@ -41,13 +41,14 @@ def _backend_names(cfg: DecoderConfig, attention: "str | Sequence[str]") -> tupl
 class VarlenDecoder(Decoder):
     """`Decoder` whose attention is a registered op per layer (a split point)."""
 
-    def __init__(self, cfg: DecoderConfig, attention: "str | Sequence[str]" = "unified"):
+    def __init__(self, cfg: DecoderConfig, attention: "str | Sequence[str]" = "unified", reduce=None):
         super().__init__(cfg)
         self.attention = _backend_names(cfg, attention)
+        self.reduce = reduce if reduce is not None else _identity  # TP: sum partial outputs over ranks
 
     def forward(self, token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache):
         cfg = self.cfg
-        t, d, h, kv = token_ids.shape[0], cfg.head_dim, cfg.heads, cfg.kv_heads
+        t, d, h, kv = token_ids.shape[0], cfg.head_dim, cfg.local_heads, cfg.local_kv_heads
         x = self.embed[token_ids]
         cos = self.rope_cos[positions].unsqueeze(1)
         sin = self.rope_sin[positions].unsqueeze(1)
@@ -60,18 +61,24 @@ class VarlenDecoder(Decoder):
             BACKENDS[self.attention[i]].op(
                 q, k, v.reshape(t, kv, d), kv_cache, i, slot_mapping, positions, query_lens, seq_lens, block_tables, out
             )
-            x = x + F.linear(out.reshape(t, h * d), layer.o_weight)
+            x = x + self.reduce(F.linear(out.reshape(t, h * d), layer.o_weight))
             y = F.rms_norm(x, (cfg.hidden,), layer.post_norm, cfg.eps)
             gate, up = F.linear(y, layer.gate_up_weight).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_weight)
+            x = x + self.reduce(F.linear(F.silu(gate) * up, layer.down_weight))
         last = (torch.cumsum(query_lens, 0) - 1).clamp_(min=0)
         return F.linear(F.rms_norm(x[last], (cfg.hidden,), self.final_norm, cfg.eps), self.embed)
 
 
-def varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], attention: "str | Sequence[str]" = "unified"):
+def _identity(x):
+    return x
+
+
+def varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], attention: "str | Sequence[str]" = "unified",
+                reduce=None):
     """`step(token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache)`
-    -> last-token logits per request, a pure function of `params` via `functional_call`."""
-    module = VarlenDecoder(cfg, attention).to("meta")
+    -> last-token logits per request, a pure function of `params` via `functional_call`.
+    `reduce` sums a row-parallel linear's partial output over tensor-parallel ranks."""
+    module = VarlenDecoder(cfg, attention, reduce).to("meta")
 
     def step(token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache):
         return functional_call(module, params, (token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache))
@@ -101,7 +108,7 @@ def model_support(attention: "str | Sequence[str]") -> Support:
 def new_paged_cache(cfg: DecoderConfig, num_blocks: int, block_size: int = 16, *, device="cpu", seed: int = 0):
     """A paged KV cache of `num_blocks` blocks (block 0 is scratch), random contents."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    shape = (cfg.layers, 2, num_blocks, block_size, cfg.kv_heads, cfg.head_dim)
+    shape = (cfg.layers, 2, num_blocks, block_size, cfg.local_kv_heads, cfg.head_dim)
     return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(cfg.dtype)
 
 

@@ -1,0 +1,82 @@
+"""Tensor parallelism for the varlen reference model, on torch.distributed.
+
+Megatron-style: the fused QKV and gate/up projections are column-parallel (each rank keeps
+its heads, its KV heads and its slice of the MLP), the attention output and down
+projections are row-parallel, and their partial outputs are summed over the ranks by one
+all-reduce each. The all-reduce is torch's functional collective
+(`_c10d_functional.all_reduce` + `wait_tensor`), so `split` traces it, inductor compiles
+it, and CUDA graphs capture it (NCCL on GPUs; gloo runs the same program on CPUs).
+Embedding, norms and the LM head are replicated.
+
+    torchrun --nproc-per-node 2 -m benchmarks.tensor_parallel
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from .decoder import DecoderConfig
+from .varlen import varlen_step
+
+__all__ = ["shard_config", "shard_params", "shard_paged_cache", "all_reduce_fn", "tp_varlen_step"]
+
+
+def shard_config(cfg: DecoderConfig, world: int) -> DecoderConfig:
+    """The per-rank config of `cfg` split over `world` ranks."""
+    return attrs.evolve(cfg, tp=world)
+
+
+def _rows(t: torch.Tensor, start: int, size: int) -> torch.Tensor:
+    return t[start : start + size]
+
+
+def shard_params(cfg: DecoderConfig, params: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s slices of the full model's `params` (from `init_params` with tp=1)."""
+    if not 0 <= rank < cfg.tp:
+        raise ValueError(f"shard_params: rank {rank} is outside 0..{cfg.tp - 1}")
+    d, h, kv, ffn = cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.ffn
+    hl, kvl, fl = cfg.local_heads, cfg.local_kv_heads, cfg.local_ffn
+    out = {}
+    for name, t in params.items():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("qkv_weight", "qkv_bias"):  # [q heads | k heads | v heads] rows: keep ours of each
+            q = _rows(t, rank * hl * d, hl * d)
+            k = _rows(t, h * d + rank * kvl * d, kvl * d)
+            v = _rows(t, (h + kv) * d + rank * kvl * d, kvl * d)
+            out[name] = torch.cat([q, k, v]).contiguous()
+        elif leaf == "o_weight":  # row-parallel: our heads' input columns
+            out[name] = t[:, rank * hl * d : (rank + 1) * hl * d].contiguous()
+        elif leaf == "gate_up_weight":  # [gate | up] rows: our slice of each
+            out[name] = torch.cat([_rows(t, rank * fl, fl), _rows(t, ffn + rank * fl, fl)]).contiguous()
+        elif leaf == "down_weight":  # row-parallel: our MLP slice's input columns
+            out[name] = t[:, rank * fl : (rank + 1) * fl].contiguous()
+        else:
+            out[name] = t
+    return out
+
+
+def shard_paged_cache(cfg: DecoderConfig, cache: torch.Tensor, rank: int) -> torch.Tensor:
+    """Rank `rank`'s KV heads of a full paged cache `[layers, 2, blocks, block, kv_heads, d]`."""
+    kvl = cfg.local_kv_heads
+    return cache[..., rank * kvl : (rank + 1) * kvl, :].contiguous()
+
+
+def all_reduce_fn(group=None):
+    """`x -> sum of x over the group`, as a traceable, capturable functional collective."""
+    import torch.distributed as dist
+
+    name = (group or dist.group.WORLD).group_name
+
+    def reduce(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(x, "sum", name))
+
+    return reduce
+
+
+def tp_varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], rank: int, group=None,
+                   attention: "str | Sequence[str]" = "unified"):
+    """This rank's step of the model whose full (tp=1) weights are `params`."""
+    return varlen_step(cfg, shard_params(cfg, params, rank), attention, reduce=all_reduce_fn(group))

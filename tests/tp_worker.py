@@ -1,0 +1,143 @@
+"""One rank of the tensor-parallel tests (tests/test_distributed.py starts two): gloo on
+the CPU, graphify's simulation backend. Prints one `RESULT <json>` line."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import torch
+import torch.distributed as dist
+
+from graphify import graphify, sglang_piecewise_sizes
+from graphify._distributed import DispatchMismatchError
+from models import (
+    BatchLayout,
+    DecoderConfig,
+    init_params,
+    model_support,
+    new_paged_cache,
+    shard_config,
+    shard_paged_cache,
+    split_ops,
+    tp_varlen_step,
+    varlen_axes,
+    varlen_step,
+)
+from transforms import split
+
+CFG = DecoderConfig.tiny(max_seq_len=128, heads=4, kv_heads=2, ffn=96)
+EXAMPLE = BatchLayout((3, 1, 5), (4, 7, 0), 16, 8)
+
+
+def layout(rnd: random.Random) -> BatchLayout:
+    r = rnd.randint(1, 6)
+    if rnd.random() < 0.4:
+        return BatchLayout((1,) * r, tuple(rnd.randint(1, 60) for _ in range(r)), 16, 8)
+    return BatchLayout(tuple(rnd.randint(1, 9) for _ in range(r)), tuple(rnd.choice((0, 5, 30)) for _ in range(r)), 16, 8)
+
+
+def build(rank: int, world: int, mode: str, sizes=None):
+    full = init_params(CFG, seed=0)
+    tcfg = shard_config(CFG, world)
+    full_cache = new_paged_cache(CFG, 80, 16, seed=1)
+    cache = shard_paged_cache(tcfg, full_cache, rank)
+    step = tp_varlen_step(tcfg, full, rank)
+    example = EXAMPLE.build(CFG)
+    fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
+    g = graphify(fn, mode=mode, sizes=sizes or sglang_piecewise_sizes(32), axes=varlen_axes(), backend="sim",
+                 support=model_support("unified"), progress=False, group=dist.group.WORLD)
+    return g.capture(*example, cache), cache, varlen_step(CFG, full), full_cache
+
+
+def equal(rank: int, world: int) -> dict:
+    """TP graphs equal the single-process model on random batches."""
+    out = {}
+    for mode in ("FULL", "FULL_AND_PIECEWISE"):
+        g, cache, reference, ref_cache = build(rank, world, mode)
+        rnd = random.Random(mode)  # the same batches on every rank
+        worst = 0.0
+        with torch.inference_mode():
+            for i in range(12):
+                batch = layout(rnd).build(CFG, seed=i)
+                worst = max(worst, (g(*batch, cache) - reference(*batch, ref_cache)).abs().max().item())
+        out[mode] = {"max_err": worst, "modes": {r.mode.value: r.calls for r in g.stats.by_mode()}}
+    return out
+
+
+def plan_mismatch(rank: int, world: int) -> dict:
+    try:
+        build(rank, world, "FULL", sizes=(4, 8) if rank == 0 else (4, 16))
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
+def call_mismatch(rank: int, world: int) -> dict:
+    g, cache, reference, ref_cache = build(rank, world, "FULL")
+    result = {}
+    same = EXAMPLE.build(CFG, seed=3)
+    with torch.inference_mode():
+        g(*same, cache)
+        mine = BatchLayout((1,) * (2 if rank == 0 else 5), (9,) * (2 if rank == 0 else 5), 16, 8).build(CFG, seed=4)
+        try:
+            g(*mine, cache)
+            result["mismatch"] = None
+        except DispatchMismatchError as exc:
+            result["mismatch"] = str(exc)
+        after = BatchLayout((1, 1, 1), (5, 6, 7), 16, 8).build(CFG, seed=5)
+        result["after_ok"] = tuple(g(*after, cache).shape) == (3, CFG.vocab_size)
+    return result
+
+
+def equal_cuda(rank: int, world: int) -> dict:
+    """On GPUs (NCCL, CUDA graphs, bf16): TP decode equals the single-GPU model."""
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    cfg = DecoderConfig.tiny(max_seq_len=128, heads=4, kv_heads=2, ffn=96, hidden=128, dtype=torch.bfloat16)
+    full = init_params(cfg, seed=0, device=device)
+    tcfg = shard_config(cfg, world)
+    full_cache = new_paged_cache(cfg, 80, 16, seed=1, device=device)
+    out = {}
+    for mode in ("FULL", "FULL_AND_PIECEWISE"):
+        cache = shard_paged_cache(tcfg, full_cache, rank)
+        ref_cache = full_cache.clone()
+        step = tp_varlen_step(tcfg, full, rank)
+        example = EXAMPLE.build(cfg, device=device)
+        fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
+        g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(32), axes=varlen_axes(), backend="cuda",
+                     support=model_support("unified"), progress=False, group=dist.group.WORLD).capture(*example, cache)
+        reference = varlen_step(cfg, full)
+        rnd = random.Random(mode)
+        worst = 0.0
+        with torch.inference_mode():
+            for i in range(12):
+                lay = BatchLayout((1,) * 6, tuple(rnd.randint(1, 60) for _ in range(6)), 16, 8) if i % 2 else layout(rnd)
+                batch = lay.build(cfg, seed=i, device=device)
+                got = g(*batch, cache).float()
+                worst = max(worst, (got - reference(*batch, ref_cache).float()).abs().max().item())
+        out[mode] = {"max_err": worst, "modes": {r.mode.value: r.calls for r in g.stats.by_mode()}}
+    return out
+
+
+SCENARIOS = {"equal": equal, "plan_mismatch": plan_mismatch, "call_mismatch": call_mismatch, "equal_cuda": equal_cuda}
+
+
+def main() -> None:
+    scenario, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    backend = "nccl" if scenario.endswith("_cuda") else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        result = SCENARIOS[scenario](rank, world)
+    except Exception as exc:  # reported, so the test can show it
+        result = {"crash": f"{type(exc).__name__}: {exc}"}
+    print("RESULT " + json.dumps(result), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
