@@ -328,7 +328,7 @@ def _leading_rows(args: Sequence[Any]) -> int:
 
 
 def graphify(
-    fn: Callable,
+    fn: Callable | None = None,
     *,
     mode: "Mode | str" = Mode.FULL,
     sizes: Iterable[int] | None = None,
@@ -385,6 +385,7 @@ def graphify(
       call checks that all ranks chose the same graph, raising instead of hanging.
 
     **Returns:** an uncaptured `Graphified`; call `.capture(*example_args)` to capture.
+    Without `fn`, a decorator: `@graphify(mode="FULL", axes=...)`.
 
     !!! example
         >>> import torch
@@ -393,6 +394,10 @@ def graphify(
         >>> g(torch.ones(3, 8)).shape
         torch.Size([3, 8])
     """
+    if fn is None:  # used as a decorator with options: @graphify(mode="FULL", ...)
+        options = dict(locals())
+        del options["fn"]
+        return lambda f: graphify(f, **options)
     if sizes is None:
         sizes = vllm_sizes(512)
     return Graphified(

@@ -432,3 +432,13 @@ def test_output_alias_shares_memory_on_a_storage_of_its_own():
     assert alias.untyped_storage() is not view.untyped_storage()
     base.add_(1)
     assert torch.equal(alias, view)  # same memory, so it follows every write
+
+
+def test_graphify_as_a_decorator_with_options():
+    @graphify(mode="FULL", sizes=(2, 4), axes=(tokens(),), backend="sim", progress=False)
+    def double(x):
+        return x * 2
+
+    assert double.mode is Mode.FULL and double.sizes == (2, 4)
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(double.capture(x)(x), x * 2)
