@@ -17,6 +17,8 @@ import attrs
 import torch
 from torch.utils import _pytree as pytree
 
+from ._alias import alias as _alias
+from ._alias import metadata as _metadata
 from ._axes import mismatch
 from ._dispatch import Dispatcher
 from ._errors import GraphifyError, InputMismatchError
@@ -33,27 +35,6 @@ def _device_index(device: torch.device | None) -> int:
 _NONE = Mode.NONE
 _CAN_POISON = hasattr(torch._C, "_set_storage_access_error_msg")  # CUDA builds of torch
 MAX_PLANS = 4096  # (graph, tokens, requests) plans kept; beyond it the cache starts over
-
-
-_FROM_METADATA = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
-
-
-def _metadata(t) -> dict | None:
-    """What `_alias` needs of an output, computed once per plan (None: not a tensor)."""
-    if not isinstance(t, torch.Tensor):
-        return None
-    storage = t.untyped_storage()
-    return {"nbytes": storage.nbytes(), "data_ptr": storage.data_ptr(), "size": t.shape, "stride": t.stride(),
-            "dtype": t.dtype, "device": t.device, "storage_offset": t.storage_offset()}
-
-
-def _alias(t: torch.Tensor, meta: dict) -> torch.Tensor:
-    """`t` over a storage object of its own (same memory), so poisoning it leaves `t` alone.
-    Built in C++ from precomputed metadata where torch offers it (as its CUDA graph trees do)."""
-    storage = torch._C._construct_storage_from_data_pointer(meta["data_ptr"], meta["device"], meta["nbytes"])
-    if _FROM_METADATA is not None and meta["device"].type == "cuda":
-        return _FROM_METADATA(meta, storage)
-    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
 
 
 def _poison(t, msg: str) -> None:

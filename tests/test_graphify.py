@@ -423,7 +423,8 @@ def test_compiled_functions_get_an_unguarded_warmup_before_full_capture():
 
 
 def test_output_alias_shares_memory_on_a_storage_of_its_own():
-    from graphify._runtime import _alias, _metadata
+    from graphify._alias import alias as _alias
+    from graphify._alias import metadata as _metadata
 
     base = torch.randn(6, 4)
     view = base[2:5]

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 from torch.utils import _pytree as pytree
 
+from .._alias import alias, metadata
 from .._errors import CaptureError
 from ._base import Captured
 from .sim import CaptureGuard
@@ -28,9 +29,7 @@ def weak_alias(t):
     """
     if not isinstance(t, torch.Tensor):
         return t
-    storage = t.untyped_storage()
-    alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
-    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.shape, t.stride())
+    return alias(t, metadata(t))
 
 
 class TorchCudaBackend:

@@ -1,0 +1,31 @@
+"""Tensors over the same memory as another, on a storage object of their own.
+
+Used for weak outputs (a later capture may reuse the memory; the alias does not keep it
+alive) and for checked views (poisoning the alias's storage leaves the graph's own alone).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["alias", "metadata"]
+
+_FROM_METADATA = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+
+
+def metadata(t) -> dict | None:
+    """What `alias` needs of a tensor, computed once (None: not a tensor)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    storage = t.untyped_storage()
+    return {"nbytes": storage.nbytes(), "data_ptr": storage.data_ptr(), "size": t.shape, "stride": t.stride(),
+            "dtype": t.dtype, "device": t.device, "storage_offset": t.storage_offset()}
+
+
+def alias(t: torch.Tensor, meta: dict) -> torch.Tensor:
+    """`t` over a storage object of its own (same memory), so poisoning it leaves `t` alone.
+    Built in C++ from precomputed metadata where torch offers it (as its CUDA graph trees do)."""
+    storage = torch._C._construct_storage_from_data_pointer(meta["data_ptr"], meta["device"], meta["nbytes"])
+    if _FROM_METADATA is not None and meta["device"].type == "cuda":
+        return _FROM_METADATA(meta, storage)
+    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
