@@ -15,6 +15,7 @@ from ._descriptor import BatchDescriptor
 from ._dispatch import Decision, Dispatcher, dispatch, explain_miss
 from ._errors import (
     CaptureError,
+    DispatchMismatchError,
     GraphifyError,
     InputMismatchError,
     PersistentSwapError,
@@ -38,7 +39,7 @@ from ._support import Resolution, Support, resolve_mode, weakest
 from ._table import Entry, GraphTable
 
 __all__ = [
-    "ArgSpec", "Axis", "BatchDescriptor", "CaptureError", "Decision", "Dispatcher", "Entry",
+    "ArgSpec", "Axis", "BatchDescriptor", "CaptureError", "Decision", "DispatchMismatchError", "Dispatcher", "Entry",
     "GraphTable", "Graphified", "GraphifyError", "InputMismatchError", "KeySet", "Mode",
     "PersistentSwapError", "Pool", "PoolReport", "RUNTIME_MODES", "Resolution", "Stats", "StatsRow",
     "Support", "UnsupportedOpError", "dispatch", "explain_miss", "fixed", "freeze_gc", "graphify",

@@ -13,15 +13,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ._errors import CaptureError, GraphifyError
+from ._errors import CaptureError, DispatchMismatchError
 
 __all__ = ["Lockstep", "DispatchMismatchError"]
 
 _CPU_GROUPS: dict = {}
-
-
-class DispatchMismatchError(GraphifyError):
-    """Ranks of a tensor-parallel group chose different graphs for one call."""
 
 
 def _cpu_group(group):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["GraphifyError", "CaptureError", "InputMismatchError", "PersistentSwapError", "UnsupportedOpError"]
+__all__ = [
+    "GraphifyError", "CaptureError", "InputMismatchError", "PersistentSwapError", "UnsupportedOpError",
+    "DispatchMismatchError",
+]
 
 
 class GraphifyError(RuntimeError):
@@ -23,3 +26,7 @@ class InputMismatchError(TypeError):
 
 class PersistentSwapError(GraphifyError):
     """A persistent argument (weights, KV cache) was replaced by another tensor."""
+
+
+class DispatchMismatchError(GraphifyError):
+    """Ranks of a tensor-parallel group chose different graphs for one call."""
