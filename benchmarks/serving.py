@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from graphify import Mode, graphify, sglang_piecewise_sizes
+from graphify import Mode, freeze_gc, graphify, sglang_piecewise_sizes
 from models import BlockTables, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
@@ -128,8 +128,9 @@ def run_trace(setup: Setup, call, name: str, timed) -> tuple[float, list[float]]
         for batch in tqdm(setup.batches, desc=f"{name}: check", leave=False, disable=None):
             out = call(*batch, cache)
             worst = max(worst, (out.float() - setup.step(*batch, ref_cache).float()).abs().max().item())
-        latencies = [timed(lambda: call(*batch, cache))[1]  # noqa: B023 - called at once
-                     for batch in tqdm(setup.batches, desc=f"{name}: run", leave=False, disable=None)]
+        with freeze_gc():  # a GC pass mid-trace is a host stall that says nothing about the configuration
+            latencies = [timed(lambda: call(*batch, cache))[1]  # noqa: B023 - called at once
+                         for batch in tqdm(setup.batches, desc=f"{name}: run", leave=False, disable=None)]
     del ref_cache
     return worst, latencies
 
