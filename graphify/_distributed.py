@@ -51,13 +51,24 @@ class Lockstep:
         self.dist.all_gather_object(out, obj, group=self.cpu)
         return out
 
-    def agree_plan(self, plan: Sequence[str]) -> None:
-        """Raise on every rank unless all ranks plan the same graphs in the same order."""
-        plans = self._gather(list(plan))
+    def agree_plan(self, plan: Sequence[str] | None, error: BaseException | None = None) -> None:
+        """Raise on every rank unless all ranks plan the same graphs in the same order. A
+        rank that failed before planning (`error`) passes None and re-raises its own error;
+        the others raise a `CaptureError` naming it."""
+        mine = {"plan": None if plan is None else list(plan),
+                "error": None if error is None else f"{type(error).__name__}: {error}"}
+        everyone = self._gather(mine)
+        failed = [(r, e["error"]) for r, e in enumerate(everyone) if e["error"] is not None]
+        if failed:
+            if error is not None:
+                return  # the caller raises its own error
+            rank, msg = failed[0]
+            raise CaptureError(f"{self.call}: rank {rank} could not prepare its capture ({msg}); no rank captured")
+        plans = [e["plan"] for e in everyone]
         if any(p != plans[0] for p in plans):
             other = next(r for r, p in enumerate(plans) if p != plans[0])
             first = next((i for i, (a, b) in enumerate(zip(plans[0], plans[other])) if a != b), None)
-            where = (f"graph {first + 1}: rank 0 plans {plans[0][first]}, rank {other} plans {plans[other][first]}"
+            where = (f"graph {first}: rank 0 plans {plans[0][first]}, rank {other} plans {plans[other][first]}"
                      if first is not None else f"rank 0 plans {len(plans[0])} graphs, rank {other} {len(plans[other])}")
             raise CaptureError(
                 f"{self.call}: ranks disagree on what to capture ({where}); every rank must graphify with the "

@@ -138,6 +138,38 @@ class Graphified:
         **Returns:** a new `Graphified` whose table holds the graphs. Raises `CaptureError`
         naming the key that failed; graphs captured before it are released.
         """
+        lockstep = None
+        if self.group is not None:  # tensor parallel: every rank plans and captures the same graphs
+            from ._distributed import Lockstep
+
+            lockstep = Lockstep(self.group, self._call)
+        try:
+            fn, args, specs, backend, library = self._prepare(example_args, example_kwargs)
+        except Exception as exc:
+            if lockstep is not None:  # the other ranks must hear of it, or they wait forever
+                lockstep.agree_plan(None, exc)
+            raise
+        if lockstep is not None:
+            lockstep.agree_plan(
+                [f"mode {self.resolution.mode.value}"] + [f"{m.value} {k}" for m, k in self.keys.pairs(self.largest_first)]
+            )
+        try:
+            table = self._capture_table(fn, args, specs, backend, library)
+        except BaseException as exc:
+            if lockstep is not None:
+                lockstep.agree_outcome(exc)
+            raise
+        if lockstep is not None:
+            try:
+                lockstep.agree_outcome(None)
+            except CaptureError:
+                table.release()
+                raise
+            table = attrs.evolve(table, lockstep=lockstep)
+        return attrs.evolve(self, table=table)
+
+    def _prepare(self, example_args, example_kwargs) -> tuple:
+        """Check the example call and pick the backend: (fn, args, specs, backend, library)."""
         args = self._bind(example_args, example_kwargs)
         library = foreign_library(self._call, args)
         fn = self.fn
@@ -157,28 +189,7 @@ class Graphified:
             backend = get_backend(self.backend, device, library)
         except ValueError as exc:
             raise ValueError(f"{self._call}.capture: {exc}") from None
-        lockstep = None
-        if self.group is not None:  # tensor parallel: every rank plans and captures the same graphs
-            from ._distributed import Lockstep
-
-            lockstep = Lockstep(self.group, self._call)
-            lockstep.agree_plan(
-                [f"mode {self.resolution.mode.value}"] + [f"{m.value} {k}" for m, k in self.keys.pairs(self.largest_first)]
-            )
-        try:
-            table = self._capture_table(fn, args, specs, backend, library)
-        except BaseException as exc:
-            if lockstep is not None:
-                lockstep.agree_outcome(exc)
-            raise
-        if lockstep is not None:
-            try:
-                lockstep.agree_outcome(None)
-            except CaptureError:
-                table.release()
-                raise
-            table = attrs.evolve(table, lockstep=lockstep)
-        return attrs.evolve(self, table=table)
+        return fn, args, specs, backend, library
 
     def _capture_table(self, fn, args, specs, backend, library) -> GraphTable:
         return capture_table(

@@ -55,6 +55,12 @@ def test_ranks_planning_different_graphs_fail_together():
         assert "ranks disagree on what to capture" in rank["message"] and "same mode, sizes" in rank["message"]
 
 
+def test_a_rank_whose_capture_is_rejected_early_does_not_leave_the_others_waiting():
+    rank0, rank1 = run_ranks("prepare_fails_on_one_rank")
+    assert rank1["error"] == "ValueError" and "axes has 6 entries" in rank1["message"]
+    assert rank0["error"] == "CaptureError" and "rank 1 could not prepare its capture" in rank0["message"]
+
+
 def test_ranks_choosing_different_graphs_for_a_call_fail_together_and_recover():
     for rank in run_ranks("call_mismatch"):
         assert rank["mismatch"] is not None

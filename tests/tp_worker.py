@@ -74,6 +74,21 @@ def plan_mismatch(rank: int, world: int) -> dict:
     return {"error": None}
 
 
+def prepare_fails_on_one_rank(rank: int, world: int) -> dict:
+    """Rank 1's capture is rejected before it plans: rank 0 must hear of it, not wait."""
+    full = init_params(CFG, seed=0)
+    tcfg = shard_config(CFG, world)
+    cache = shard_paged_cache(tcfg, new_paged_cache(CFG, 80, 16, seed=1), rank)
+    step = tp_varlen_step(tcfg, full, rank)
+    axes = varlen_axes() if rank == 0 else varlen_axes()[:-1]  # rank 1: one axis short
+    g = graphify(step, mode="FULL", sizes=(4, 8), axes=axes, backend="sim", progress=False, group=dist.group.WORLD)
+    try:
+        g.capture(*EXAMPLE.build(CFG), cache)
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
 def call_mismatch(rank: int, world: int) -> dict:
     g, cache, reference, ref_cache = build(rank, world, "FULL")
     result = {}
@@ -121,7 +136,8 @@ def equal_cuda(rank: int, world: int) -> dict:
     return out
 
 
-SCENARIOS = {"equal": equal, "plan_mismatch": plan_mismatch, "call_mismatch": call_mismatch, "equal_cuda": equal_cuda}
+SCENARIOS = {"equal": equal, "plan_mismatch": plan_mismatch, "call_mismatch": call_mismatch, "equal_cuda": equal_cuda,
+             "prepare_fails_on_one_rank": prepare_fails_on_one_rank}
 
 
 def main() -> None:
