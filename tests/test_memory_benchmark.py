@@ -1,0 +1,21 @@
+"""The memory benchmark runs end to end on the simulation backend (small sizes) and its
+capture orders all agree with eager."""
+
+import torch
+
+from benchmarks import memory
+
+
+def test_every_configuration_is_measured_and_matches_eager():
+    if torch.cuda.is_available():  # the GPU run is the benchmark itself, not a test
+        return
+    result = memory.run(max_size=8)
+    rows = {r["config"]: r for r in result["rows"]}
+    assert {"decode: one pool, largest first", "decode: one pool, smallest first", "decode: a pool per size",
+            "draft + target: one shared pool", "draft + target: a pool each"} <= set(rows)
+    sizes = len(result["config"]["sizes"])
+    assert rows["decode: a pool per size"]["pools"] == sizes and rows["decode: one pool, largest first"]["pools"] == 1
+    assert rows["draft + target: one shared pool"]["graphs"] == 2 * sizes
+    for r in rows.values():
+        assert r["max_err"] < 1e-4 and r["left_after_drop_mib"] == 0
+    assert "CPU-only" in memory.render(result)
