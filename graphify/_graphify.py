@@ -224,7 +224,8 @@ class Graphified:
         the static input buffers: persistent tensors as captured, static values as
         captured, and views of the padded and fixed buffers. Write the next batch into
         the views (for example `torch.argmax(logits, -1, out=ids)`) and call with them:
-        no input is copied, so a call costs little more than the replay itself.
+        no input is copied, and a call with exactly this tuple skips the argument checks
+        (they ran once, here), so it costs little more than the replay itself.
 
         !!! example
             >>> ids, pos, rows, kv = step.static_inputs(8)  # doctest: +SKIP

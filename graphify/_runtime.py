@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from operator import is_
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,6 +98,7 @@ class Runtime:
         self.static_checks = tuple((s.index, s.value) for s in specs if s.axis.kind == "static")
         self.lock = threading.Lock()
         self.plans: dict = {}
+        self.fast: tuple | None = None  # (static_inputs() tuple, tokens, requests)
         self.handed: list = []
         self.stale_msg = (
             f"{call}: this output was overwritten by a later call (outputs='view' hands out the graph's "
@@ -168,9 +170,14 @@ class Runtime:
 
     # -- the call -------------------------------------------------------------------------
     def run(self, args: Sequence[Any], stats: Stats):
-        if len(args) != self.nargs:
-            raise InputMismatchError(f"{self.call}: expected {self.nargs} arguments as captured, got {len(args)}")
-        n, r = self.rows_and_check(args)
+        fast = self.fast
+        trusted = fast is not None and len(args) == len(fast[0]) and all(map(is_, args, fast[0]))
+        if trusted:  # exactly the tuple static_inputs() handed out: our own views, checked then
+            n, r = fast[1], fast[2]
+        else:
+            if len(args) != self.nargs:
+                raise InputMismatchError(f"{self.call}: expected {self.nargs} arguments as captured, got {len(args)}")
+            n, r = self.rows_and_check(args)
         if n < 0:
             n = r
         if self.uniform_fn is not None:
@@ -194,7 +201,7 @@ class Runtime:
                     self.plans.clear()
                 plan = self.plans[plan_key] = self._plan(self._entry(decision), n, r_real)
             dsts, srcs = [], []
-            for i, view, ptr in plan.inputs:
+            for i, view, ptr in () if trusted else plan.inputs:
                 a = args[i]
                 if a.data_ptr() != ptr:  # an argument that already is the static view needs no copy
                     dsts.append(view)
@@ -298,4 +305,7 @@ class Runtime:
                     out.append(kept)
                 else:
                     out.append(spec.value)
-        return tuple(out)
+        out = tuple(out)
+        tokens_rows, reqs_rows = self.rows_and_check(out)
+        self.fast = (out, tokens_rows, reqs_rows)  # calls with exactly these skip checks and copies
+        return out

@@ -353,6 +353,30 @@ def test_static_inputs_skip_the_copy(backend, monkeypatch):
         g.static_inputs(17)
 
 
+def test_the_static_inputs_tuple_skips_checks_but_anything_else_is_checked(backend, monkeypatch):
+    g, w1, w2 = captured_mlp(backend)
+    static = g.static_inputs(5)
+    checks = []
+    real = g._runtime.rows_and_check
+    monkeypatch.setattr(g._runtime, "rows_and_check", lambda args: (checks.append(1), real(args))[1])
+    for _ in range(3):
+        data = torch.randn(5, 32, device=backend[1])
+        static[0].copy_(data)
+        torch.testing.assert_close(g(*static), mlp(data, w1, w2))
+    assert checks == []  # exactly the handed-out tuple: checked once, when it was made
+    with pytest.raises(PersistentSwapError):
+        g(static[0], w1.clone(), w2)  # another tensor in its place is checked as usual
+    assert checks == [1]
+    smaller = g.static_inputs(3)  # a new tuple (checked as it is made) replaces the old one
+    data = torch.randn(3, 32, device=backend[1])
+    smaller[0].copy_(data)
+    torch.testing.assert_close(g(*smaller), mlp(data, w1, w2))
+    assert checks == [1, 1]
+    out = g(*static)  # the old tuple is checked again (5 rows), and computes on what its views hold
+    torch.testing.assert_close(out, mlp(static[0].clone(), w1, w2))
+    assert checks == [1, 1, 1]
+
+
 def test_padding_rows_are_restored_only_when_a_batch_shrinks(backend, monkeypatch):
     name, device = backend
     g = graphify(lambda x: x * 3, mode="FULL", sizes=(4, 8), axes=(tokens(pad=-7.0),), backend=name, progress=False)
