@@ -57,7 +57,7 @@ class _Plan:
     out_spec: Any
     single: bool
     padded: int
-    meta: tuple | None = None  # per output, for checked views (filled on first use)
+    meta: tuple | None = None  # per output, what a checked view's alias is built from
 
 
 class Runtime:
@@ -237,8 +237,6 @@ class Runtime:
         reading a view after the next replay raises instead of returning new data."""
         for t in self.handed:
             _poison(t, self.stale_msg)
-        if plan.meta is None:
-            object.__setattr__(plan, "meta", tuple(_metadata(t) for t in plan.outputs))
         self.handed = [t if meta is None else _alias(t, meta) for t, meta in zip(plan.outputs, plan.meta)]
         return self.handed
 
@@ -284,7 +282,8 @@ class Runtime:
         ]
         single = entry.out_spec.num_leaves == 1 and entry.out_spec.num_children == 0
         replay = functools.partial(entry.replay, n, r) if entry.sized else entry.replay
-        return _Plan(tuple(inputs), tuple(pads), replay, outputs, entry.out_spec, single, key.num_tokens)
+        meta = tuple(map(_metadata, outputs)) if self.hand_out == self._checked_view else None
+        return _Plan(tuple(inputs), tuple(pads), replay, outputs, entry.out_spec, single, key.num_tokens, meta)
 
     def static_inputs(self, n: int, r: int | None) -> tuple:
         """Arguments that are the static buffers themselves (views of `n` token rows and
