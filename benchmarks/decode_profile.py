@@ -57,7 +57,7 @@ def run(peer: bool = False) -> dict:
         for name, compiled in () if peer else (("graphify FULL", False), ("graphify FULL + inductor pieces", True)):
             fn = split(setup.step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes(), compile=compiled)
             g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=(B,), axes=varlen_axes(), outputs="view",
-                         support=model_support(ATTENTION), progress=False).capture(*setup.example, cache)
+                         support=model_support(ATTENTION)).capture(*setup.example, cache)
             graphs[name] = g
         calls = {name: (lambda g=g: g(*batch, cache)) for name, g in graphs.items()}
         if peer:  # in its own process: see benchmarks/serving.run_peer

@@ -34,7 +34,7 @@ def main():
     batch = lay.build(cfg, device="cuda")
     example = BatchLayout((3, 1, 5), (4, 7, 0), 16, 16).build(cfg, device="cuda")
     pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
-    g = graphify(pw, mode="PIECEWISE", sizes=vllm_sizes(64), support=model_support("unified"), progress=False)
+    g = graphify(pw, mode="PIECEWISE", sizes=vllm_sizes(64), support=model_support("unified"))
     g = g.capture(*example, cache)
     g(*batch, cache)
     entry = next(e for e in g.table if e.key.num_tokens == 8)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from graphify import Pool, graphify, persistent, tokens, vllm_sizes
+from graphify import Options, Pool, graphify, persistent, tokens, vllm_sizes
 from models import DecoderConfig, decode_step, init_params, new_kv_cache
 
 from ._report import environment, publish, sync, table
@@ -66,7 +66,7 @@ class DecodeModel:
 
     def graphify(self, sizes: Sequence[int], pool: Pool, largest_first: bool = True):
         g = graphify(self.step, mode="FULL", sizes=sizes, axes=(tokens(), tokens(), tokens(), persistent()),
-                     pool=pool, largest_first=largest_first, progress=False)
+                     pool=pool, options=Options(largest_first=largest_first))
         return g.capture(*decode_inputs(self.cfg, 1, self.device, 0), self.cache)
 
     def max_err(self, graphs: Sequence, sizes: Sequence[int]) -> float:
@@ -169,7 +169,7 @@ def cupy_rows(sizes: Sequence[int]) -> list[dict]:
     axes = (tokens(), persistent(), persistent(), persistent(), persistent())
 
     def capture(szs, pool, largest_first=True):
-        g = graphify(mlp, mode="FULL", sizes=szs, axes=axes, pool=pool, largest_first=largest_first, progress=False)
+        g = graphify(mlp, mode="FULL", sizes=szs, axes=axes, pool=pool, options=Options(largest_first=largest_first))
         return g.capture(rs.standard_normal((1, 1024), dtype=cp.float32), *ws)
 
     def check(gs):

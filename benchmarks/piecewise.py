@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from graphify import Pool, graphify, sglang_piecewise_sizes, vllm_sizes
+from graphify import Options, Pool, graphify, sglang_piecewise_sizes, vllm_sizes
 from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
@@ -57,7 +57,7 @@ class Bench:
         if mode != "NONE" or kw.get("force_split"):
             fn = split(self.step, split_ops(ATTENTION), *example, self.cache, axes=varlen_axes(), compile=self.inductor)
         kw.pop("force_split", None)
-        g = graphify(fn, mode=mode, sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION), progress=False, outputs="view", **kw)
+        g = graphify(fn, mode=mode, sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION), outputs="view", **kw)
         if mode == "NONE":
             return g
         sync()
@@ -127,7 +127,7 @@ def run(inductor: bool = False, scenarios=SCENARIOS) -> dict:
         ("piecewise, all sizes, smallest first", schedule, False),
         ("piecewise, all sizes, largest first", schedule, True),
     ) if "memory" in scenarios else ():
-        g = b.graphified("PIECEWISE", sizes, prefill_blocks, label, pool=Pool(label), largest_first=largest_first)
+        g = b.graphified("PIECEWISE", sizes, prefill_blocks, label, pool=Pool(label), options=Options(largest_first=largest_first))
         del g
         if b.gpu:
             torch.cuda.empty_cache()

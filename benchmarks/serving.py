@@ -105,7 +105,7 @@ class Setup:
         if mode != "NONE":
             fn = split(self.step, split_ops(ATTENTION), *self.example, self.cache, axes=varlen_axes(), compile=inductor)
         g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(self.max_tokens), axes=varlen_axes(), outputs="view",
-                     support=model_support(ATTENTION), uniform_query_len=1, progress=True)
+                     support=model_support(ATTENTION), uniform_query_len=1)
         if mode != "NONE":
             g = g.capture(*self.example, self.cache)
         sync()

@@ -17,7 +17,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from graphify import graphify, vllm_sizes  # noqa: E402
+from graphify import Options, graphify, vllm_sizes  # noqa: E402
 from models import (  # noqa: E402
     BlockTables,
     DecoderConfig,
@@ -50,7 +50,7 @@ def main() -> dict | None:
     tables = BlockTables(1 + 64 * 17, 16, 64)
     batches = {b: tables.batch(cfg, tuple(range(b)), (1,) * b, (256,) * b, device=device, seed=b) for b in BATCHES}
     g = graphify(step, mode="FULL", sizes=vllm_sizes(max(BATCHES)), axes=varlen_axes(), outputs="view",
-                 progress=rank == 0, group=dist.group.WORLD).capture(*batches[8], cache)
+                 options=Options(progress=rank == 0), group=dist.group.WORLD).capture(*batches[8], cache)
     rows = []
     with torch.inference_mode():
         for b, batch in batches.items():

@@ -19,10 +19,12 @@ from ._errors import (
     GraphifyError,
     InputMismatchError,
     PersistentSwapError,
+    StateChangedError,
     UnsupportedOpError,
 )
 from ._graphify import Graphified, graphify
 from ._keys import KeySet, plan_keys
+from ._options import Options
 from ._mode import RUNTIME_MODES, Mode
 from ._pool import Pool, PoolReport
 from ._sizes import (
@@ -40,7 +42,7 @@ from ._table import Entry, GraphTable
 
 __all__ = [
     "ArgSpec", "Axis", "BatchDescriptor", "CaptureError", "Decision", "DispatchMismatchError", "Dispatcher", "Entry",
-    "GraphTable", "Graphified", "GraphifyError", "InputMismatchError", "KeySet", "Mode",
+    "GraphTable", "Graphified", "GraphifyError", "InputMismatchError", "KeySet", "Mode", "Options", "StateChangedError",
     "PersistentSwapError", "Pool", "PoolReport", "RUNTIME_MODES", "Resolution", "Stats", "StatsRow",
     "Support", "UnsupportedOpError", "dispatch", "explain_miss", "fixed", "freeze_gc", "graphify",
     "normalize_sizes", "pad_to", "padding_table", "persistent", "plan_keys", "reqs",

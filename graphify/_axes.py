@@ -12,6 +12,7 @@ of 1): padded rows run through the graph, and capture runs on all-padding batche
 
 from __future__ import annotations
 
+import enum
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -110,11 +111,10 @@ def param_names(fn: Callable, count: int) -> tuple[str, ...]:
 
 
 def layout_for(
-    call: str, fn: Callable, axes: "Sequence | Mapping | None", args: Sequence[Any]
+    call: str, names: Sequence[str], axes: "Sequence | Mapping | None", args: Sequence[Any]
 ) -> tuple[Axis, ...]:
-    """One `Axis` per positional argument: from `axes` (a sequence, or a mapping by
-    parameter name), or by default tensors as `tokens()` and other values as `static()`."""
-    names = param_names(fn, len(args))
+    """One `Axis` per argument slot: from `axes` (a sequence, or a mapping by parameter
+    name), or by default tensors as `tokens()` and other values as `static()`."""
     if axes is None:
         return tuple(tokens() if isinstance(a, torch.Tensor) else static() for a in args)
     if isinstance(axes, Mapping):
@@ -131,9 +131,8 @@ def layout_for(
     return tuple(Axis.parse(a) for a in axes)
 
 
-def specs_for(call: str, fn: Callable, layout: Sequence[Axis], args: Sequence[Any]) -> tuple[ArgSpec, ...]:
+def specs_for(call: str, names: Sequence[str], layout: Sequence[Axis], args: Sequence[Any]) -> tuple[ArgSpec, ...]:
     """Record each argument's spec from the example call; reject impossible layouts."""
-    names = param_names(fn, len(args))
     specs = []
     for i, (axis, arg, name) in enumerate(zip(layout, args, names)):
         if axis.kind == "static":
@@ -157,14 +156,49 @@ def specs_for(call: str, fn: Callable, layout: Sequence[Axis], args: Sequence[An
     return tuple(specs)
 
 
+_VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def by_value(value: Any) -> bool:
+    """Whether a static value is compared by equality (plain values: None, numbers,
+    strings, dtypes, enums and tuples/lists/dicts of them) rather than by identity
+    (every other object: a cache, a config, a module)."""
+    if isinstance(value, _VALUE_TYPES) or isinstance(value, enum.Enum):
+        return True
+    if isinstance(value, (tuple, list, frozenset)):
+        return all(map(by_value, value))
+    if isinstance(value, dict):
+        return all(by_value(k) and by_value(v) for k, v in value.items())
+    return False
+
+
+def same_static(arg: Any, value: Any) -> bool:
+    """`arg` may stand for the captured static `value`: the same object, or an equal
+    plain value of the same type."""
+    if arg is value:
+        return True
+    if not by_value(value) or type(arg) is not type(value):
+        return False
+    try:
+        return bool(arg == value)
+    except Exception:  # a container holding values whose == is not a bool
+        return False
+
+
 def mismatch(call: str, spec: ArgSpec, arg: Any) -> Exception | None:
     """The error for `arg` against its captured `spec`, or None when it fits."""
     from ._errors import PersistentSwapError
 
     kind = spec.axis.kind
     if kind == "static":
-        if arg == spec.value:
+        if same_static(arg, spec.value):
             return None
+        if not by_value(spec.value):
+            return InputMismatchError(
+                f"{call}: argument {spec.name!r} is a different {type(arg).__name__} object from the "
+                f"{type(spec.value).__name__} captured; objects are static by identity because the graphs read the "
+                "captured object's tensors: pass the same object (reset it in place) or capture again"
+            )
         return InputMismatchError(
             f"{call}: argument {spec.name!r} is {arg!r} but was captured as {spec.value!r}; "
             "static arguments are baked into the graphs: capture again with the new value"

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ._axes import PADDED, ArgSpec
+from ._axes import PADDED, ArgSpec, by_value
 from ._errors import CaptureError
 from ._keys import KeySet
 from ._mode import Mode
+from ._state import StateKeeper, python_state, python_state_change, restore_python_state
 from ._table import Entry, GraphTable, StaticBuffers
 
 __all__ = ["capture_table", "freeze_gc"]
@@ -142,8 +143,13 @@ def capture_table(
     progress: bool,
     largest_first: bool = True,
     library: str | None = None,
+    restore_state: bool = True,
+    probe: Callable | None = None,
+    **table_fields,
 ) -> GraphTable:
-    """Capture every key of `keys`; see the module docstring."""
+    """Capture every key of `keys`; see the module docstring. `probe` is the eager
+    function whose writes to outside state a PIECEWISE capture pass undoes (the split
+    function's original); `table_fields` go to the `GraphTable` as they are."""
     try:
         device = _device_of(specs)
     except CaptureError as exc:
@@ -156,19 +162,37 @@ def capture_table(
     }
     start = time.perf_counter()
     entries: dict = {}
+    keeper = None
     try:
         with _device_scope(device), torch.no_grad():
             static = StaticBuffers.allocate(specs, example, rows, backend.empty)
+            keeper = StateKeeper(restore_state, exclude=static.storages())
             handle = pool.handle_for(backend, device, call)
             stream = backend.new_stream(device)
             out_rule = infer_out_axes(fn, specs, example, out_axes)
+            objects = {s.name: a for s, a in zip(specs, example) if s.axis.kind == "static" and not by_value(a)}
+            state_before = python_state(objects)
             with freeze_gc():
                 for mode, key in _progress(pairs, call, progress):
                     entries[mode, key] = _capture_one(
                         call, capturers[mode], mode, key, specs, static, example, handle, stream,
-                        warmups, weak_outputs, out_rule,
+                        warmups, weak_outputs, out_rule, keeper, probe,
                     )
+                    change = python_state_change(state_before, python_state(objects))
+                    if change is not None:
+                        restore_python_state(state_before)
+                        raise CaptureError(
+                            f"{call}: each call changes Python state of a static argument ({change}); a graph "
+                            "replays kernels, not Python, so that state would stop changing and the graphs would "
+                            "go stale. Keep such state in tensors updated in place (a transformers StaticCache's "
+                            "full-attention layers do; its sliding-window layers keep a Python counter), or leave "
+                            "this function ungraphified"
+                        )
     except BaseException as exc:
+        if keeper is not None:  # a failure between a run and its restore: undo what it wrote
+            with contextlib.suppress(Exception):
+                keeper.restore()
+            keeper.forget()
         done = len(entries)
         entries.clear()  # release the graphs captured so far
         # The traceback's frames hold the static buffers and capture-time tensors: clear
@@ -184,8 +208,11 @@ def capture_table(
         pool.track(entry, f"{call} {entry.label}", entry.nbytes)
     seconds = time.perf_counter() - start
     table = GraphTable(
-        types.MappingProxyType(entries), keys, specs, static, backend, pool, device, seconds, library, store=entries
+        types.MappingProxyType(entries), keys, specs, static, backend, pool, device, seconds, library, store=entries,
+        state_tensors=len(keeper.restored), state_bytes=keeper.peak_bytes, **table_fields,
     )
+    if keeper.unrestorable:
+        log.warning("%s: capture ran %s on outside tensors, which cannot be undone", call, sorted(keeper.unrestorable))
     log.info(
         "%s: captured %d graphs in %.2f s, %.1f MiB in pool %r",
         call, len(entries), seconds, table.nbytes / MiB, pool.name,
@@ -193,11 +220,20 @@ def capture_table(
     return table
 
 
-def _capture_one(call, capturer, mode, key, specs, static, example, handle, stream, warmups, weak_outputs, out_rule):
+def _capture_one(
+    call, capturer, mode, key, specs, static, example, handle, stream, warmups, weak_outputs, out_rule, keeper, probe
+):
     args = static.args_for(specs, key, example)
     t0 = time.perf_counter()
     try:
-        captured = capturer(args, pool=handle, warmups=warmups, weak_outputs=weak_outputs, stream=stream)
+        piecewise = mode is Mode.PIECEWISE and keeper.enabled and probe is not None
+        if piecewise:  # one capture pass runs the split ops eagerly: learn their writes first
+            keeper.record(probe, *args)
+            keeper.restore()
+        captured = capturer(args, pool=handle, warmups=warmups, weak_outputs=weak_outputs, stream=stream, keeper=keeper)
+        if piecewise:
+            keeper.restore()
+        keeper.forget()
     except Exception as exc:
         exc.graphify_key = (mode, key)
         raise

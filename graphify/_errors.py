@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "GraphifyError", "CaptureError", "InputMismatchError", "PersistentSwapError", "UnsupportedOpError",
-    "DispatchMismatchError",
+    "DispatchMismatchError", "StateChangedError",
 ]
 
 
@@ -30,3 +30,7 @@ class PersistentSwapError(GraphifyError):
 
 class DispatchMismatchError(GraphifyError):
     """Ranks of a tensor-parallel group chose different graphs for one call."""
+
+
+class StateChangedError(GraphifyError):
+    """A parameter or buffer the graphs read was rebound after capture."""

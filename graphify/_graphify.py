@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import torch
 
 from ._axes import layout_for, specs_for
+from ._options import Options
+from ._outputs import box
+from ._params import ModuleWatch
+from ._signature import CallLayout, module_of
 from ._capture import capture_table
 from ._dispatch import Decision, Dispatcher, explain_miss
-from ._errors import CaptureError, InputMismatchError
+from ._errors import CaptureError
 from ._interop import ForeignFunction, foreign_library, module, to_torch, tree_from_torch
 from ._keys import KeySet, plan_keys
 from ._mode import Mode
@@ -60,18 +64,15 @@ class Graphified:
     support: Support = attrs.field(default=Support.ALWAYS, converter=weakest)
     backend: str = attrs.field(default="auto", converter=_backend_name)
     pool: Pool | None = None
-    warmups: int = 1
     uniform_query_len: int = 1
     max_num_reqs: int | None = None
     lora: bool = False
     max_padding_ratio: float | None = None
-    weak_outputs: bool = True
     outputs: str = attrs.field(default="copy", validator=attrs.validators.in_(("copy", "view")))
-    progress: bool = True
     uniform: Callable[..., bool] | None = None
     has_lora: Callable[..., bool] | None = None
-    largest_first: bool = True
     group: Any = None
+    options: Options = attrs.field(factory=Options, converter=lambda o: Options() if o is None else o)
     table: GraphTable | None = attrs.field(default=None, repr=False)
     resolution: Resolution = attrs.field(init=False, repr=False)
     keys: KeySet = attrs.field(init=False, repr=False)
@@ -80,8 +81,8 @@ class Graphified:
     _call: str = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self):
-        if self.warmups < 0:
-            raise ValueError(f"graphify: warmups must be >= 0, got {self.warmups}")
+        if not isinstance(self.options, Options):
+            raise TypeError(f"graphify: options must be a graphify.Options, got {type(self.options).__name__}")
         if self.max_num_reqs is not None and self.max_num_reqs < 1:
             raise ValueError(f"graphify: max_num_reqs must be >= 1, got {self.max_num_reqs}")
         call = f"graphify({_fn_name(self.fn)}, mode={self.mode.value!r})"
@@ -100,9 +101,10 @@ class Graphified:
         runtime = None
         if self.table is not None:
             lib = self.table.library
+            eager = ForeignFunction(self.fn, lib) if lib else self.fn
             runtime = Runtime(
                 call=call,
-                fn=ForeignFunction(self.fn, lib) if lib else self.fn,
+                fn=self.table.layout.caller(eager) if self.table.layout is not None else eager,
                 table=self.table,
                 dispatcher=Dispatcher(self.table.keys, self.max_padding_ratio),
                 uniform_fn=self.uniform,
@@ -144,17 +146,18 @@ class Graphified:
 
             lockstep = Lockstep(self.group, self._call)
         try:
-            fn, args, specs, backend, library = self._prepare(example_args, example_kwargs)
+            fn, twin, args, specs, backend, library, layout = self._prepare(example_args, example_kwargs)
         except Exception as exc:
             if lockstep is not None:  # the other ranks must hear of it, or they wait forever
                 lockstep.agree_plan(None, exc)
             raise
         if lockstep is not None:
             lockstep.agree_plan(
-                [f"mode {self.resolution.mode.value}"] + [f"{m.value} {k}" for m, k in self.keys.pairs(self.largest_first)]
+                [f"mode {self.resolution.mode.value}"]
+                + [f"{m.value} {k}" for m, k in self.keys.pairs(self.options.largest_first)]
             )
         try:
-            table = self._capture_table(fn, args, specs, backend, library)
+            table = self._capture_table(fn, twin, args, specs, backend, library, layout)
         except BaseException as exc:
             if lockstep is not None:
                 lockstep.agree_outcome(exc)
@@ -169,44 +172,56 @@ class Graphified:
         return attrs.evolve(self, table=table)
 
     def _prepare(self, example_args, example_kwargs) -> tuple:
-        """Check the example call and pick the backend: (fn, args, specs, backend, library)."""
-        args = self._bind(example_args, example_kwargs)
+        """Bind the example call and pick the backend:
+        (fn, eager twin, slot args, specs, backend, library, layout)."""
+        layout = CallLayout.build(self._call, self.fn, example_args, example_kwargs)
+        args = layout.bind(example_args, example_kwargs)
         library = foreign_library(self._call, args)
-        fn = self.fn
+        fn, twin = self.fn, _eager_twin(self.fn)
         if library is not None:  # CuPy / NumPy arrays: capture a torch-facing view of fn
             if getattr(fn, "is_split", False):
                 raise ValueError(f"{self._call}.capture: split functions take torch tensors, not {library} arrays")
             fn, args = ForeignFunction(fn, library), tuple(map(to_torch, args))
+        fn = _boxing(layout.caller(fn))
+        twin = _boxing(layout.caller(twin)) if twin is not None else None
         axes = self.axes if self.axes is not None else getattr(self.fn, "axes", None)
-        layout = layout_for(self._call, self.fn, axes, args)
-        if not any(a.kind in ("tokens", "reqs") for a in layout):
+        arg_axes = layout_for(self._call, layout.names, axes, args)
+        if not any(a.kind in ("tokens", "reqs") for a in arg_axes):
             raise ValueError(
                 f"{self._call}.capture: no argument grows with the batch; mark at least one tokens() or reqs()"
             )
-        specs = specs_for(self._call, self.fn, layout, args)
+        specs = specs_for(self._call, layout.names, arg_axes, args)
         device = next((s.device for s in specs if s.device is not None), None)
         try:
             backend = get_backend(self.backend, device, library)
         except ValueError as exc:
             raise ValueError(f"{self._call}.capture: {exc}") from None
-        return fn, args, specs, backend, library
+        return fn, twin, args, specs, backend, library, layout
 
-    def _capture_table(self, fn, args, specs, backend, library) -> GraphTable:
+    def _capture_table(self, fn, twin, args, specs, backend, library, layout) -> GraphTable:
+        opts = self.options
+        modules = [m for m in [module_of(self.fn)] if m is not None]
+        modules += [a for a, s in zip(args, specs) if s.axis.kind == "static" and isinstance(a, torch.nn.Module)]
+        split = getattr(self.fn, "is_split", False)
         return capture_table(
             call=self._call,
             fn=fn,
-            capturers=self._capturers(backend, fn),
+            capturers=self._capturers(backend, fn, twin),
             keys=self.keys,
             specs=specs,
             example=args,
             backend=backend,
             pool=self.pool if self.pool is not None else Pool(f"{_fn_name(self.fn)}"),
-            warmups=self.warmups,
-            weak_outputs=self.weak_outputs and backend.name == "cuda",
+            warmups=opts.warmups,
+            weak_outputs=opts.weak_outputs and backend.name == "cuda",
             out_axes=self.out_axes if self.out_axes is not None else (getattr(self.fn, "out_axes", None) or None),
-            progress=self.progress,
-            largest_first=self.largest_first,
+            progress=opts.progress,
+            largest_first=opts.largest_first,
             library=library,
+            restore_state=opts.restore_state,
+            probe=layout.caller(self.fn.fn) if split else None,
+            layout=layout,
+            watch=ModuleWatch(self._call, modules, full=opts.full_checks),
         )
 
     def release(self) -> "Graphified":
@@ -241,10 +256,9 @@ class Graphified:
             )
         return self._runtime.static_inputs(num_tokens, num_reqs)
 
-    def _capturers(self, backend, fn: Callable) -> dict[Mode, Callable]:
+    def _capturers(self, backend, fn: Callable, twin: Callable | None) -> dict[Mode, Callable]:
         """How each runtime mode captures: FULL records `fn` whole; PIECEWISE asks a split
         function to capture its pieces (and run its split ops eagerly between them)."""
-        twin = _eager_twin(fn)
         if twin is not None:
             # torch.compile'd code called under the op guard's dispatch mode falls back to
             # eager for good, so the guard checks the eager twin; an unguarded warm-up then
@@ -256,17 +270,19 @@ class Graphified:
                 return backend.capture(fn, args, **kw)
         capturers = {Mode.FULL: full}
         if getattr(self.fn, "is_split", False):
-            capturers[Mode.PIECEWISE] = lambda args, **kw: self.fn.capture_pieces(backend, args, **kw)
+            def piecewise(args, keeper=None, **kw):  # the capture stage undoes the pass's writes
+                return self.fn.capture_pieces(backend, args, **kw)
+
+            capturers[Mode.PIECEWISE] = piecewise
         return capturers
 
     # -- calls ----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        if kwargs:
-            args = self._bind(args, kwargs)
         runtime = self._runtime
         if runtime is None:
-            self.stats.record(Mode.NONE, _leading_rows(args), None)
-            return self.fn(*args)
+            self.stats.record(Mode.NONE, _leading_rows(args) or _leading_rows(tuple(kwargs.values())), None)
+            return self.fn(*args, **kwargs)
+        args = runtime.layout.bind(args, kwargs)
         if runtime.library is not None:
             return self._call_foreign(runtime, args)
         return runtime.run(args, self.stats)
@@ -284,18 +300,6 @@ class Graphified:
         else:
             out = runtime.run(targs, self.stats)
         return tree_from_torch(out, module(library))
-
-    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
-        if not kwargs:
-            return tuple(args)
-        try:
-            bound = inspect.signature(self.fn).bind(*args, **kwargs)
-        except TypeError as exc:
-            raise InputMismatchError(f"{self._call}: {exc}") from None
-        bound.apply_defaults()
-        if bound.kwargs:
-            raise InputMismatchError(f"{self._call}: keyword-only arguments {sorted(bound.kwargs)} are not supported")
-        return tuple(bound.args)
 
     # -- introspection --------------------------------------------------------------------
     def explain(self, num_tokens: int, *, uniform: bool = False, has_lora: bool = False) -> str:
@@ -317,9 +321,14 @@ class Graphified:
         if self.table is None:
             return head + f"; not captured ({len(self.keys)} graphs planned)"
         t = self.table
+        state = (
+            f"; capture wrote and restored {t.state_tensors} outside tensor(s), holding at most "
+            f"{t.state_bytes / (1 << 20):.2f} MiB of saved values"
+            if t.state_tensors else ""
+        )
         return head + (
             f"; {len(t)} graphs on {t.backend.name} ({t.device}) in {t.seconds:.2f} s, "
-            f"{t.nbytes / (1 << 20):.1f} MiB reserved in pool {t.pool.name!r}"
+            f"{t.nbytes / (1 << 20):.1f} MiB reserved in pool {t.pool.name!r}" + state
         )
 
 
@@ -329,6 +338,15 @@ def _eager_twin(fn: Callable) -> Callable | None:
     if getattr(fn, "is_split", False):
         return fn.fn if getattr(fn, "compiled", False) else None
     return getattr(fn, "_torchdynamo_orig_callable", None)
+
+
+def _boxing(fn: Callable) -> Callable:
+    """`fn` with unregistered dataclasses in its outputs boxed, so they flatten."""
+
+    def boxed(*args):
+        return box(fn(*args))
+
+    return boxed
 
 
 def _leading_rows(args: Sequence[Any]) -> int:
@@ -349,54 +367,52 @@ def graphify(
     support: "Support | str | Iterable[Support | str]" = Support.ALWAYS,
     backend: str = "auto",
     pool: Pool | None = None,
-    warmups: int = 1,
     uniform_query_len: int = 1,
     max_num_reqs: int | None = None,
     lora: bool = False,
     max_padding_ratio: float | None = None,
-    weak_outputs: bool = True,
     outputs: str = "copy",
-    progress: bool = True,
     uniform: Callable[..., bool] | None = None,
     has_lora: Callable[..., bool] | None = None,
-    largest_first: bool = True,
     group: Any = None,
+    options: Options | None = None,
 ) -> Graphified:
     """Give `fn` CUDA graphs: a callable that pads, dispatches and replays.
 
     **Arguments:**
-    - `fn`: the function (or a `split(fn, ops)` value for piecewise modes).
+    - `fn`: the function, an `nn.Module` (calls bind against its `forward`), or a
+      `split(fn, ops)` value for piecewise modes. Calls may mix positional and keyword
+      arguments, defaults and `**kwargs`, as the capture's example call did.
     - `mode`: a `Mode` or its name: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE.
     - `sizes`: token counts to capture; default vLLM's schedule up to 512.
     - `axes`: per argument `tokens()`, `reqs()`, `fixed()`, `persistent()` or `static()`, as a
-      sequence or a mapping by parameter name; default: tensors `tokens()`, others `static()`.
+      sequence or a mapping by parameter (or keyword) name; default: tensors `tokens()`,
+      other values `static()`: plain values (None, numbers, strings, dtypes, tuples of them)
+      must be equal on every call, other objects (a cache, a config) the same object.
     - `out_axes`: per flat output "tokens", "reqs" or None; default inferred.
     - `support`: the graph support of the function's backends (the weakest counts); the
       mode is downgraded to what it allows, with the reason logged and kept in `.resolution`.
     - `backend`: "cuda", "sim" (CPU simulation) or "auto" (cuda for CUDA tensors).
     - `pool`: a `Pool` to capture into; share one between functions to share memory.
-    - `warmups`: eager runs before each capture (on CUDA the first runs under an op guard
-      that rejects uncapturable ops before CUDA sees them, so at least one runs).
     - `uniform_query_len`: tokens per request in a uniform batch (1 + spec tokens).
     - `max_num_reqs`: most requests per batch; caps uniform decode graphs.
     - `lora`: also capture LoRA variants; `has_lora(*args)` says which a call needs.
     - `max_padding_ratio`: run eagerly rather than pad beyond this factor.
-    - `weak_outputs`: let later captures reuse each graph's output memory (CUDA only).
     - `outputs`: "copy" (default): every call returns tensors of its own, correct forever.
       "view": the graph's static output buffers, no copy; a view is valid until the next
       call (on CUDA, reading it afterwards raises, as with torch.compile's graphs; CPU
       builds of torch cannot check, so there the view silently holds the next result).
       CuPy/NumPy callers: keep "copy" (their views cannot be checked).
-    - `progress`: show a progress bar while capturing (on a terminal).
     - `uniform`: `uniform(*args) -> bool`; default: tokens == requests * uniform_query_len,
       exact for single-token decode; with spec decode (1+k tokens) pass a predicate.
     - `has_lora`: `has_lora(*args) -> bool` when `lora` keys exist.
-    - `largest_first`: capture largest sizes first (so smaller ones reuse their memory).
     - `group`: a torch.distributed process group whose ranks run this function together
       (tensor parallelism): capture agrees on the plan and outcome across ranks, and every
       call checks that all ranks chose the same graph, raising instead of hanging.
+    - `options`: an `Options` for the rarely changed knobs (warm-ups, restoring state
+      written during capture, full per-call checks, weak outputs, progress bar, capture order).
 
-    **Returns:** an uncaptured `Graphified`; call `.capture(*example_args)` to capture.
+    **Returns:** an uncaptured `Graphified`; call `.capture(...)` with one example call to capture.
     Without `fn`, a decorator: `@graphify(mode="FULL", axes=...)`.
 
     !!! example
@@ -413,7 +429,6 @@ def graphify(
     if sizes is None:
         sizes = vllm_sizes(512)
     return Graphified(
-        fn, mode, sizes, axes, out_axes, support, backend, pool, warmups, uniform_query_len, max_num_reqs,
-        lora, max_padding_ratio, weak_outputs, outputs, progress, uniform, has_lora, largest_first, group,
+        fn, mode, sizes, axes, out_axes, support, backend, pool, uniform_query_len, max_num_reqs,
+        lora, max_padding_ratio, outputs, uniform, has_lora, group, options,
     )
-

@@ -77,6 +77,7 @@ class ForeignFunction:
         self.xp = module(library)
         functools.update_wrapper(self, fn, updated=())
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         xp = self.xp
-        return tree_to_torch(self.fn(*(from_torch(a, xp) for a in args)))
+        kwargs = {k: from_torch(v, xp) for k, v in kwargs.items()}
+        return tree_to_torch(self.fn(*(from_torch(a, xp) for a in args), **kwargs))

@@ -20,7 +20,8 @@ from torch.utils import _pytree as pytree
 
 from ._alias import alias as _alias
 from ._alias import metadata as _metadata
-from ._axes import mismatch
+from ._axes import by_value, mismatch, same_static
+from ._outputs import has_boxes, unbox
 from ._dispatch import Dispatcher
 from ._errors import GraphifyError, InputMismatchError
 from ._mode import Mode
@@ -58,6 +59,19 @@ class _Plan:
     single: bool
     padded: int
     meta: tuple | None = None  # per output, what a checked view's alias is built from
+    boxed: bool = False  # the outputs hold dataclasses to rebuild (graphify._outputs)
+
+
+class _PositionalLayout:
+    """Binding for tables made without a call layout: positional calls only."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def bind(self, args, kwargs):
+        if kwargs:
+            raise InputMismatchError(f"keyword arguments {sorted(kwargs)} need a capture that saw them")
+        return tuple(args)
 
 
 class Runtime:
@@ -79,6 +93,8 @@ class Runtime:
         self.uniform_fn, self.lora_fn = uniform_fn, lora_fn
         self.library = table.library
         self.lockstep = table.lockstep
+        self.layout = table.layout if table.layout is not None else _PositionalLayout(len(table.specs))
+        self.watch = table.watch
         self.modes = tuple(Mode)
         self.q = table.keys.uniform_query_len
         specs = table.specs
@@ -95,7 +111,8 @@ class Runtime:
             (s.index, s.dtype, _device_index(s.device), torch.Size(s.shape)) for s in specs if s.axis.kind == "fixed"
         )
         self.persistent_checks = tuple((s.index, s.data_ptr, torch.Size(s.shape)) for s in specs if s.axis.kind == "persistent")
-        self.static_checks = tuple((s.index, s.value) for s in specs if s.axis.kind == "static")
+        # Plain values must be equal; other objects (a cache, a module) the very object.
+        self.static_checks = tuple((s.index, s.value, by_value(s.value)) for s in specs if s.axis.kind == "static")
         self.lock = threading.Lock()
         self.plans: dict = {}
         self.fast: tuple | None = None  # (static_inputs() tuple, tokens, requests)
@@ -163,13 +180,19 @@ class Runtime:
             a = args[i]
             if not isinstance(a, torch.Tensor) or a.data_ptr() != ptr or a.shape != shape:
                 self._fail(i, a)
-        for i, value in self.static_checks:
-            if args[i] != value:
-                self._fail(i, args[i])
+        for i, value, equal in self.static_checks:
+            a = args[i]
+            if a is not value and not (equal and same_static(a, value)):
+                self._fail(i, a)
         return n, r
 
     # -- the call -------------------------------------------------------------------------
     def run(self, args: Sequence[Any], stats: Stats):
+        watch = self.watch
+        if watch is not None:
+            watch.check()
+            if torch.is_grad_enabled():
+                watch.warn_grad(args)
         fast = self.fast
         trusted = fast is not None and len(args) == len(fast[0]) and all(map(is_, args, fast[0]))
         if trusted:  # exactly the tuple static_inputs() handed out: our own views, checked then
@@ -224,7 +247,8 @@ class Runtime:
             outputs = self.hand_out(plan)
         if plan.single:
             return outputs[0]
-        return pytree.tree_unflatten(outputs, plan.out_spec)
+        tree = pytree.tree_unflatten(outputs, plan.out_spec)
+        return unbox(tree) if plan.boxed else tree
 
     def _copy(self, plan: _Plan) -> list:
         return [t.clone() if isinstance(t, torch.Tensor) else t for t in plan.outputs]
@@ -283,7 +307,10 @@ class Runtime:
         single = entry.out_spec.num_leaves == 1 and entry.out_spec.num_children == 0
         replay = functools.partial(entry.replay, n, r) if entry.sized else entry.replay
         meta = tuple(map(_metadata, outputs)) if self.hand_out == self._checked_view else None
-        return _Plan(tuple(inputs), tuple(pads), replay, outputs, entry.out_spec, single, key.num_tokens, meta)
+        return _Plan(
+            tuple(inputs), tuple(pads), replay, outputs, entry.out_spec, single, key.num_tokens, meta,
+            has_boxes(entry.out_spec),
+        )
 
     def static_inputs(self, n: int, r: int | None) -> tuple:
         """Arguments that are the static buffers themselves (views of `n` token rows and

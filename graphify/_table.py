@@ -86,6 +86,10 @@ class StaticBuffers:
                 out.append(arg)
         return tuple(out)
 
+    def storages(self) -> set[int]:
+        """Data pointers of the padded and fixed buffers' storages."""
+        return {b.untyped_storage().data_ptr() for b in self.buffers if b is not None}
+
     def changed(self, specs: Sequence[ArgSpec]) -> list[str]:
         """Names of padded arguments whose buffers no longer hold only padding."""
         return [
@@ -110,6 +114,10 @@ class GraphTable:
     seconds: float = 0.0
     library: str | None = None
     lockstep: Any = None  # tensor parallelism: ranks agree on every call (graphify._distributed)
+    layout: Any = None  # how calls bind to argument slots (graphify._signature.CallLayout)
+    watch: Any = None  # the modules whose tensors the graphs read (graphify._params.ModuleWatch)
+    state_tensors: int = 0  # outside tensors that capture wrote and restored
+    state_bytes: int = 0  # the most snapshot memory that restoring held at once
     _store: dict | None = attrs.field(default=None, repr=False, alias="store")
 
     def release(self) -> int:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphify import GraphifyError, Pool, graphify, persistent, static, tokens
+from graphify import GraphifyError, Options, Pool, graphify, persistent, static, tokens
 from graphify._errors import InputMismatchError
 
 CALL = "graphify(mlp, mode='FULL')"
@@ -19,8 +19,7 @@ def mlp(x, w, scale):
 
 def captured(**kw):
     w = torch.randn(8, 8)
-    g = graphify(mlp, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent(), static()), backend="sim",
-                 progress=False, **kw)
+    g = graphify(mlp, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent(), static()), backend="sim", **kw)
     return g.capture(torch.randn(2, 8), w, 2.0), w
 
 
@@ -43,7 +42,7 @@ CALL_CASES = {
     "dtype": (InputMismatchError, "'x'", "captured tokens tensor"),
     "trailing shape": (InputMismatchError, "'x'", "captured tokens tensor"),
     "not a tensor": (InputMismatchError, "'x'", "must be a tensor"),
-    "argument count": (InputMismatchError, "arguments", "as captured"),
+    "argument count": (InputMismatchError, "missing argument 'scale'", "pass it"),
     "persistent swapped": (GraphifyError, "'w'", "update that tensor in place (copy_) or capture again"),
     "persistent reshaped": (GraphifyError, "'w'", "pass the same tensor that was captured"),
     "static changed": (InputMismatchError, "'scale'", "capture again with the new value"),
@@ -74,7 +73,7 @@ def capture_cases():
 
     def g_of(fn, **kw):
         return graphify(fn, **{"mode": "FULL", "sizes": (2, 4), "axes": (tokens(), persistent(), static()),
-                               "backend": "sim", "progress": False, **kw})
+                               "backend": "sim", **kw})
 
     other = Pool("elsewhere")
     other.handle_for(type("B", (), {"name": "cuda", "new_pool_handle": lambda self, d: 1})(), torch.device("cuda", 0), "x")
@@ -121,13 +120,16 @@ def test_bad_construction():
     for kwargs, advice in (
         ({"mode": "FAST"}, "valid modes"),
         ({"backend": "tpu"}, "valid backends"),
-        ({"warmups": -1}, "warmups must be >= 0"),
         ({"outputs": "share"}, "'copy', 'view'"),
         ({"max_num_reqs": 0}, "max_num_reqs must be >= 1"),
     ):
         with pytest.raises(ValueError) as info:
             graphify(mlp, **{"mode": "FULL", **kwargs})
         assert advice in str(info.value), str(info.value)
+    with pytest.raises(ValueError, match="warmups must be >= 0"):
+        Options(warmups=-1)
+    with pytest.raises(TypeError, match="options must be a graphify.Options"):
+        graphify(mlp, mode="FULL", options={"warmups": 2})
 
 
 def test_call_after_release_says_capture_again():

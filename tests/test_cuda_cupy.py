@@ -61,7 +61,7 @@ def cupy_matmul(x, w):
 def test_cupy_matmul_is_rejected_with_advice_and_the_callable_still_works():
     rs = cp.random.RandomState(4)
     w = rs.standard_normal((8, 8), dtype=cp.float32)
-    g = graphify(cupy_matmul, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent()), progress=False)
+    g = graphify(cupy_matmul, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent()))
     with pytest.raises(UnsupportedOpError, match="backend='cuda'"):
         g.capture(rs.standard_normal((2, 8), dtype=cp.float32), w)
     x = rs.standard_normal((3, 8), dtype=cp.float32)
@@ -71,7 +71,7 @@ def test_cupy_matmul_is_rejected_with_advice_and_the_callable_still_works():
 def capture_cupy(pool=None):
     rs = cp.random.RandomState(0)
     w = rs.standard_normal((64, 128), dtype=cp.float32)
-    g = graphify(cupy_fn, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), pool=pool, progress=False)
+    g = graphify(cupy_fn, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), pool=pool)
     return g.capture(rs.standard_normal((3, 64), dtype=cp.float32), w), w
 
 
@@ -103,7 +103,7 @@ def test_cupy_replay_runs_on_the_callers_cupy_stream():
 
 def test_mixed_torch_and_cupy_function_is_captured_by_the_cuda_backend():
     w = torch.randn(64, 128, device="cuda")
-    g = graphify(mixed_fn, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), progress=False)
+    g = graphify(mixed_fn, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()))
     g = g.capture(torch.randn(3, 64, device="cuda"), w)
     assert g.table.backend.name == "cuda"
     for n in (1, 5, 16, 32, 33):
@@ -138,7 +138,7 @@ def relu_matmul(x, w):
 
 def test_torch_pool_report_matches_torch_allocator_and_memory_returns():
     w = torch.randn(256, 4096, device="cuda")
-    graphify(relu_matmul, mode="FULL", sizes=(8,), axes=(tokens(), persistent()), progress=False).capture(
+    graphify(relu_matmul, mode="FULL", sizes=(8,), axes=(tokens(), persistent())).capture(
         torch.randn(4, 256, device="cuda"), w
     )  # the capture stream's cuBLAS workspace is made once per process: not part of what is measured
     torch.cuda.synchronize()
@@ -146,7 +146,7 @@ def test_torch_pool_report_matches_torch_allocator_and_memory_returns():
     base = torch.cuda.memory_reserved()
     pool = Pool("torch")
     g = graphify(relu_matmul, mode="FULL", sizes=(64, 128, 256), axes=(tokens(), persistent()),
-                 pool=pool, progress=False).capture(torch.randn(4, 256, device="cuda"), w)
+                 pool=pool).capture(torch.randn(4, 256, device="cuda"), w)
     report = pool.report()
     assert report.backend == "cuda" and report.reserved_bytes > 0
     assert abs(report.total_bytes - report.reserved_bytes) <= MiB  # per-graph deltas vs allocator segments

@@ -27,8 +27,7 @@ def test_real_out_of_memory_during_capture():
     hog = torch.empty(free - 700 * MiB, dtype=torch.uint8, device="cuda")  # leave ~700 MiB
     try:
         allocated = torch.cuda.memory_allocated()
-        g = graphify(wide, mode="FULL", sizes=(64, 4096), axes=(tokens(), persistent()), pool=Pool("squeezed"),
-                     progress=False)
+        g = graphify(wide, mode="FULL", sizes=(64, 4096), axes=(tokens(), persistent()), pool=Pool("squeezed"))
         with pytest.raises(CaptureError) as info:
             g.capture(x, w)
         msg = str(info.value)
@@ -37,7 +36,7 @@ def test_real_out_of_memory_during_capture():
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() - allocated <= MiB  # no graph or buffer memory kept
         torch.testing.assert_close(g(x, w), wide(x, w))  # the callable captured from still works
-        smaller = graphify(wide, mode="FULL", sizes=(8, 64), axes=(tokens(), persistent()), progress=False)
+        smaller = graphify(wide, mode="FULL", sizes=(8, 64), axes=(tokens(), persistent()))
         smaller = smaller.capture(x, w)
         torch.testing.assert_close(smaller(x, w), wide(x, w))  # torch can still capture: nothing poisoned
     finally:  # give the squeezed memory back to the device, not just to torch's cache

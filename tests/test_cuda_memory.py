@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from graphify import Pool, graphify, persistent, tokens
+from graphify import Options, Pool, graphify, persistent, tokens
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 
@@ -18,7 +18,7 @@ def wide(x, w):
 
 def capture(weak: bool, w):
     g = graphify(wide, mode="FULL", sizes=(64, 128, 256, 512), axes=(tokens(), persistent()),
-                 weak_outputs=weak, pool=Pool(f"weak={weak}"), progress=False)
+                 options=Options(weak_outputs=weak), pool=Pool(f"weak={weak}"))
     return g.capture(torch.randn(4, 256, device="cuda"), w)
 
 

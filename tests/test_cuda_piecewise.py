@@ -22,8 +22,8 @@ def build(compile=False):
 def test_all_sizes_share_the_largest_sizes_memory():
     step, cache, example, pw = build()
     sizes = sglang_piecewise_sizes(256)
-    alone = graphify(pw, mode="PIECEWISE", sizes=sizes[-1:], pool=Pool("alone"), progress=False).capture(*example, cache)
-    every = graphify(pw, mode="PIECEWISE", sizes=sizes, pool=Pool("every"), progress=False).capture(*example, cache)
+    alone = graphify(pw, mode="PIECEWISE", sizes=sizes[-1:], pool=Pool("alone")).capture(*example, cache)
+    every = graphify(pw, mode="PIECEWISE", sizes=sizes, pool=Pool("every")).capture(*example, cache)
     assert len(every.table) == len(sizes)
     assert every.table.nbytes <= 1.05 * alone.table.nbytes
     lay = BatchLayout((40, 1, 1, 7), (0, 30, 9, 2), 16, 16)
@@ -35,7 +35,7 @@ def test_all_sizes_share_the_largest_sizes_memory():
 def test_inductor_compiled_pieces_match_eager():
     step, cache, example, pw = build(compile=True)
     assert pw.compiled
-    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(8, 16, 32), progress=False).capture(*example, cache)
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(8, 16, 32)).capture(*example, cache)
     for lay in (BatchLayout((1,) * 6, (20, 3, 9, 40, 2, 7), 16, 16), BatchLayout((9, 1, 12), (0, 30, 4), 16, 16)):
         batch = lay.build(CFG, device="cuda", seed=len(lay.query_lens))
         ref_cache = cache.clone()
@@ -55,8 +55,8 @@ def replayed_kernels(call) -> list[str]:
 
 def test_full_graphs_of_compiled_pieces_hold_inductor_kernels():
     step, cache, example, pw = build(compile=True)
-    g = graphify(pw, mode="FULL", sizes=(8,), progress=False).capture(*example, cache)
-    plain = graphify(build()[3], mode="FULL", sizes=(8,), progress=False).capture(*example, cache)
+    g = graphify(pw, mode="FULL", sizes=(8,)).capture(*example, cache)
+    plain = graphify(build()[3], mode="FULL", sizes=(8,)).capture(*example, cache)
     batch = BatchLayout((1,) * 8, (5, 3, 9, 40, 2, 7, 11, 1), 16, 16).build(CFG, device="cuda", seed=8)
     compiled_kernels = replayed_kernels(lambda: g(*batch, cache))
     assert any(name.startswith("triton_") for name in compiled_kernels)  # inductor's, not eager aten kernels
@@ -73,8 +73,7 @@ def test_full_graph_of_a_torch_compiled_function_matches_eager():
 
     from graphify import persistent, tokens
 
-    g = graphify(torch.compile(block, dynamic=True), mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()),
-                 progress=False)
+    g = graphify(torch.compile(block, dynamic=True), mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()))
     g = g.capture(torch.randn(4, 64, device="cuda"), w)
     for n in (3, 6, 8):
         x = torch.randn(n, 64, device="cuda")

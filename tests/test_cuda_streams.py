@@ -15,7 +15,7 @@ def linear(x, w):
 
 def test_replay_runs_on_the_callers_current_stream():
     w = torch.randn(256, 256, device="cuda")
-    g = graphify(linear, sizes=(64,), axes=(tokens(), persistent()), progress=False).capture(
+    g = graphify(linear, sizes=(64,), axes=(tokens(), persistent())).capture(
         torch.randn(64, 256, device="cuda"), w
     )
     side = torch.cuda.Stream()

@@ -21,8 +21,7 @@ def np_mlp(x, w):
 def captured(pool=None):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((6, 5)).astype(np.float32)
-    g = graphify(np_mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), backend="sim", pool=pool,
-                 progress=False)
+    g = graphify(np_mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), backend="sim", pool=pool)
     return g.capture(rng.standard_normal((3, 6)).astype(np.float32), w), w
 
 
@@ -112,6 +111,6 @@ def test_two_functions_share_one_pool_report():
 
 
 def test_cupy_backend_rejects_torch_functions():
-    g = graphify(lambda x: x + 1, mode="FULL", sizes=(2,), backend="cupy", progress=False)
+    g = graphify(lambda x: x + 1, mode="FULL", sizes=(2,), backend="cupy")
     with pytest.raises(ValueError, match="backend='cupy' captures functions of CuPy arrays"):
         g.capture(torch.randn(2, 3))

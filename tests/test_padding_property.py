@@ -14,8 +14,7 @@ def rowwise(x, w):
     return torch.tanh(x @ w) + x
 
 
-G = graphify(rowwise, mode="FULL", sizes=(2, 4, 8), axes=(tokens(pad=-3.0), persistent()), backend="sim",
-             progress=False).capture(torch.randn(3, 5), W)
+G = graphify(rowwise, mode="FULL", sizes=(2, 4, 8), axes=(tokens(pad=-3.0), persistent()), backend="sim").capture(torch.randn(3, 5), W)
 
 
 @settings(max_examples=40, deadline=None)

@@ -47,7 +47,7 @@ def test_random_calls_match_eager_in_every_mode(backend, mode):
     example = BatchLayout((3, 1, 5), (4, 7, 0), 16, 8).build(CFG, device=device)
     fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
     g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(MAX_SIZE), axes=varlen_axes(), backend=name,
-                 support=model_support("unified"), progress=False)
+                 support=model_support("unified"))
     if mode != "NONE":
         g = g.capture(*example, cache)
     ref_cache = cache.clone()
@@ -61,7 +61,8 @@ def test_random_calls_match_eager_in_every_mode(backend, mode):
             worst = max(worst, err)
             mismatches += not (got.shape == want.shape and err <= 1e-4 * (1 + want.abs().max().item()))
     assert mismatches == 0, f"{mismatches} of {CALLS} calls differ from eager (worst {worst:.3g})"
-    torch.testing.assert_close(cache, ref_cache, rtol=1e-4, atol=1e-4)  # the KV writes agree too
+    # the KV writes agree too (block 0 is scratch: padded rows write there, eager runs do not)
+    torch.testing.assert_close(cache[:, :, 1:], ref_cache[:, :, 1:], rtol=1e-4, atol=1e-4)
     if mode != "NONE":
         assert g.stats.calls == CALLS
 
@@ -73,7 +74,7 @@ def mlp(x, w):
 def captured(backend, sizes=(4, 8, 16), **kw):
     name, device = backend
     w = torch.randn(16, 16, device=device)
-    g = graphify(mlp, mode="FULL", sizes=sizes, axes=(tokens(), persistent()), backend=name, progress=False, **kw)
+    g = graphify(mlp, mode="FULL", sizes=sizes, axes=(tokens(), persistent()), backend=name, **kw)
     return g.capture(torch.randn(4, 16, device=device), w), w
 
 
@@ -86,7 +87,7 @@ def test_exception_in_eager_fallback_propagates_and_the_callable_keeps_working(b
         return mlp(x, w)
 
     w = torch.randn(16, 16, device=device)
-    g = graphify(picky, mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()), backend=name, progress=False)
+    g = graphify(picky, mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()), backend=name)
     g = g.capture(torch.randn(4, 16, device=device), w)
     with pytest.raises(ValueError, match="twenty rows"):
         g(torch.randn(20, 16, device=device), w)  # above the largest size: eager, the user's error as is
@@ -104,8 +105,7 @@ def test_out_of_memory_during_capture_says_what_to_do_and_leaks_nothing(backend)
 
     pool = Pool("squeezed")
     w = torch.randn(16, 16, device=device)
-    g = graphify(hungry, mode="FULL", sizes=(4, 8, 16), axes=(tokens(), persistent()), backend=name, pool=pool,
-                 progress=False)
+    g = graphify(hungry, mode="FULL", sizes=(4, 8, 16), axes=(tokens(), persistent()), backend=name, pool=pool)
     with pytest.raises(CaptureError) as info:
         g.capture(torch.randn(4, 16, device=device), w)
     msg = str(info.value)
@@ -115,7 +115,7 @@ def test_out_of_memory_during_capture_says_what_to_do_and_leaks_nothing(backend)
     x = torch.randn(5, 16, device=device)
     torch.testing.assert_close(g(x, w), mlp(x, w))  # the uncaptured callable still runs
     smaller = graphify(hungry, mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()), backend=name,
-                       pool=pool, progress=False).capture(x, w)  # the advice works
+                       pool=pool).capture(x, w)  # the advice works
     torch.testing.assert_close(smaller(x, w), mlp(x, w))
 
 

@@ -202,9 +202,9 @@ def split(
     names = tuple(dict.fromkeys(op_name(op) for op in ops))
     if not names:
         raise SplitError("split: ops is empty; name at least one op to split at (for no split, graphify fn directly)")
-    from graphify._axes import layout_for
+    from graphify._axes import layout_for, param_names
 
-    layout = layout_for("split", fn, axes, example)
+    layout = layout_for("split", param_names(fn, len(example)), axes, example)
     gm = _trace(fn, example, layout)
     found = {n.target._schema.name for n in gm.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")}
     missing = [n for n in names if n not in found]

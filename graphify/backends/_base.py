@@ -48,9 +48,11 @@ class Backend(Protocol):
 
     def capture(
         self, fn: Callable, args: tuple, *, pool: Any, warmups: int, weak_outputs: bool, stream: Any = None,
-        guard: "bool | Callable" = True,
+        guard: "bool | Callable" = True, keeper: Any = None,
     ) -> Captured:
         """Warm up `fn(*args)` (the first run under the op guard unless `guard` is off; a
         callable `guard` is an eager twin of a compiled `fn` that runs under the guard in
         its place, because torch.compile'd code called under a dispatch mode falls back to
-        eager for good), then record it on `stream` into a graph allocated from `pool`."""
+        eager for good), then record it on `stream` into a graph allocated from `pool`.
+        `keeper` (a `StateKeeper`) records the first warm-up's writes to outside state and
+        undoes every eager run's."""

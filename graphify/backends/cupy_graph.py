@@ -88,8 +88,12 @@ class CupyBackend:
         handle.free_all_blocks()
 
     def capture(
-        self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: bool = True
+        self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: bool = True,
+        keeper=None,
     ) -> Captured:
+        """CuPy kernels are invisible to torch's dispatcher, so `keeper` cannot see their
+        writes: a CuPy function that writes outside arrays in place keeps its warm-ups'
+        writes (documented)."""
         cp = module("cupy")
         index = torch.cuda.current_device()
         stream = stream if stream is not None else self.new_stream(index)

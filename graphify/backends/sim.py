@@ -8,7 +8,6 @@ so outputs are overwritten in place on every replay exactly as with a real graph
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Callable
 
@@ -99,18 +98,16 @@ class SimBackend:
         return None
 
     def capture(
-        self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: "bool | Callable" = True
+        self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None,
+        guard: "bool | Callable" = True, keeper=None,
     ) -> Captured:
-        for _ in range(warmups):
-            fn(*args)
-        if callable(guard):  # an eager twin runs under the guard; the function itself is captured
-            with CaptureGuard():
-                guard(*args)
-            result = fn(*args)
-        else:
-            with CaptureGuard() if guard else contextlib.nullcontext():
-                result = fn(*args)
-        outputs = pytree.tree_map(_clone_out, result)
+        from .._state import eager_runs
+
+        # Warm-ups, then the capture run itself (eager here): the first under the guard,
+        # each one's writes to outside state undone after it.
+        outputs = eager_runs(
+            fn, args, keeper=keeper, guard=guard, count=warmups + 1, finish=lambda r: pytree.tree_map(_clone_out, r)
+        )
         flat_out, _ = pytree.tree_flatten(outputs)
         static_out = [t for t in flat_out if isinstance(t, torch.Tensor)]
 
@@ -119,7 +116,8 @@ class SimBackend:
             fresh = [t for t in fresh if isinstance(t, torch.Tensor)]
             if len(fresh) != len(static_out) or any(a.shape != b.shape for a, b in zip(fresh, static_out)):
                 raise CaptureError("sim replay: the function returned different output shapes than at capture")
-            _copy_all(static_out, [t.detach() for t in fresh])
+            if static_out:
+                _copy_all(static_out, [t.detach() for t in fresh])
 
         nbytes = sum(t.untyped_storage().nbytes() for t in static_out)
         return Captured(replay, None, outputs, nbytes)

@@ -3,7 +3,6 @@ Replay is `CUDAGraph.replay()` on the caller's current stream."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import torch
@@ -12,7 +11,7 @@ from torch.utils import _pytree as pytree
 from .._alias import alias, metadata
 from .._errors import CaptureError
 from ._base import Captured
-from .sim import CaptureGuard
+from .._state import eager_runs
 from .streams import cupy_follows_torch
 
 __all__ = ["TorchCudaBackend", "weak_alias"]
@@ -81,19 +80,18 @@ class TorchCudaBackend:
         torch.cuda.empty_cache()
 
     def capture(
-        self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: "bool | Callable" = True
+        self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None,
+        guard: "bool | Callable" = True, keeper=None,
     ) -> Captured:
         device = torch.cuda.current_device()
         stream = stream if stream is not None else self.new_stream(device)
         # Warm-up and capture share one stream so per-stream workspaces (cuBLAS) exist
-        # before capture (vLLM #53818). The first warm-up runs under the op guard.
+        # before capture (vLLM #53818). The first warm-up runs under the op guard; every
+        # warm-up's in-place writes to outside state are undone after it (`keeper`).
         # CuPy kernels in `fn` follow the capture stream and allocate from torch.
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
-            with CaptureGuard() if guard else contextlib.nullcontext():
-                (guard if callable(guard) else fn)(*args)  # an eager twin checks compiled code
-            for _ in range(warmups - 1):
-                fn(*args)
+            eager_runs(fn, args, keeper=keeper, guard=guard, count=max(warmups, 1))
         stream.synchronize()
         before = self.usage(pool)[0]
         graph = torch.cuda.CUDAGraph()

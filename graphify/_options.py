@@ -1,0 +1,39 @@
+"""`Options`: the rarely changed knobs of `graphify`, grouped so its signature stays small."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["Options"]
+
+
+def _non_negative(instance, attribute, value):
+    if value < 0:
+        raise ValueError(f"Options: {attribute.name} must be >= 0, got {value}")
+
+
+@attrs.frozen
+class Options:
+    """How capture and calls behave where the defaults do not fit.
+
+    **Arguments:**
+    - `warmups`: eager runs before each capture (on CUDA the first runs under an op guard
+      that rejects uncapturable ops before CUDA sees them, so at least one runs).
+    - `restore_state`: undo the in-place writes that warm-ups (and the simulation's
+      capture) make to tensors that existed before the call (KV caches, position
+      counters, module buffers), so `capture()` leaves state as it found it. Turn it
+      off for functions whose outside state is scratch, to skip the bookkeeping.
+    - `full_checks`: check on every call that no parameter or buffer of a graphified
+      module was rebound since capture (costs ~0.1 us per tensor; by default a call
+      checks registrations and the first and last parameter only).
+    - `weak_outputs`: let later captures reuse each graph's output memory (CUDA only).
+    - `progress`: show a progress bar while capturing (on a terminal).
+    - `largest_first`: capture largest sizes first, so smaller ones reuse their memory.
+    """
+
+    warmups: int = attrs.field(default=1, validator=_non_negative)
+    restore_state: bool = True
+    full_checks: bool = False
+    weak_outputs: bool = True
+    progress: bool = True
+    largest_first: bool = True

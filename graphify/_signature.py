@@ -1,0 +1,185 @@
+"""Calls as users write them: bind positional and keyword arguments to one flat tuple.
+
+graphify checks, pads and replays a flat tuple of argument *slots*. `CallLayout` is made
+once, from the function's signature and the example call given to `capture`: one slot per
+named parameter (given or defaulted), one per extra positional argument (`*args`) and one
+per extra keyword (`**kwargs`) that the example passed. A later call is bound to the same
+slots by a precomputed name -> slot map (no `inspect` on the call path), and the function
+itself is called back with the arguments as the user wrote them.
+
+An `nn.Module` is bound against its `forward` (the signature of the module object itself
+is `(*args, **kwargs)`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from ._errors import InputMismatchError
+
+__all__ = ["CallLayout", "signature_of"]
+
+_POS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_MISSING = inspect.Parameter.empty
+
+
+def module_of(fn: Callable) -> "torch.nn.Module | None":
+    """The nn.Module behind `fn`: the module itself, a torch.compile'd module's original,
+    or the owner of a bound `forward`; None for plain functions."""
+    target = getattr(fn, "_orig_mod", fn)
+    if isinstance(target, torch.nn.Module):
+        return target
+    owner = getattr(fn, "__self__", None)
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
+def signature_of(fn: Callable) -> inspect.Signature | None:
+    """The signature calls are bound against (a module's `forward`); None if unknown."""
+    module = module_of(fn)
+    target = module.forward if module is not None and module is getattr(fn, "_orig_mod", fn) else fn
+    try:
+        return inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+
+
+@attrs.frozen(eq=False)
+class CallLayout:
+    """Where each argument of a call goes in the flat slot tuple, and back.
+
+    `names` name the slots: parameter names, `args[i]` for extra positional arguments
+    and the keyword itself for extra keywords. `plain` layouts (only positional
+    parameters, no defaults used, no extras) map a positional call to itself.
+    """
+
+    call: str
+    names: tuple[str, ...]
+    kinds: tuple[str, ...]  # per slot: "pos", "kw" (keyword-only or **kwargs), "var" (*args)
+    defaults: tuple[Any, ...]  # per slot: the parameter default, or _MISSING
+    index: Mapping[str, int]  # keyword name -> slot
+    num_pos: int  # named positional parameters
+    num_var: int  # *args slots the example passed
+    has_var_kw: bool
+    given: frozenset[int]  # slots the example passed a tensor to (may not be left out later)
+    plain: bool
+
+    @classmethod
+    def build(cls, call: str, fn: Callable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> "CallLayout":
+        sig = signature_of(fn)
+        if sig is None:  # a builtin or C callable: positional calls only
+            if kwargs:
+                raise InputMismatchError(f"{call}: keyword arguments need a function with a signature; pass them positionally")
+            n = len(args)
+            return cls(call, tuple(f"arg{i}" for i in range(n)), ("pos",) * n, (_MISSING,) * n, {}, n, 0, False,
+                       frozenset(i for i, a in enumerate(args) if isinstance(a, torch.Tensor)), True)
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InputMismatchError(f"{call}: {exc}") from None
+        names, kinds, defaults = [], [], []
+        num_var, has_var_kw = 0, False
+        params = list(sig.parameters.values())
+        for p in params:
+            if p.kind in _POS:
+                names.append(p.name), kinds.append("pos"), defaults.append(p.default)
+        num_pos = len(names)
+        for p in params:
+            if p.kind is inspect.Parameter.VAR_POSITIONAL:
+                num_var = len(bound.arguments.get(p.name, ()))
+                for i in range(num_var):
+                    names.append(f"{p.name}[{i}]"), kinds.append("var"), defaults.append(_MISSING)
+        for p in params:
+            if p.kind is inspect.Parameter.KEYWORD_ONLY:
+                names.append(p.name), kinds.append("kw"), defaults.append(p.default)
+        for p in params:
+            if p.kind is inspect.Parameter.VAR_KEYWORD:
+                has_var_kw = True
+                for key in bound.arguments.get(p.name, {}):
+                    names.append(key), kinds.append("kw"), defaults.append(_MISSING)
+        index = {n: i for i, (n, k) in enumerate(zip(names, kinds)) if k != "var"}
+        layout = cls(call, tuple(names), tuple(kinds), tuple(defaults), index, num_pos, num_var, has_var_kw,
+                     frozenset(), False)
+        flat = layout._bind_slow(args, kwargs, check_given=False)
+        from ._axes import same_static
+
+        given = frozenset(  # passed, and not as the default: a call may not leave it out
+            i for i, a in enumerate(flat)
+            if isinstance(a, torch.Tensor) or (defaults[i] is not _MISSING and not same_static(a, defaults[i]))
+        )
+        plain = not kwargs and num_var == 0 and len(args) == len(names) and all(k == "pos" for k in kinds)
+        return attrs.evolve(layout, given=given, plain=plain)
+
+    # -- call -> slots --------------------------------------------------------------------
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
+        """The slot tuple of a call; an `InputMismatchError` naming the argument if the
+        call cannot fill the slots the capture saw."""
+        if not kwargs and self.plain and len(args) == len(self.names):
+            return tuple(args)
+        return self._bind_slow(args, kwargs, check_given=True)
+
+    def _bind_slow(self, args, kwargs, *, check_given: bool) -> tuple:
+        out = list(self.defaults)
+        filled = [False] * len(out)
+        npos, nvar = self.num_pos, self.num_var
+        if len(args) > npos + nvar:
+            extra = "" if nvar or len(args) <= npos else " (the function takes no *args)"
+            raise InputMismatchError(
+                f"{self.call}: got {len(args)} positional arguments but the capture bound {npos + nvar}{extra}; "
+                "call with the arguments the capture saw, or capture again"
+            )
+        if nvar and npos <= len(args) < npos + nvar:
+            raise InputMismatchError(
+                f"{self.call}: got {len(args) - npos} extra positional arguments (*args) but the capture saw {nvar}; "
+                "capture again to change their number"
+            )
+        for i, a in enumerate(args):
+            out[i] = a
+            filled[i] = True
+        for key, value in kwargs.items():
+            i = self.index.get(key)
+            if i is None:
+                if self.has_var_kw:
+                    raise InputMismatchError(
+                        f"{self.call}: keyword {key!r} was not passed at capture; the graphs were captured without it: "
+                        f"capture again with {key}=... in the example call"
+                    )
+                raise InputMismatchError(
+                    f"{self.call}: unexpected keyword {key!r}; parameters are {list(self.index)}"
+                )
+            if filled[i]:
+                raise InputMismatchError(f"{self.call}: got multiple values for argument {key!r}")
+            out[i] = value
+            filled[i] = True
+        for i, value in enumerate(out):
+            if value is _MISSING:
+                what = "keyword" if self.kinds[i] == "kw" and self.defaults[i] is _MISSING and self.has_var_kw else "argument"
+                raise InputMismatchError(
+                    f"{self.call}: missing {what} {self.names[i]!r}, which the capture was given; pass it"
+                    + (" (static values must equal the captured ones)" if what == "keyword" else "")
+                )
+            if check_given and not filled[i] and i in self.given:
+                raise InputMismatchError(
+                    f"{self.call}: argument {self.names[i]!r} was passed at capture but left out of this call "
+                    "(its default differs from what the graphs were captured with); pass it"
+                )
+        return tuple(out)
+
+    # -- slots -> call --------------------------------------------------------------------
+    def caller(self, fn: Callable) -> Callable:
+        """`fn` taking the slot tuple positionally: itself when every slot is a named
+        positional parameter, else a wrapper passing keyword slots by name."""
+        if all(k == "pos" for k in self.kinds):
+            return fn
+        pos = tuple(i for i, k in enumerate(self.kinds) if k != "kw")
+        kw = tuple((i, n) for i, (n, k) in enumerate(zip(self.names, self.kinds)) if k == "kw")
+
+        def call(*slots):
+            return fn(*[slots[i] for i in pos], **{n: slots[i] for i, n in kw})
+
+        call.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        return call

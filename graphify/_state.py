@@ -1,0 +1,258 @@
+"""Capture leaves state as it found it.
+
+Warm-ups (and the simulation's capture) run the function eagerly, so every in-place write
+it makes lands for real: K/V rows in a cache, a position counter's `add_`, a buffer's
+running statistic. `StateKeeper.record` runs the function once under a dispatch mode that,
+before each in-place write to a tensor that existed before the call (an argument, a
+module buffer, a tensor reached through a closure or a static object such as a
+transformers `StaticCache`), saves what the write is about to overwrite: for indexed
+writes (`index_copy_`, `index_put_`, `scatter_`) only the rows it touches, otherwise the
+written view. `restore()` writes the saved values back, newest first, so after it every
+such tensor holds what it held before the run.
+
+Every later eager run of the same size starts from the restored state and writes the same
+places, so restoring after each run keeps the state untouched through warm-ups, compiled
+warm-ups (which must not run under a dispatch mode) and capture. Nothing is recorded while
+a CUDA stream is capturing: a graph being recorded executes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["StateKeeper"]
+
+log = logging.getLogger("graphify")
+_aten = torch.ops.aten
+
+_INDEXED = {  # op -> how to read back and write back exactly the rows it writes
+    "aten::index_copy_": "index",
+    "aten::index_fill_": "index",
+    "aten::index_add_": "index",
+    "aten::index_put_": "put",
+    "aten::_index_put_impl_": "put",
+    "aten::scatter_": "scatter",
+    "aten::scatter_add_": "scatter",
+    "aten::scatter_reduce_": "scatter",
+}
+_UNRESTORABLE = {"aten::set_", "aten::resize_", "aten::resize_as_"}
+_written_args: dict = {}
+
+
+def _writes(func) -> tuple[int, ...]:
+    """Positions of the arguments `func` writes in place (its schema's `Tensor(a!)`)."""
+    found = _written_args.get(func)
+    if found is None:
+        found = _written_args[func] = tuple(
+            i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+        )
+    return found
+
+
+_aliasing: dict = {}
+
+
+def _aliases(func) -> bool:
+    """Whether `func` returns a view of (or the very) input: `Tensor(a)` returns."""
+    found = _aliasing.get(func)
+    if found is None:
+        found = _aliasing[func] = any(r.alias_info is not None for r in func._schema.returns)
+    return found
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class _Recorder(TorchDispatchMode):
+    """Saves what in-place writes to pre-existing tensors overwrite; see the module doc."""
+
+    def __init__(self, keeper: "StateKeeper"):
+        super().__init__()
+        self.keeper = keeper
+        self.created: set[int] = set()  # storages allocated during this run
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        written = _writes(func)
+        if written and not _capturing():
+            name = func._schema.name
+            schema_args = func._schema.arguments
+            for i in written:
+                target = args[i] if i < len(args) else kwargs.get(schema_args[i].name)
+                if isinstance(target, torch.Tensor) and target.numel():
+                    self._save(name, target, args, kwargs)
+        out = func(*args, **kwargs)
+        if not written and not _aliases(func):  # views share their base's storage: not new
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.numel():
+                    self.created.add(t.untyped_storage().data_ptr())
+        return out
+
+    def _save(self, name: str, target: torch.Tensor, args, kwargs) -> None:
+        storage = target.untyped_storage().data_ptr()
+        if storage in self.created or storage in self.keeper.exclude:
+            return
+        if name in _UNRESTORABLE:
+            self.keeper.unrestorable.add(name)
+            return
+        how = _INDEXED.get(name) if target is args[0] else None
+        if how == "index":
+            dim, index = args[1], args[2].clone()
+            saved = target.index_select(dim, index)
+            undo = lambda t=target, d=dim, i=index, s=saved: t.index_copy_(d, i, s)  # noqa: E731
+        elif how == "put":
+            indices = [None if i is None else i.clone() for i in args[1]]
+            saved = _aten.index.Tensor(target, indices)
+            undo = lambda t=target, i=indices, s=saved: _aten.index_put_.default(t, i, s)  # noqa: E731
+        elif how == "scatter":
+            dim, index = args[1], args[2].clone()
+            saved = target.gather(dim, index)
+            undo = lambda t=target, d=dim, i=index, s=saved: t.scatter_(d, i, s)  # noqa: E731
+        else:
+            where = (storage, target.storage_offset(), tuple(target.shape), target.stride())
+            if where in self.keeper.seen:  # already saved before its first write in this run
+                return
+            self.keeper.seen.add(where)
+            saved = target.clone()
+            undo = lambda t=target, s=saved: t.copy_(s)  # noqa: E731
+        self.keeper.undo.append(undo)
+        self.keeper.saved_bytes += saved.numel() * saved.element_size()
+        self.keeper.targets.add(storage)
+
+
+class StateKeeper:
+    """Record one eager run's in-place writes to outside state; undo them after each run.
+
+    `exclude` holds storages never to restore (graphify's own static input buffers,
+    whose writes the capture reports as an error instead)."""
+
+    def __init__(self, enabled: bool = True, exclude: "set[int] | None" = None):
+        self.enabled = enabled
+        self.exclude = exclude or set()
+        self.undo: list[Callable[[], Any]] = []
+        self.seen: set = set()
+        self.targets: set[int] = set()
+        self.unrestorable: set[str] = set()
+        self.saved_bytes = 0
+        self.peak_bytes = 0  # the most snapshot memory held at once
+        self.restored: set[int] = set()  # storages restored over the whole capture
+
+    def record(self, fn: Callable, *args):
+        """`fn(*args)` with its outside writes recorded; call `restore()` after it."""
+        if not self.enabled:
+            return fn(*args)
+        with _Recorder(self):
+            return fn(*args)
+
+    def restore(self) -> None:
+        """Write back what the recorded run overwrote (newest first)."""
+        if not self.undo:
+            return
+        with torch.no_grad():
+            for undo in reversed(self.undo):
+                undo()
+
+    def forget(self) -> None:
+        """Drop the snapshots (after the last run of one size has been restored)."""
+        self.peak_bytes = max(self.peak_bytes, self.saved_bytes)
+        self.restored |= self.targets
+        self.undo.clear()
+        self.seen.clear()
+        self.targets = set()
+        self.saved_bytes = 0
+
+
+def eager_runs(fn: Callable, args: tuple, *, keeper: "StateKeeper | None", guard, count: int, finish=None):
+    """Run `fn(*args)` eagerly `count` times, the state restored after each run.
+
+    The first run is recorded by `keeper` and runs under the op guard (when `guard` is
+    set; a callable `guard` is the eager twin of a compiled `fn` and runs in its place).
+    `finish(out)` sees the last run's result before its writes are undone (the
+    simulation clones its outputs there); returns what it returns."""
+    import contextlib
+
+    from .backends.sim import CaptureGuard
+
+    result = None
+    for i in range(count):
+        if i == 0:
+            f = guard if callable(guard) else fn
+
+            def first(f=f):
+                with CaptureGuard() if guard else contextlib.nullcontext():
+                    return f(*args)
+
+            out = keeper.record(first) if keeper is not None else first()
+        else:
+            out = fn(*args)
+        if i == count - 1 and finish is not None:
+            result = finish(out)
+        del out
+        if keeper is not None:
+            keeper.restore()
+    return result
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def python_state(roots: dict[str, Any], depth: int = 3) -> dict[str, Any]:
+    """Plain attribute values (numbers, strings, flags) of the objects in `roots` and of
+    the objects they hold in attributes, lists and dicts, `depth` levels down: the
+    Python-side state a call could change where a graph cannot follow. Maps a path to
+    (holder, key, value, is_attribute), so `restore_python_state` can put values back."""
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+
+    def walk(obj: Any, path: str, level: int) -> None:
+        if id(obj) in seen or level > depth or isinstance(obj, (torch.Tensor, torch.nn.Module, type)):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple)):
+            for i, x in enumerate(obj[:256]):
+                walk(x, f"{path}[{i}]", level + 1)
+            return
+        if isinstance(obj, dict):
+            for k, x in list(obj.items())[:256]:
+                if isinstance(x, _PLAIN):
+                    found[f"{path}[{k!r}]"] = (obj, k, x, False)
+                else:
+                    walk(x, f"{path}[{k!r}]", level + 1)
+            return
+        attrs_ = getattr(obj, "__dict__", None)
+        if not isinstance(attrs_, dict):
+            return
+        for k, x in attrs_.items():
+            if isinstance(x, _PLAIN):
+                found[f"{path}.{k}"] = (obj, k, x, True)
+            elif not k.startswith("__"):
+                walk(x, f"{path}.{k}", level + 1)
+
+    for name, obj in roots.items():
+        walk(obj, name, 0)
+    return found
+
+
+def python_state_change(before: dict[str, Any], after: dict[str, Any]) -> str | None:
+    """The first plain attribute that differs, as 'path: old -> new', or None."""
+    for path in sorted(before.keys() | after.keys()):
+        old = before[path][2] if path in before else "<absent>"
+        new = after[path][2] if path in after else "<absent>"
+        if type(old) is not type(new) or old != new:
+            return f"{path}: {old!r} -> {new!r}"
+    return None
+
+
+def restore_python_state(before: dict[str, Any]) -> None:
+    """Put back the plain values `python_state` recorded."""
+    for holder, key, value, is_attr in before.values():
+        if is_attr:
+            object.__setattr__(holder, key, value)
+        else:
+            holder[key] = value

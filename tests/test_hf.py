@@ -1,0 +1,94 @@
+"""Hugging Face transformers models as they are: tiny random configs of several
+architectures, graphified whole and called with keywords over a StaticCache; greedy decode
+equals eager token for token, and capture leaves the cache as it found it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from graphify import CaptureError, InputMismatchError, graphify  # noqa: E402
+from transforms.hf import decode_graphs, greedy_generate, static_cache  # noqa: E402
+
+TINY = dict(
+    vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=128,
+)
+ARCHITECTURES = {  # name -> extra config
+    "Llama": {},
+    "Qwen2": {},
+    "Qwen3": {"head_dim": 8},
+    "Olmo2": {"pad_token_id": 0, "eos_token_id": 1},
+}
+
+
+def tiny_model(arch: str, device: str):
+    cfg = getattr(transformers, f"{arch}Config")(**TINY, **ARCHITECTURES[arch])
+    torch.manual_seed(0)
+    return getattr(transformers, f"{arch}ForCausalLM")(cfg).to(device).eval()
+
+
+def cache_state(cache) -> list[torch.Tensor]:
+    return [t.clone() for layer in cache.layers for t in (layer.keys, layer.values, layer.cumulative_length)]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_greedy_decode_equals_eager_and_capture_leaves_the_cache_alone(backend, arch):
+    name, device = backend
+    model = tiny_model(arch, device)
+    batch = 3
+    prompt = torch.randint(0, TINY["vocab_size"], (batch, 7), generator=torch.Generator().manual_seed(5)).to(device)
+    want = greedy_generate(model, prompt, static_cache(model, batch, 64), 33)
+
+    cache = static_cache(model, batch, 64)
+    with torch.no_grad():
+        out = model(input_ids=prompt, past_key_values=cache, use_cache=True)  # the prompt, eagerly
+        nxt = out.logits[:, -1:].argmax(-1)
+        before = cache_state(cache)
+        step = graphify(model, mode="FULL", sizes=[batch], backend=name).capture(
+            input_ids=nxt, past_key_values=cache, use_cache=True
+        )
+        for a, b in zip(before, cache_state(cache)):
+            assert torch.equal(a, b)  # K/V rows and position counters untouched
+        assert step.table.state_tensors == 3 * TINY["num_hidden_layers"]
+        tokens = [nxt]
+        for _ in range(32):
+            out = step(input_ids=nxt, past_key_values=cache, use_cache=True)
+            assert type(out).__name__ == "CausalLMOutputWithPast" and out.logits.shape[:2] == (batch, 1)
+            assert out.past_key_values is cache
+            nxt = out.logits[:, -1:].argmax(-1)
+            tokens.append(nxt)
+    assert torch.equal(torch.cat(tokens, 1), want)
+    assert step.stats.calls == 32
+
+
+def test_decode_graphs_helper_and_a_captured_cache_only(backend):
+    name, device = backend
+    model = tiny_model("Llama", device)
+    prompt = torch.randint(0, TINY["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(2)).to(device)
+    want = greedy_generate(model, prompt, static_cache(model, 2, 48), 16)
+    cache = static_cache(model, 2, 48)
+    step = decode_graphs(model, cache, backend=name)  # captured before the prompt ran
+    assert torch.equal(greedy_generate(model, prompt, cache, 16, decode=step), want)
+    cache.reset()
+    assert torch.equal(greedy_generate(model, prompt, cache, 16, decode=step), want)  # reset in place: still ours
+    other = static_cache(model, 2, 48)
+    with torch.no_grad():  # a generation loop's mode
+        with pytest.raises(InputMismatchError, match="'past_key_values' is a different StaticCache object"):
+            step(input_ids=prompt[:, :1], past_key_values=other, use_cache=True)
+        with pytest.raises(InputMismatchError, match="keyword 'output_attentions' was not passed at capture"):
+            step(input_ids=prompt[:, :1], past_key_values=cache, use_cache=True, output_attentions=True)
+        with pytest.raises(InputMismatchError, match="argument 'use_cache' was passed at capture but left out of this call"):
+            step(input_ids=prompt[:, :1], past_key_values=cache)
+
+
+def test_sliding_window_caches_keep_python_state_and_are_refused():
+    cfg = transformers.MistralConfig(**TINY, sliding_window=16)
+    model = transformers.MistralForCausalLM(cfg).eval()
+    cache = static_cache(model, 2, 32)
+    counters = [getattr(layer, "cumulative_length_int", None) for layer in cache.layers]
+    with pytest.raises(CaptureError, match="cumulative_length_int.*leave this function ungraphified"):
+        decode_graphs(model, cache, backend="sim")
+    assert [getattr(layer, "cumulative_length_int", None) for layer in cache.layers] == counters

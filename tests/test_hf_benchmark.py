@@ -1,0 +1,25 @@
+"""The transformers generation benchmark runs end to end (CPU: tiny config, simulation)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+
+def test_hf_generate_smoke(tmp_path, monkeypatch):
+    from benchmarks import _report, hf_generate
+
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    hf_generate.main(["--models", "tiny-qwen", "--batches", "2", "--configs", "eager", "graphify",
+                      "--new-tokens", "6", "--prompt-len", "5", "--reps", "1"])
+    written = list(tmp_path.glob("hf-generate-*.json"))
+    assert len(written) == 1
+    result = json.loads(written[0].read_text())
+    assert not result["failures"]
+    rows = {r["key"]: r for r in result["rows"]}
+    assert set(rows) == {"eager", "graphify"}
+    assert rows["graphify"]["equal_share"] == 1.0 and rows["graphify"]["uses_graphs"] == "yes"
+    assert rows["eager"]["ms_per_token_sync"] > 0
