@@ -168,6 +168,16 @@ class StateKeeper:
         self.saved_bytes = 0
 
 
+def _first_run(fn: Callable, guard, *args):
+    """`fn(*args)`, or its eager twin `guard(*args)`, under the op guard when `guard` is set."""
+    import contextlib
+
+    from .backends.sim import CaptureGuard
+
+    with CaptureGuard() if guard else contextlib.nullcontext():
+        return (guard if callable(guard) else fn)(*args)
+
+
 def eager_runs(fn: Callable, args: tuple, *, keeper: "StateKeeper | None", guard, count: int, finish=None):
     """Run `fn(*args)` eagerly `count` times, the state restored after each run.
 
@@ -175,20 +185,10 @@ def eager_runs(fn: Callable, args: tuple, *, keeper: "StateKeeper | None", guard
     set; a callable `guard` is the eager twin of a compiled `fn` and runs in its place).
     `finish(out)` sees the last run's result before its writes are undone (the
     simulation clones its outputs there); returns what it returns."""
-    import contextlib
-
-    from .backends.sim import CaptureGuard
-
     result = None
     for i in range(count):
-        if i == 0:
-            f = guard if callable(guard) else fn
-
-            def first(f=f):
-                with CaptureGuard() if guard else contextlib.nullcontext():
-                    return f(*args)
-
-            out = keeper.record(first) if keeper is not None else first()
+        if i == 0:  # module-level helper, not a closure: a kept traceback must not pin `args`
+            out = keeper.record(_first_run, fn, guard, *args) if keeper is not None else _first_run(fn, guard, *args)
         else:
             out = fn(*args)
         if i == count - 1 and finish is not None:
