@@ -303,7 +303,7 @@ def main(argv=None) -> None:
     if args.worker:
         return worker(args)
     env = environment()
-    rows, failures = [], []
+    failures: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.jsonl")
         for shape in args.models:
@@ -316,21 +316,28 @@ def main(argv=None) -> None:
                 if err:
                     failures.append(err)
                     print("  " + err, flush=True)
-        if os.path.exists(out):
-            rows = [json.loads(line) for line in Path(out).read_text().splitlines()]
+                rows = [json.loads(line) for line in Path(out).read_text().splitlines()] if os.path.exists(out) else []
+                report(env, rows, failures, args)  # after every group: a cut run still leaves its results
+
+
+def report(env: dict, rows: list[dict], failures: list[str], args) -> None:
     from ._report import RESULTS, device_slug, table
 
+    rows = [dict(r) for r in rows]
     previous = RESULTS / f"hf-generate-{device_slug(env)}.json"
     if args.append and previous.exists():
-        kept = [r for r in json.loads(previous.read_text())["rows"] if r["model"] not in args.models]
-        rows = kept + rows
+        old = json.loads(previous.read_text())
+        rerun = {(m, c) for m in args.models for c in args.configs}
+        rows = [r for r in old["rows"] if (r["model"], r["key"]) not in rerun] + rows
+        failures = [
+            f for f in old.get("failures", []) if not any(f.startswith(c) and f" on {m}:" in f for m, c in rerun)
+        ] + failures
     add_ratios(rows)
-
-    note = "" if gpu else "\n\nCPU simulation backend, tiny config: not GPU timings.\n"
+    note = "" if env["gpu"] else "\n\nCPU simulation backend, tiny config: not GPU timings.\n"
     md = table(rows, COLUMNS) + note + "".join(f"\n- failed: {f}" for f in failures)
     for r in rows:
         r.pop("tokens", None)
-    paths = publish("hf-generate", {"env": env, "rows": rows, "failures": failures, "args": vars(args)}, md)
+    paths = publish("hf-generate", {"env": dict(env), "rows": rows, "failures": failures, "args": vars(args)}, md)
     png = plot(rows, paths[0].with_suffix(".png"))
     if png:
         print(f"wrote {png}")
