@@ -92,3 +92,11 @@ def test_sliding_window_caches_keep_python_state_and_are_refused():
     with pytest.raises(CaptureError, match="cumulative_length_int.*leave this function ungraphified"):
         decode_graphs(model, cache, backend="sim")
     assert [getattr(layer, "cumulative_length_int", None) for layer in cache.layers] == counters
+
+
+def test_the_readme_example_runs_as_written():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("import torch, transformers")
+    exec(compile(text[start:text.index("```", start)], "README.md", "exec"), {})
