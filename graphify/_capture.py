@@ -16,6 +16,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import torch
 from torch.utils import _pytree as pytree
 
@@ -204,6 +205,14 @@ def capture_table(
         if not isinstance(exc, Exception):
             raise
         raise _as_capture_error(call, exc, done, len(pairs)) from exc
+    if out_axes is None:
+        try:
+            entries = consistent_out_axes(call, entries)
+        except CaptureError:
+            entries.clear()
+            if device is not None and device.type == "cuda":
+                pool.trim()
+            raise
     for entry in entries.values():
         pool.track(entry, f"{call} {entry.label}", entry.nbytes)
     seconds = time.perf_counter() - start
@@ -218,6 +227,45 @@ def capture_table(
         call, len(entries), seconds, table.nbytes / MiB, pool.name,
     )
     return table
+
+
+def consistent_out_axes(call: str, entries: dict) -> dict:
+    """One batch axis per output across every captured size, read from the real shapes.
+
+    An output of the same shape at every size is not cut (even where its length happens
+    to equal one size's token count). An output that changes with the batch must do so
+    on dim 0 as the tokens or the requests do, with the other dims fixed; anything else
+    (dim 0 twice the tokens, the batch on dim 1 as a vmapped ensemble returns) would hand
+    out padded rows, so it is an error that says what to do."""
+    items = list(entries.items())
+    if len({(e.key.num_tokens, e.key.reqs_rows) for _, e in items}) < 2:
+        return entries
+    count = len(items[0][1].flat_outputs)
+    axes_per_entry = [list(e.out_axes) for _, e in items]
+    for i in range(count):
+        shapes = [tuple(e.flat_outputs[i].shape) if isinstance(e.flat_outputs[i], torch.Tensor) else None for _, e in items]
+        if shapes[0] is None or len(set(shapes)) == 1:
+            for axes in axes_per_entry:
+                axes[i] = None
+            continue
+        for kind in ("tokens", "reqs"):
+            rows = [e.key.num_tokens if kind == "tokens" else e.key.reqs_rows for _, e in items]
+            if all(len(sh) and sh[0] == n for sh, n in zip(shapes, rows)) and len({sh[1:] for sh in shapes}) == 1:
+                for axes in axes_per_entry:
+                    axes[i] = kind
+                break
+        else:
+            (_, a), (_, b) = items[0], items[-1]
+            raise CaptureError(
+                f"{call}: output {i} has shape {shapes[0]} at {a.key} but {shapes[-1]} at {b.key}: it grows with the "
+                "batch, but not as dim 0 following the tokens or the requests, so graphify cannot cut the padded "
+                "rows off. Return the batch on dim 0 (for example .movedim(1, 0) for a vmapped ensemble, or reshape "
+                "a 2x-per-row output to (rows, 2, ...)); out_axes marks dim-0 axes only ('tokens', 'reqs' or None)"
+            )
+    return {
+        k: attrs.evolve(e, out_axes=tuple(axes)) if tuple(axes) != e.out_axes else e
+        for (k, e), axes in zip(items, axes_per_entry)
+    }
 
 
 def _capture_one(

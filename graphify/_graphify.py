@@ -16,7 +16,7 @@ from ._params import ModuleWatch
 from ._signature import CallLayout, module_of
 from ._capture import capture_table
 from ._dispatch import Decision, Dispatcher, explain_miss
-from ._errors import CaptureError
+from ._errors import CaptureError, GraphifyError
 from ._interop import ForeignFunction, foreign_library, module, to_torch, tree_from_torch
 from ._keys import KeySet, plan_keys
 from ._mode import Mode
@@ -83,6 +83,11 @@ class Graphified:
     def __attrs_post_init__(self):
         if not isinstance(self.options, Options):
             raise TypeError(f"graphify: options must be a graphify.Options, got {type(self.options).__name__}")
+        if self.max_padding_ratio is not None and not self.max_padding_ratio >= 1:
+            raise ValueError(
+                f"graphify: max_padding_ratio must be >= 1 (a padded size over the real one; 1 means exact sizes "
+                f"only), got {self.max_padding_ratio}"
+            )
         if self.max_num_reqs is not None and self.max_num_reqs < 1:
             raise ValueError(f"graphify: max_num_reqs must be >= 1, got {self.max_num_reqs}")
         call = f"graphify({_fn_name(self.fn)}, mode={self.mode.value!r})"
@@ -276,8 +281,30 @@ class Graphified:
             capturers[Mode.PIECEWISE] = piecewise
         return capturers
 
+    # -- copies and pickles ---------------------------------------------------------------
+    def __copy__(self) -> "Graphified":
+        return self  # immutable: a copy is the same callable
+
+    def __deepcopy__(self, memo) -> "Graphified":
+        return self  # graphs, pools and static buffers are device state, shared by design
+
+    def __reduce__(self):
+        if self.table is not None:
+            raise TypeError(
+                f"{self._call}: a captured callable holds CUDA graphs and device buffers, which cannot be "
+                "pickled; pickle the function (or the callable before capture) and capture again after loading"
+            )
+        fields = {a.name: getattr(self, a.name) for a in attrs.fields(type(self)) if a.init}
+        return (_rebuild, (fields,))
+
     # -- calls ----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        if _peek_functorch() is not None:
+            raise GraphifyError(
+                f"{self._call} was called inside a torch.func transform (vmap, grad, jacrev, jvp, ...): a graph "
+                "replays fixed kernels on real tensors and cannot be transformed. Put the transform inside: "
+                "graphify(vmap(f)), graphify(vmap(grad(loss)))"
+            )
         runtime = self._runtime
         if runtime is None:
             self.stats.record(Mode.NONE, _leading_rows(args) or _leading_rows(tuple(kwargs.values())), None)
@@ -338,6 +365,13 @@ def _eager_twin(fn: Callable) -> Callable | None:
     if getattr(fn, "is_split", False):
         return fn.fn if getattr(fn, "compiled", False) else None
     return getattr(fn, "_torchdynamo_orig_callable", None)
+
+
+_peek_functorch = torch._C._functorch.peek_interpreter_stack
+
+
+def _rebuild(fields: dict) -> Graphified:
+    return Graphified(**fields)
 
 
 def _boxing(fn: Callable) -> Callable:

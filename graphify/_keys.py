@@ -76,8 +76,11 @@ def plan_keys(
     - `lora`: also capture LoRA variants of every key.
 
     **Returns:** a `KeySet`. Mixed keys: one relaxed key per size in the mixed mode.
-    Uniform keys (dual modes only): sizes that are multiples of the query length, up to
-    `max_num_reqs * uniform_query_len`.
+    Uniform keys (dual modes only): each size read as a request count `r`, a key of `r * q`
+    tokens (q = `uniform_query_len`), up to the largest size in tokens and `max_num_reqs`
+    requests. So a uniform batch pads its requests exactly as a q = 1 decode does (with two
+    speculative tokens, 1 request runs a 3-token graph, 2 a 6-token graph; vLLM also rounds
+    decode sizes up to multiples of q), instead of keeping only sizes divisible by q.
 
     !!! example
         >>> ks = plan_keys("FULL_AND_PIECEWISE", [1, 2, 4])
@@ -94,12 +97,12 @@ def plan_keys(
     if mixed is not Mode.NONE:
         target = full if mixed is Mode.FULL else piecewise
         target.update(BatchDescriptor(s, None, False, has) for s in sizes for has in lora_cases)
-    if mode.is_dual:
-        cap = sizes[-1] if max_num_reqs is None else max_num_reqs * q
+    if mode.is_dual:  # sizes read as request counts: r requests of q tokens each
+        top = sizes[-1]
         full.update(
-            BatchDescriptor(s, s // q, True, has)
-            for s in sizes
-            if s % q == 0 and s <= cap
+            BatchDescriptor(r * q, r, True, has)
+            for r in sizes
+            if r * q <= top and (max_num_reqs is None or r <= max_num_reqs)
             for has in lora_cases
         )
     return KeySet(full, piecewise, q)

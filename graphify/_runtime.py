@@ -203,6 +203,10 @@ class Runtime:
             n, r = self.rows_and_check(args)
         if n < 0:
             n = r
+        if n == 0:  # an empty batch: what eager returns, no graph
+            with self.lock:
+                stats.tally(_NONE, 0, None)
+            return self.fn(*args)
         if self.uniform_fn is not None:
             uniform = bool(self.uniform_fn(*args))
         else:

@@ -138,3 +138,22 @@ def test_call_after_release_says_capture_again():
     with pytest.raises(GraphifyError) as info:
         g(torch.randn(2, 8), w, 2.0)
     assert CALL in str(info.value) and "capture it again" in str(info.value)
+
+
+def test_empty_batches_copies_and_pickles_do_what_users_expect(backend):
+    import copy
+    import pickle
+
+    name, device = backend
+    w = torch.randn(8, 8, device=device)
+    g = graphify(mlp, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent(), static()), backend=name)
+    assert copy.deepcopy(g) is g and copy.copy(g) is g  # immutable
+    assert pickle.loads(pickle.dumps(g)).mode is g.mode  # uncaptured: a plain value
+    g = g.capture(torch.randn(2, 8, device=device), w, 2.0)
+    empty = torch.randn(0, 8, device=device)
+    torch.testing.assert_close(g(empty, w, 2.0), mlp(empty, w, 2.0))  # eager's empty result
+    assert copy.deepcopy(g) is g
+    with pytest.raises(TypeError, match="cannot be pickled; pickle the function"):
+        pickle.dumps(g)
+    with pytest.raises(ValueError, match="max_padding_ratio must be >= 1"):
+        graphify(mlp, mode="FULL", max_padding_ratio=0.5)
