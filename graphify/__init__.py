@@ -11,6 +11,7 @@ only the backends capture and replay.
 
 from ._axes import ArgSpec, Axis, fixed, persistent, reqs, static, tokens
 from ._capture import freeze_gc
+from ._check import CheckReport, CheckRow
 from ._descriptor import BatchDescriptor
 from ._dispatch import Decision, Dispatcher, dispatch, explain_miss
 from ._errors import (
@@ -41,7 +42,7 @@ from ._support import Resolution, Support, resolve_mode, weakest
 from ._table import Entry, GraphTable
 
 __all__ = [
-    "ArgSpec", "Axis", "BatchDescriptor", "CaptureError", "Decision", "DispatchMismatchError", "Dispatcher", "Entry",
+    "ArgSpec", "Axis", "BatchDescriptor", "CaptureError", "CheckReport", "CheckRow", "Decision", "DispatchMismatchError", "Dispatcher", "Entry",
     "GraphTable", "Graphified", "GraphifyError", "InputMismatchError", "KeySet", "Mode", "Options", "StateChangedError",
     "PersistentSwapError", "Pool", "PoolReport", "RUNTIME_MODES", "Resolution", "Stats", "StatsRow",
     "Support", "UnsupportedOpError", "dispatch", "explain_miss", "fixed", "freeze_gc", "graphify",

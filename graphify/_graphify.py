@@ -227,6 +227,7 @@ class Graphified:
             probe=layout.caller(self.fn.fn) if split else None,
             layout=layout,
             watch=ModuleWatch(self._call, modules, full=opts.full_checks),
+            examples=tuple(a.detach().clone() if s.axis.kind == "tokens" else None for a, s in zip(args, specs)),
         )
 
     def release(self) -> "Graphified":
@@ -329,6 +330,63 @@ class Graphified:
         return tree_from_torch(out, module(library))
 
     # -- introspection --------------------------------------------------------------------
+    def check(
+        self,
+        make_batch: Callable[[int], Any] | None = None,
+        *,
+        sizes: Iterable[int] | None = None,
+        rtol: float = 1e-5,
+        atol: float = 1e-5,
+        seed: int = 0,
+    ) -> "CheckReport":
+        """Compare the captured callable with eager on fresh random batches: at every
+        captured size, between sizes (padded) and above the largest. Run it first after
+        capture: it shows whether padding changes real rows (a function that mixes rows
+        across the batch) before production does.
+
+        **Arguments:**
+        - `make_batch`: `make_batch(num_tokens)` returns a call's arguments (a tuple, a
+          dict of keywords, or both as `(args, kwargs)`). Default: float rows drawn like
+          the example's, integer rows resampled from it, everything else as captured
+          (functions with request-axis arguments need a `make_batch`).
+        - `sizes`: the token counts to check instead (a model whose batch is fixed, such
+          as one over a transformers StaticCache, checks its captured size only).
+        - `rtol`, `atol`: the tolerance for "matches".
+
+        **Returns:** a `CheckReport`; `print(report)` shows one row per size and output,
+        `report.ok` is True when every real row matched. Outside state the eager runs
+        write is put back, and `stats` is not counted.
+        """
+        from ._check import check_sizes, check_table
+
+        runtime = self._runtime
+        if runtime is None:
+            raise ValueError(f"{self._call}.check: capture first; check compares the graphs with eager")
+        if make_batch is None and runtime.req_idx:
+            raise ValueError(
+                f"{self._call}.check: request-axis arguments must agree with the token ones, which random rows "
+                "cannot guess: pass make_batch(num_tokens) returning a call's arguments"
+            )
+        make = None
+        if make_batch is not None:
+            def make(n):
+                batch = make_batch(n)
+                if isinstance(batch, dict):
+                    return runtime.layout.bind((), batch)
+                if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], dict):
+                    return runtime.layout.bind(batch[0], batch[1])
+                return runtime.layout.bind(tuple(batch), {})
+
+        captured = {k.num_tokens for k in self.table.keys.full | self.table.keys.piecewise}
+        if sizes is None:
+            sizes = check_sizes(captured)
+        else:
+            top = max(captured)
+            sizes = [(n, "captured" if n in captured else "above" if n > top else "between") for n in sizes]
+        return check_table(self._call, runtime, self.table.examples or (), make, sizes, Stats(),
+                           rtol=rtol, atol=atol, seed=seed)
+
+
     def explain(self, num_tokens: int, *, uniform: bool = False, has_lora: bool = False) -> str:
         """Which graph a batch of `num_tokens` would replay, and why (or why none)."""
         keys = self.table.keys if self.table is not None else KeySet(uniform_query_len=self.uniform_query_len)

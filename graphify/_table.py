@@ -118,6 +118,7 @@ class GraphTable:
     watch: Any = None  # the modules whose tensors the graphs read (graphify._params.ModuleWatch)
     state_tensors: int = 0  # outside tensors that capture wrote and restored
     state_bytes: int = 0  # the most snapshot memory that restoring held at once
+    examples: Any = None  # per argument, the example's tokens-axis tensor (what check() draws rows like)
     _store: dict | None = attrs.field(default=None, repr=False, alias="store")
 
     def release(self) -> int:

@@ -74,6 +74,10 @@ def test_decode_graphs_helper_and_a_captured_cache_only(backend):
     assert torch.equal(greedy_generate(model, prompt, cache, 16, decode=step), want)
     cache.reset()
     assert torch.equal(greedy_generate(model, prompt, cache, 16, decode=step), want)  # reset in place: still ours
+    state = cache_state(cache)
+    report = step.check(sizes=[2], atol=1e-4, rtol=1e-4)  # the cache's batch is fixed: its size only
+    assert report.ok, report
+    assert all(torch.equal(a, b) for a, b in zip(state, cache_state(cache)))
     other = static_cache(model, 2, 48)
     with torch.no_grad():  # a generation loop's mode
         with pytest.raises(InputMismatchError, match="'past_key_values' is a different StaticCache object"):

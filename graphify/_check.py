@@ -1,0 +1,144 @@
+"""`g.check()`: the captured callable against eager, on fresh random batches.
+
+Padding is a contract: padded rows run through the graph, so a function that mixes rows
+(a mean over the batch added back to each row, a batch norm in training mode) gives other
+values for the real rows when it is padded. `check` finds that out before production: at
+every captured size (no padding: the graph must equal eager), between sizes (padded) and
+above the largest (eager), per output, in one table. Outside state the eager runs write is
+put back (`StateKeeper`), so a check leaves caches as it found them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+from torch.utils import _pytree as pytree
+
+from ._state import StateKeeper
+
+__all__ = ["CheckRow", "CheckReport", "check_table", "check_sizes"]
+
+
+@attrs.frozen
+class CheckRow:
+    """One output at one batch size: how the graphified call compares with eager."""
+
+    num_tokens: int
+    where: str  # "captured", "between" (padded) or "above" (eager)
+    mode: str  # the runtime mode the call dispatched to
+    padded_to: int | None
+    output: int
+    max_err: float
+    match: bool
+
+    @property
+    def verdict(self) -> str:
+        if self.match:
+            return "ok"
+        if self.padded_to is not None and self.padded_to != self.num_tokens:
+            return "padding changes real rows (the function mixes rows across the batch)"
+        return "differs from eager without padding"
+
+
+@attrs.frozen
+class CheckReport:
+    """Every row of a check; `ok` when every real row matched eager."""
+
+    call: str
+    rows: tuple[CheckRow, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.match for r in self.rows)
+
+    def table(self) -> str:
+        head = "| tokens | where | ran as | padded to | output | max err | real rows match | verdict |\n|---|---|---|---|---|---|---|---|"
+        body = [
+            f"| {r.num_tokens} | {r.where} | {r.mode} | {r.padded_to if r.padded_to is not None else '-'} | "
+            f"{r.output} | {r.max_err:.3g} | {'yes' if r.match else 'NO'} | {r.verdict} |"
+            for r in self.rows
+        ]
+        return "\n".join([f"{self.call}.check(): {'all real rows match eager' if self.ok else 'MISMATCHES'}", head, *body])
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def check_sizes(captured: Sequence[int]) -> list[tuple[int, str]]:
+    """Every captured size, one size between each pair of neighbours, and one above."""
+    sizes = sorted(set(captured))
+    out, prev = [], 0
+    for s in sizes:
+        if s - prev > 1:
+            out.append(((prev + s) // 2 if (prev + s) // 2 > prev else prev + 1, "between"))
+        out.append((s, "captured"))
+        prev = s
+    out.append((sizes[-1] + 1, "above"))
+    return out
+
+
+def _random_args(runtime, examples: Sequence[Any], n: int, gen: torch.Generator) -> tuple:
+    """Arguments for `n` tokens: float rows drawn like the example's, integer and bool rows
+    resampled from the example (so indices stay valid); the rest as captured."""
+    table = runtime.table
+    args = []
+    for spec, buf, kept, example in zip(table.specs, table.static.buffers, table.static.persistent, examples):
+        kind = spec.axis.kind
+        if kind == "tokens":
+            if example.is_floating_point() or example.is_complex():
+                scale = example.float().std().nan_to_num(1.0).clamp_min(1e-3).item() if example.numel() > 1 else 1.0
+                x = torch.randn((n, *spec.trailing), generator=gen) * scale
+                args.append(x.to(device=spec.device, dtype=spec.dtype))
+            else:
+                rows = torch.randint(0, example.shape[0], (n,), generator=gen).to(example.device)
+                args.append(example[rows].clone())
+        elif kind == "fixed":
+            args.append(buf.clone())
+        elif kind == "persistent":
+            args.append(kept)
+        else:
+            args.append(spec.value)
+    return tuple(args)
+
+
+def check_table(
+    call: str,
+    runtime,
+    examples: Sequence[Any],
+    make_batch: Callable[[int], Sequence[Any]] | None,
+    sizes: Sequence[tuple[int, str]],
+    stats,
+    *,
+    rtol: float,
+    atol: float,
+    seed: int,
+) -> CheckReport:
+    """Run the check; see the module docstring. `make_batch(n)` returns argument slots."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for n, where in sizes:
+        args = tuple(make_batch(n)) if make_batch is not None else _random_args(runtime, examples, n, gen)
+        keeper = StateKeeper()
+        with torch.no_grad():
+            want = keeper.record(runtime.fn, *args)
+            want = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, want)
+            keeper.restore()
+            decision = runtime.dispatcher.lookup(max(n, 1))
+            got = runtime.run(args, stats)
+            keeper.restore()
+        padded = decision.key.num_tokens if decision.key is not None else None
+        got_flat, want_flat = pytree.tree_leaves(got), pytree.tree_leaves(want)
+        for i, (a, b) in enumerate(zip(got_flat, want_flat)):
+            if isinstance(b, torch.Tensor):
+                same_shape = isinstance(a, torch.Tensor) and a.shape == b.shape
+                err = (a.double() - b.double()).abs().max().item() if same_shape and b.numel() else (0.0 if same_shape else float("inf"))
+                match = same_shape and torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol)
+            else:
+                err, match = 0.0, a == b
+            rows.append(CheckRow(n, where, decision.mode.value, padded, i, err, bool(match)))
+        if len(got_flat) != len(want_flat):
+            rows.append(CheckRow(n, where, decision.mode.value, padded, len(want_flat), float("inf"), False))
+    return CheckReport(call, tuple(rows))
