@@ -248,7 +248,8 @@ def consistent_out_axes(call: str, entries: dict) -> dict:
             for axes in axes_per_entry:
                 axes[i] = None
             continue
-        for kind in ("tokens", "reqs"):
+        first = items[0][1].out_axes[i]  # where tokens and requests rows agree, the shape probe decided
+        for kind in (first, "reqs" if first == "tokens" else "tokens") if first in ("tokens", "reqs") else ("tokens", "reqs"):
             rows = [e.key.num_tokens if kind == "tokens" else e.key.reqs_rows for _, e in items]
             if all(len(sh) and sh[0] == n for sh, n in zip(shapes, rows)) and len({sh[1:] for sh in shapes}) == 1:
                 for axes in axes_per_entry:

@@ -36,6 +36,7 @@ def dispatch(
     uniform: bool = False,
     has_lora: bool = False,
     max_padding_ratio: float | None = None,
+    full_ok: bool = True,
 ) -> Decision:
     """Pick the graph for a batch: exact FULL, then relaxed FULL, then PIECEWISE, else NONE.
 
@@ -46,6 +47,8 @@ def dispatch(
     - `has_lora`: the batch runs LoRA adapters.
     - `max_padding_ratio`: run eagerly rather than pad to more than this many times the
       real size (SGLang's guard against padding waste); None means no limit.
+    - `full_ok`: False for a batch that may not run in a FULL graph (vLLM's cascade
+      attention, say): it gets PIECEWISE graphs if captured, else runs eagerly.
 
     **Returns:** a `Decision`. A batch above every captured size gets NONE, never an error.
 
@@ -61,15 +64,19 @@ def dispatch(
     def acceptable(size: int | None) -> bool:
         return size is not None and (max_padding_ratio is None or size <= max_padding_ratio * num_tokens)
 
-    if uniform:
+    if uniform and full_ok:
         size = pad_to(_sizes_of(keys.full, uniform=True, has_lora=has_lora), num_tokens)
         if acceptable(size):
             key = BatchDescriptor(size, size // q, True, has_lora)
             return Decision(Mode.FULL, key, "exact uniform FULL graph")
     for mode, label in ((Mode.FULL, "relaxed FULL graph"), (Mode.PIECEWISE, "PIECEWISE graphs")):
+        if mode is Mode.FULL and not full_ok:
+            continue
         size = pad_to(_sizes_of(keys.of(mode), uniform=False, has_lora=has_lora), num_tokens)
         if acceptable(size):
             return Decision(mode, BatchDescriptor(size, None, False, has_lora), label)
+    if not full_ok and keys.full and not keys.piecewise:
+        return Decision(Mode.NONE, None, "the batch may not use FULL graphs and no PIECEWISE graphs were captured")
     return Decision(Mode.NONE, None, _why_none(keys, num_tokens, has_lora, max_padding_ratio))
 
 
@@ -123,15 +130,17 @@ class Dispatcher:
         tables = {}
         for uniform in (False, True):
             for has_lora in (False, True):
-                tables[uniform, has_lora] = [None] + [
-                    dispatch(self.keys, n, uniform=uniform, has_lora=has_lora, max_padding_ratio=self.max_padding_ratio)
-                    for n in range(1, top + 1)
-                ]
+                for full_ok in (True, False):
+                    tables[uniform, has_lora, full_ok] = [None] + [
+                        dispatch(self.keys, n, uniform=uniform, has_lora=has_lora,
+                                 max_padding_ratio=self.max_padding_ratio, full_ok=full_ok)
+                        for n in range(1, top + 1)
+                    ]
         object.__setattr__(self, "_tables", tables)
         object.__setattr__(self, "_above", Decision(Mode.NONE, None, f"num_tokens is above the largest captured size {top}"))
 
-    def lookup(self, num_tokens: int, uniform: bool = False, has_lora: bool = False) -> Decision:
-        table = self._tables[uniform, has_lora]
+    def lookup(self, num_tokens: int, uniform: bool = False, has_lora: bool = False, full_ok: bool = True) -> Decision:
+        table = self._tables[uniform, has_lora, full_ok]
         if 0 < num_tokens < len(table):
             return table[num_tokens]
         if num_tokens < 1:

@@ -115,6 +115,7 @@ class Graphified:
                 uniform_fn=self.uniform,
                 lora_fn=self.has_lora,
                 outputs=self.outputs,
+                full_ok_fn=self.options.allow_full,
             )
         for name, value in (
             ("resolution", resolution), ("keys", keys), ("stats", Stats()), ("_runtime", runtime), ("_call", call)

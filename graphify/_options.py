@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 __all__ = ["Options"]
@@ -29,6 +31,9 @@ class Options:
     - `weak_outputs`: let later captures reuse each graph's output memory (CUDA only).
     - `progress`: show a progress bar while capturing (on a terminal).
     - `largest_first`: capture largest sizes first, so smaller ones reuse their memory.
+    - `allow_full`: `allow_full(*args) -> bool`, called per call: False sends a batch that
+      may not run in a FULL graph (vLLM's cascade attention) to PIECEWISE graphs, or
+      eagerly where none were captured. Default: every batch may.
     """
 
     warmups: int = attrs.field(default=1, validator=_non_negative)
@@ -37,3 +42,4 @@ class Options:
     weak_outputs: bool = True
     progress: bool = True
     largest_first: bool = True
+    allow_full: Callable[..., bool] | None = None

@@ -88,9 +88,10 @@ class Runtime:
         uniform_fn: Callable[..., bool] | None,
         lora_fn: Callable[..., bool] | None,
         outputs: str = "copy",
+        full_ok_fn: Callable[..., bool] | None = None,
     ):
         self.call, self.fn, self.table, self.dispatcher = call, fn, table, dispatcher
-        self.uniform_fn, self.lora_fn = uniform_fn, lora_fn
+        self.uniform_fn, self.lora_fn, self.full_ok_fn = uniform_fn, lora_fn, full_ok_fn
         self.library = table.library
         self.lockstep = table.lockstep
         self.layout = table.layout if table.layout is not None else _PositionalLayout(len(table.specs))
@@ -212,7 +213,10 @@ class Runtime:
         else:
             uniform = self.q == 1 if r < 0 else n == r * self.q
         has_lora = bool(self.lora_fn(*args)) if self.lora_fn is not None else False
-        decision = self.dispatcher.lookup(n, uniform, has_lora)
+        if self.full_ok_fn is None:
+            decision = self.dispatcher.lookup(n, uniform, has_lora)
+        else:
+            decision = self.dispatcher.lookup(n, uniform, has_lora, bool(self.full_ok_fn(*args)))
         if self.lockstep is not None:
             self._agree(decision, n, r)
         if decision.mode is _NONE:

@@ -39,13 +39,24 @@ def test_above_the_largest_size_is_none(keys, n, uniform, lora):
         assert dispatch(keys, n, uniform=uniform, has_lora=lora).mode is Mode.NONE
 
 
-@given(keysets(), st.booleans(), st.booleans(), st.one_of(st.none(), st.floats(1.0, 4.0)))
-def test_precomputed_dispatcher_equals_dispatch(keys, uniform, lora, ratio):
+@given(keysets(), st.booleans(), st.booleans(), st.one_of(st.none(), st.floats(1.0, 4.0)), st.booleans())
+def test_precomputed_dispatcher_equals_dispatch(keys, uniform, lora, ratio, full_ok):
     fast = Dispatcher(keys, ratio)
     for n in range(1, keys.max_tokens() + 3):
-        slow = dispatch(keys, n, uniform=uniform, has_lora=lora, max_padding_ratio=ratio)
-        got = fast.lookup(n, uniform, lora)
+        slow = dispatch(keys, n, uniform=uniform, has_lora=lora, max_padding_ratio=ratio, full_ok=full_ok)
+        got = fast.lookup(n, uniform, lora, full_ok)
         assert (got.mode, got.key) == (slow.mode, slow.key)
+
+
+@given(keysets(), st.integers(1, 400), st.booleans(), st.booleans())
+def test_a_batch_excluded_from_full_graphs_never_gets_one(keys, n, uniform, lora):
+    excluded = dispatch(keys, n, uniform=uniform, has_lora=lora, full_ok=False)
+    assert excluded.mode is not Mode.FULL
+    allowed = dispatch(keys, n, uniform=uniform, has_lora=lora)
+    if allowed.mode is Mode.PIECEWISE:
+        assert excluded == allowed  # only FULL choices change
+    if excluded.mode is Mode.PIECEWISE:
+        assert excluded.key == dispatch(KeySet(piecewise=keys.piecewise), n, has_lora=lora).key
 
 
 def test_priority_exact_full_then_relaxed_full_then_piecewise():
