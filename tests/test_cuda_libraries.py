@@ -1,0 +1,48 @@
+"""Every CUDA library family a user may call inside a graphified function (cuFFT, cuBLAS /
+cuSOLVER, cuRAND, cuSPARSE, CUB; CuPy and torch, and CuPy inside torch) is captured and
+equal to eager, or rejected before CUDA sees it with an error that names the call; never a
+crash, and the process stays usable. Each case runs in a process of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import HAS_CUDA
+
+CUPY = ["cupy-fft", "cupy-linalg-solve", "cupy-linalg-norm", "cupy-random", "cupy-sparse", "cupy-cub-cumsum",
+        "cupy-cub-sort"]
+TORCH = ["torch-fft", "torch-linalg-solve", "torch-linalg-norm", "torch-random", "torch-sparse", "torch-cub-cumsum",
+         "torch-cub-sort", "torch+cupy-fft", "torch+cupy-random"]
+
+
+def has_cupy() -> bool:
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("case", CUPY + TORCH)
+def test_library_family_is_captured_or_rejected_never_a_crash(case):
+    if "cupy" in case and not has_cupy():
+        pytest.skip("needs CuPy")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, str(root / "tests" / "library_cases.py"), case], env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, f"{case}: exit {done.returncode} (a negative code is a crash)\n{out[-3000:]}"
+    assert "USABLE" in done.stdout, out[-3000:]
+    assert "CAPTURED" in done.stdout or "REJECTED" in done.stdout, out[-3000:]
+    if "REJECTED" in done.stdout:
+        line = next(ln for ln in done.stdout.splitlines() if ln.startswith("REJECTED"))
+        assert "graphify(" in line and ("keep it out of the graphified function" in line or "torch" in line), line
+    print(case, [ln[:300] for ln in done.stdout.splitlines()])
