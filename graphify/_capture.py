@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import re
 import time
 import traceback
 import types
@@ -21,7 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ._axes import PADDED, ArgSpec, by_value
-from ._errors import CaptureError
+from ._errors import CaptureError, UnsupportedOpError
 from ._keys import KeySet
 from ._mode import Mode
 from ._state import StateKeeper, python_state, python_state_change, restore_python_state
@@ -311,8 +312,31 @@ def _as_capture_error(call: str, exc: Exception, done: int, total: int) -> Captu
             "out of device memory: capture fewer sizes or a smaller maximum (sizes=...), share one "
             "Pool between functions, or free memory first; " + advice
         )
+    refused = _LIBRARY_REFUSED.search(str(exc)) if isinstance(exc, NotImplementedError) else None
+    if refused is not None:  # CuPy checks the stream before calling the library: CUDA never saw it
+        lib = refused.group(1)
+        return UnsupportedOpError(
+            f"{call}: capture failed{where}: {_user_frame(exc)} calls {lib}, which CuPy refuses inside a CUDA graph "
+            f"capture; keep that call out of the graphified function (run it before or after the graphed part, or "
+            f"make it a split op), or use torch's equivalent where it captures (torch.fft, torch.randn, "
+            f"torch.linalg.*_ex); {released}{advice}"
+        )
     cls = type(exc) if isinstance(exc, CaptureError) else CaptureError
     return cls(f"{call}: capture failed{where}: {type(exc).__name__}: {exc}; {released}{advice}")
+
+
+_LIBRARY_REFUSED = re.compile(r"calling (cu[A-Za-z]+) API during stream capture is currently unsupported")
+
+
+def _user_frame(exc: BaseException) -> str:
+    """'file:line in function' of the innermost frame outside torch, CuPy and graphify:
+    the user's call that raised."""
+    found = "the function"
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        path = frame.f_code.co_filename
+        if not any(part in path for part in ("/cupy", "/cupyx", "/torch/", "/graphify/", "<frozen")):
+            found = f"{path.rsplit('/', 1)[-1]}:{line} in {frame.f_code.co_name}"
+    return found
 
 
 def _progress(pairs, call: str, progress: bool):

@@ -94,3 +94,27 @@ def test_transforms_around_a_graphified_call_are_an_error_that_says_what_compose
         else:
             grad(lambda x: g(x).sum())(x)
     torch.testing.assert_close(g(x), torch.sin(x) * 2)  # and the callable still works
+
+
+def test_linalg_results_checked_on_the_host_are_rejected_and_ex_variants_capture(backend):
+    from graphify import UnsupportedOpError
+
+    name, device = backend
+    A = weights(device, 4, 4).double() + 4 * torch.eye(4, dtype=torch.float64, device=device)
+    x = batches(device)[0].double()
+    with pytest.raises(UnsupportedOpError, match=r"_linalg_check_errors.*torch.linalg.solve_ex"):
+        graphify(lambda x: torch.linalg.solve(A, x.T).T, mode="FULL", sizes=SIZES, backend=name).capture(x)
+    f = lambda x: torch.linalg.solve_ex(A, x.T)[0].T  # noqa: E731
+    g = graphify(f, mode="FULL", sizes=SIZES, backend=name).capture(x)
+    for x in batches(device):
+        torch.testing.assert_close(g(x.double()), torch.linalg.solve(A, x.double().T).T)
+
+
+def test_a_library_cupy_refuses_during_capture_is_named_with_what_to_do():
+    from graphify import UnsupportedOpError
+
+    def uses_cusolver(x):  # what CuPy raises for cuSOLVER, cuRAND and cuSPARSE calls while capturing
+        raise NotImplementedError("calling cuSOLVER API during stream capture is currently unsupported")
+
+    with pytest.raises(UnsupportedOpError, match=r"test_compose.py:\d+ in uses_cusolver calls cuSOLVER.*out of the graphified"):
+        graphify(uses_cusolver, mode="FULL", sizes=SIZES, backend="sim").capture(torch.randn(3, 4))

@@ -34,6 +34,10 @@ UNCAPTURABLE_OPS = {
     "aten::_unique2": "has an output shape that depends on the data",
     "aten::unique_dim": "has an output shape that depends on the data",
     "aten::unique_consecutive": "has an output shape that depends on the data",
+    "aten::_linalg_check_errors": (
+        "checks a torch.linalg result on the host (a sync); use the *_ex variant (torch.linalg.solve_ex, "
+        "inv_ex, cholesky_ex) and check its `info` outside the graphified function"
+    ),
 }
 
 
