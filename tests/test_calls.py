@@ -61,6 +61,7 @@ def test_defaults_keyword_only_and_var_keywords_bind_like_python(backend):
             torch.testing.assert_close(g(x=x, bias=bias, scale=2.0, square=True), want)
 
 
+@pytest.mark.filterwarnings("ignore:.*no gradient history")
 def test_keyword_errors_name_the_argument_and_say_what_to_do():
     m = Scaled()
     bias = torch.randn(1, 4)
