@@ -18,6 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ._state import StateKeeper
+from ._stats import Stats
 
 __all__ = ["CheckRow", "CheckReport", "check_table", "check_sizes"]
 
@@ -110,7 +111,6 @@ def check_table(
     examples: Sequence[Any],
     make_batch: Callable[[int], Sequence[Any]] | None,
     sizes: Sequence[tuple[int, str]],
-    stats,
     *,
     rtol: float,
     atol: float,
@@ -121,15 +121,15 @@ def check_table(
     rows = []
     for n, where in sizes:
         args = tuple(make_batch(n)) if make_batch is not None else _random_args(runtime, examples, n, gen)
-        keeper = StateKeeper()
+        keeper, stats = StateKeeper(), Stats()
         with torch.no_grad():
             want = keeper.record(runtime.fn, *args)
             want = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, want)
             keeper.restore()
-            decision = runtime.dispatcher.lookup(max(n, 1))
             got = runtime.run(args, stats)
             keeper.restore()
-        padded = decision.key.num_tokens if decision.key is not None else None
+        ran = stats.rows()[0]  # what this call really dispatched to (its uniform, LoRA and FULL flags too)
+        mode, padded = ran.mode.value, ran.padded_to
         got_flat, want_flat = pytree.tree_leaves(got), pytree.tree_leaves(want)
         for i, (a, b) in enumerate(zip(got_flat, want_flat)):
             if isinstance(b, torch.Tensor):
@@ -138,7 +138,7 @@ def check_table(
                 match = same_shape and torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol)
             else:
                 err, match = 0.0, a == b
-            rows.append(CheckRow(n, where, decision.mode.value, padded, i, err, bool(match)))
+            rows.append(CheckRow(n, where, mode, padded, i, err, bool(match)))
         if len(got_flat) != len(want_flat):
-            rows.append(CheckRow(n, where, decision.mode.value, padded, len(want_flat), float("inf"), False))
+            rows.append(CheckRow(n, where, mode, padded, len(want_flat), float("inf"), False))
     return CheckReport(call, tuple(rows))

@@ -384,8 +384,7 @@ class Graphified:
         else:
             top = max(captured)
             sizes = [(n, "captured" if n in captured else "above" if n > top else "between") for n in sizes]
-        return check_table(self._call, runtime, self.table.examples or (), make, sizes, Stats(),
-                           rtol=rtol, atol=atol, seed=seed)
+        return check_table(self._call, runtime, self.table.examples or (), make, sizes, rtol=rtol, atol=atol, seed=seed)
 
 
     def explain(self, num_tokens: int, *, uniform: bool = False, has_lora: bool = False) -> str:
