@@ -109,7 +109,7 @@ class Graphified:
             eager = ForeignFunction(self.fn, lib) if lib else self.fn
             runtime = Runtime(
                 call=call,
-                fn=self.table.layout.caller(eager) if self.table.layout is not None else eager,
+                fn=self.table.layout.caller(eager),
                 table=self.table,
                 dispatcher=Dispatcher(self.table.keys, self.max_padding_ratio),
                 uniform_fn=self.uniform,

@@ -62,18 +62,6 @@ class _Plan:
     boxed: bool = False  # the outputs hold dataclasses to rebuild (graphify._outputs)
 
 
-class _PositionalLayout:
-    """Binding for tables made without a call layout: positional calls only."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def bind(self, args, kwargs):
-        if kwargs:
-            raise InputMismatchError(f"keyword arguments {sorted(kwargs)} need a capture that saw them")
-        return tuple(args)
-
-
 class Runtime:
     """Per-table call machinery. Calls are serialised by a lock: static buffers and
     outputs are shared, so two threads must never interleave copy and replay."""
@@ -94,7 +82,7 @@ class Runtime:
         self.uniform_fn, self.lora_fn, self.full_ok_fn = uniform_fn, lora_fn, full_ok_fn
         self.library = table.library
         self.lockstep = table.lockstep
-        self.layout = table.layout if table.layout is not None else _PositionalLayout(len(table.specs))
+        self.layout = table.layout
         self.watch = table.watch
         self.modes = tuple(Mode)
         self.q = table.keys.uniform_query_len

@@ -41,27 +41,19 @@ _INDEXED = {  # op -> how to read back and write back exactly the rows it writes
     "aten::scatter_reduce_": "scatter",
 }
 _UNRESTORABLE = {"aten::set_", "aten::resize_", "aten::resize_as_"}
-_written_args: dict = {}
+_schema_facts: dict = {}
 
 
-def _writes(func) -> tuple[int, ...]:
-    """Positions of the arguments `func` writes in place (its schema's `Tensor(a!)`)."""
-    found = _written_args.get(func)
+def _facts(func) -> tuple[tuple[int, ...], bool]:
+    """(positions of the arguments `func` writes in place, whether it returns a view of
+    an input), from its schema's `Tensor(a!)` / `Tensor(a)` annotations; cached per op."""
+    found = _schema_facts.get(func)
     if found is None:
-        found = _written_args[func] = tuple(
-            i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+        schema = func._schema
+        found = _schema_facts[func] = (
+            tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write),
+            any(r.alias_info is not None for r in schema.returns),
         )
-    return found
-
-
-_aliasing: dict = {}
-
-
-def _aliases(func) -> bool:
-    """Whether `func` returns a view of (or the very) input: `Tensor(a)` returns."""
-    found = _aliasing.get(func)
-    if found is None:
-        found = _aliasing[func] = any(r.alias_info is not None for r in func._schema.returns)
     return found
 
 
@@ -79,7 +71,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        written = _writes(func)
+        written, aliases = _facts(func)
         if written and not _capturing():
             name = func._schema.name
             schema_args = func._schema.arguments
@@ -88,7 +80,7 @@ class _Recorder(TorchDispatchMode):
                 if isinstance(target, torch.Tensor) and target.numel():
                     self._save(name, target, args, kwargs)
         out = func(*args, **kwargs)
-        if not written and not _aliases(func):  # views share their base's storage: not new
+        if not written and not aliases:  # views share their base's storage: not new
             for t in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(t, torch.Tensor) and t.numel():
                     self.created.add(t.untyped_storage().data_ptr())
