@@ -11,7 +11,7 @@ Every configuration's output is checked against eager on the same inputs.
 
 On a CPU-only machine: the tiny model on the simulation backend (not GPU timings).
 
-    python -m benchmarks.piecewise [--inductor]
+    python -m benchmarks.piecewise [--inductor] [--model 0.5b|8b]
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from transforms import split
 from ._report import environment, publish, sync, table, time_per_call
 
 ATTENTION = "unified"
+MODELS = {"0.5b": DecoderConfig.qwen2_5_0_5b, "8b": DecoderConfig.llama3_8b}
+MODEL_NAMES = {"0.5b": "qwen2.5-0.5b-shape", "8b": "llama-3-8b-shape"}
 INPUT_SETS = 4
 
 
@@ -37,9 +39,9 @@ def max_err(a, b) -> float:
 
 
 class Bench:
-    def __init__(self, gpu: bool, inductor: bool):
+    def __init__(self, gpu: bool, inductor: bool, model: str = "0.5b"):
         self.gpu, self.device = gpu, ("cuda" if gpu else "cpu")
-        self.cfg = DecoderConfig.qwen2_5_0_5b(max_seq_len=2048) if gpu else DecoderConfig.tiny(max_seq_len=128)
+        self.cfg = MODELS[model](max_seq_len=2048) if gpu else DecoderConfig.tiny(max_seq_len=128)
         self.block = 16 if gpu else 4
         self.params = init_params(self.cfg, seed=0, device=self.device)
         self.step = varlen_step(self.cfg, self.params, ATTENTION)
@@ -88,9 +90,9 @@ def _runtime_modes(g) -> str:
 SCENARIOS = ("decode", "prefill", "mixed", "memory")
 
 
-def run(inductor: bool = False, scenarios=SCENARIOS) -> dict:
+def run(inductor: bool = False, scenarios=SCENARIOS, model: str = "0.5b") -> dict:
     env = environment()
-    b = Bench(env["gpu"], inductor)
+    b = Bench(env["gpu"], inductor, model)
     cfg = b.cfg
     decode_bs = (1, 8, 64) if b.gpu else (1, 8, 32)
     kv = 255 if b.gpu else 60
@@ -132,7 +134,7 @@ def run(inductor: bool = False, scenarios=SCENARIOS) -> dict:
         if b.gpu:
             torch.cuda.empty_cache()
     return {"env": env, "rows": b.rows, "captures": b.captures,
-            "config": {"model": "qwen2.5-0.5b-shape" if b.gpu else "tiny", "dtype": str(cfg.dtype),
+            "config": {"model": MODEL_NAMES[model] if b.gpu else "tiny", "dtype": str(cfg.dtype),
                        "attention": ATTENTION, "inductor_pieces": inductor, "block_size": b.block}}
 
 
@@ -188,11 +190,14 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inductor", action="store_true", help="compile graph pieces with inductor before capture")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--model", choices=sorted(MODELS), default="0.5b", help="model shape on a GPU")
     args = parser.parse_args(argv)
-    result = run(args.inductor, tuple(args.scenarios))
+    result = run(args.inductor, tuple(args.scenarios), args.model)
     result["checks"] = summarize(result)
     markdown = render(result)
     name = "piecewise-inductor" if args.inductor else "piecewise"
+    if args.model != "0.5b":
+        name += f"-{args.model}"
     if tuple(args.scenarios) != SCENARIOS:
         name += "-" + "-".join(args.scenarios)
     publish(name, result, markdown)

@@ -174,11 +174,15 @@ def capture_table(
             out_rule = infer_out_axes(fn, specs, example, out_axes)
             objects = {s.name: a for s, a in zip(specs, example) if s.axis.kind == "static" and not by_value(a)}
             state_before = python_state(objects)
+            seen: set = set()
             with freeze_gc():
                 for mode, key in _progress(pairs, call, progress):
+                    first = mode not in seen
+                    seen.add(mode)
+                    sibling = entries.get((Mode.PIECEWISE, key.relaxed()))
                     entries[mode, key] = _capture_one(
                         call, capturers[mode], mode, key, specs, static, example, handle, stream,
-                        warmups, weak_outputs, out_rule, keeper, probe,
+                        warmups, weak_outputs, out_rule, keeper, probe, first, sibling,
                     )
                     change = python_state_change(state_before, python_state(objects))
                     if change is not None:
@@ -271,23 +275,25 @@ def consistent_out_axes(call: str, entries: dict) -> dict:
 
 
 def _capture_one(
-    call, capturer, mode, key, specs, static, example, handle, stream, warmups, weak_outputs, out_rule, keeper, probe
+    call, capturer, mode, key, specs, static, example, handle, stream, warmups, weak_outputs, out_rule, keeper, probe,
+    first, sibling,
 ):
+    """Capture one key. `first`: the first key of its mode in this table, which alone
+    runs the op guard and checks for in-place writes to arguments (what a function does
+    there does not change with the batch size). `sibling`: the PIECEWISE entry of the same
+    token count, already captured, whose schedule warms a FULL capture up cheaply."""
     args = static.args_for(specs, key, example)
     t0 = time.perf_counter()
     try:
-        piecewise = mode is Mode.PIECEWISE and keeper.enabled and probe is not None
-        if piecewise:  # one capture pass runs the split ops eagerly: learn their writes first
-            keeper.record(probe, *args)
-            keeper.restore()
-        captured = capturer(args, pool=handle, warmups=warmups, weak_outputs=weak_outputs, stream=stream, keeper=keeper)
-        if piecewise:
-            keeper.restore()
+        captured = capturer(
+            args, key=key, pool=handle, warmups=warmups, weak_outputs=weak_outputs, stream=stream, keeper=keeper,
+            probe=probe if keeper.enabled else None, first=first, sibling=sibling,
+        )
         keeper.forget()
     except Exception as exc:
         exc.graphify_key = (mode, key)
         raise
-    changed = static.changed(specs)
+    changed = static.changed(specs) if first else None
     if changed:
         raise CaptureError(
             f"{call}: the function writes to argument(s) {changed} in place; graphify copies padded "

@@ -15,6 +15,7 @@ from ._outputs import box
 from ._params import ModuleWatch
 from ._signature import CallLayout, module_of
 from ._capture import capture_table
+from ._capturers import mode_capturers
 from ._dispatch import Decision, Dispatcher, explain_miss
 from ._errors import CaptureError, GraphifyError
 from ._interop import ForeignFunction, foreign_library, module, to_torch, tree_from_torch
@@ -212,7 +213,7 @@ class Graphified:
         return capture_table(
             call=self._call,
             fn=fn,
-            capturers=self._capturers(backend, fn, twin),
+            capturers=mode_capturers(backend, fn, twin, self.fn if split else None),
             keys=self.keys,
             specs=specs,
             example=args,
@@ -236,8 +237,8 @@ class Graphified:
         uncaptured callable (capture it again to get graphs back). Calls to this one then
         raise. The pool's free memory goes back to the device with `pool.trim()`."""
         if self._runtime is not None:
+            self._runtime.forget()
             with self._runtime.lock:
-                self._runtime.plans.clear()
                 self.table.release()
         return attrs.evolve(self, table=None)
 
@@ -262,26 +263,6 @@ class Graphified:
                 f"got num_tokens={num_tokens}, num_reqs={num_reqs}"
             )
         return self._runtime.static_inputs(num_tokens, num_reqs)
-
-    def _capturers(self, backend, fn: Callable, twin: Callable | None) -> dict[Mode, Callable]:
-        """How each runtime mode captures: FULL records `fn` whole; PIECEWISE asks a split
-        function to capture its pieces (and run its split ops eagerly between them)."""
-        if twin is not None:
-            # torch.compile'd code called under the op guard's dispatch mode falls back to
-            # eager for good, so the guard checks the eager twin; an unguarded warm-up then
-            # compiles on these very arguments and the capture records inductor's kernels.
-            def full(args, **kw):
-                return backend.capture(fn, args, **{**kw, "warmups": max(kw.get("warmups", 1), 2), "guard": twin})
-        else:
-            def full(args, **kw):
-                return backend.capture(fn, args, **kw)
-        capturers = {Mode.FULL: full}
-        if getattr(self.fn, "is_split", False):
-            def piecewise(args, keeper=None, **kw):  # the capture stage undoes the pass's writes
-                return self.fn.capture_pieces(backend, args, **kw)
-
-            capturers[Mode.PIECEWISE] = piecewise
-        return capturers
 
     # -- copies and pickles ---------------------------------------------------------------
     def __copy__(self) -> "Graphified":

@@ -19,8 +19,10 @@ class Options:
     """How capture and calls behave where the defaults do not fit.
 
     **Arguments:**
-    - `warmups`: eager runs before each capture (on CUDA the first runs under an op guard
-      that rejects uncapturable ops before CUDA sees them, so at least one runs).
+    - `warmups`: eager runs before a capture (at least one; on CUDA the first size's first
+      run is under an op guard that rejects uncapturable ops before CUDA sees them). Later
+      sizes of uncompiled graph pieces capture without one, and FULL graphs of a split
+      function warm up through the same size's PIECEWISE schedule (see `graphify._capturers`).
     - `restore_state`: undo the in-place writes that warm-ups (and the simulation's
       capture) make to tensors that existed before the call (KV caches, position
       counters, module buffers), so `capture()` leaves state as it found it. Turn it

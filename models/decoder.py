@@ -30,7 +30,7 @@ def _dtype(value) -> torch.dtype:
 
 @attrs.frozen
 class DecoderConfig:
-    """Sizes of the decoder. `tiny()` for CPU tests, `qwen2_5_0_5b()` for benchmarks."""
+    """Sizes of the decoder. `tiny()` for CPU tests, `qwen2_5_0_5b()` and `llama3_8b()` for benchmarks."""
 
     vocab_size: int
     hidden: int
@@ -76,6 +76,13 @@ class DecoderConfig:
     @classmethod
     def qwen2_5_0_5b(cls, **overrides) -> "DecoderConfig":
         base = dict(vocab_size=151936, hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, max_seq_len=256)
+        return cls(**{**base, **overrides})
+
+    @classmethod
+    def llama3_8b(cls, **overrides) -> "DecoderConfig":
+        """Llama-3-8B's shape (random weights in benchmarks; the varlen model keeps a qkv bias)."""
+        base = dict(vocab_size=128256, hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, max_seq_len=256,
+                    rope_theta=500_000.0, eps=1e-5)
         return cls(**{**base, **overrides})
 
 

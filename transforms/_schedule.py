@@ -38,20 +38,25 @@ def _weak(t, enabled: bool):
     return weak_alias(t)
 
 
+def _sizer_of(placeholder: torch.fx.Node, symbols) -> Callable[[int, int], Any] | None:
+    """`_sym_sizer` of a split piece's input, worked out once and kept in the node's meta:
+    every captured size asks for the same ones."""
+    meta = placeholder.meta
+    if "graphify_sizer" not in meta:
+        meta["graphify_sizer"] = _sym_sizer(meta.get("val"), symbols)
+    return meta["graphify_sizer"]
+
+
 def _sym_sizer(val, symbols) -> Callable[[int, int], Any] | None:
     """For a traced value with symbolic sizes, a function (tokens, reqs) -> its real shape
     (a tuple for tensors, an int for SymInts); None for values that do not vary."""
-    import sympy
-
     def evaluator(expr):
         free = expr.free_symbols
         if not free:
             return lambda n, r: int(expr)
         if not free <= symbols.keys():
             return None
-        args = sorted(free, key=str)
-        f = sympy.lambdify(args, expr, "math")
-        return lambda n, r: int(f(*[(n if symbols[a] == "tokens" else r) for a in args]))
+        return _compiled(expr, tuple(symbols[a] for a in sorted(free, key=str)))
 
     if isinstance(val, torch.SymInt):
         return evaluator(val.node.expr)
@@ -67,6 +72,28 @@ def _sym_sizer(val, symbols) -> Callable[[int, int], Any] | None:
             return None
         return lambda n, r: tuple(None if f is None else f(n, r) for f in dims)
     return None
+
+
+_EVALUATORS: dict = {}
+
+
+def _compiled(expr, kinds: tuple[str, ...]) -> Callable[[int, int], int]:
+    """(tokens, reqs) -> int for a symbolic size, compiled once per expression: every
+    captured size asks for the same few (s0, s1, 2*s0), and sympy's lambdify costs ~0.4 ms."""
+    key = (expr, kinds)
+    found = _EVALUATORS.get(key)
+    if found is not None:
+        return found
+    import sympy
+
+    args = sorted(expr.free_symbols, key=str)
+    if len(args) == 1 and expr == args[0]:  # the common case: a bare batch symbol
+        found = (lambda n, r: n) if kinds[0] == "tokens" else (lambda n, r: r)
+    else:
+        f = sympy.lambdify(args, expr, "math")
+        found = lambda n, r: int(f(*[(n if k == "tokens" else r) for k in kinds]))  # noqa: E731
+    _EVALUATORS[key] = found
+    return found
 
 
 def _prefix(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -88,6 +115,7 @@ class _EagerStep:
     fn: Callable
     args: tuple  # per argument: (slot, sizer) for values, or (None, constant)
     out_slot: int
+    dispatching: Callable | None = None  # `fn` through torch's dispatcher, where `fn` bypasses it
 
 
 @attrs.define(eq=False)
@@ -125,7 +153,10 @@ class Schedule:
         self._trimmed[n, r] = out
         return out
 
-    def replay(self, n: int, r: int) -> None:
+    def replay(self, n: int, r: int, dispatch: bool = False) -> None:
+        """Run the schedule for n real tokens and r real requests. `dispatch` calls split
+        ops through torch's dispatcher (slower), so a dispatch mode sees them: capture
+        records their writes to outside state that way."""
         trimmed = self._trimmed.get((n, r)) or self._args_for(n, r)
         env = [None] * self.num_slots
         statics = self.static_values
@@ -140,15 +171,23 @@ class Schedule:
             for i, (slot, _) in enumerate(step.args):
                 if slot is not None and slot not in statics:
                     args[i] = env[slot]
-            env[step.out_slot] = step.fn(*args)
+            env[step.out_slot] = (step.dispatching or step.fn)(*args) if dispatch else step.fn(*args)
         for slot, dst in self.final_copies:
             src = env[slot]
             _prefix(dst, tuple(src.shape)).copy_(src)
 
 
-def capture_pieces(pw, backend, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None) -> Captured:
+def capture_pieces(
+    pw, backend, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: bool = True, keeper=None,
+    record: bool = False,
+) -> Captured:
     """Capture `pw`'s graph pieces at the size of `args`; returns a `Captured` whose
-    `replay(n, r)` runs the schedule for n real tokens and r real requests."""
+    `replay(n, r)` runs the schedule for n real tokens and r real requests. Each graph
+    piece gets `warmups` eager runs first (0: capture straight away), the first under the
+    op guard when `guard`. `keeper` (a `StateKeeper`) learns which storages are graph
+    memory (never to be restored: holding them would also keep the pool from reusing
+    them) and, with `record`, records the split ops' writes to outside state, which the
+    caller undoes after the pass."""
     program = pw.program
     nodes = list(program.graph.nodes)
     last_use: dict = {}
@@ -178,7 +217,7 @@ def capture_pieces(pw, backend, args: tuple, *, pool, warmups: int, weak_outputs
         return slot_of[node] in static_values
 
     def resolve(a):
-        return pytree.tree_map_only(torch.fx.Node, lambda n: env[n], a)
+        return torch.fx.node.map_arg(a, env.__getitem__)  # C++; pytree's map costs ~70 us a node
 
     placeholder_i = 0
     for i, node in enumerate(nodes):
@@ -209,24 +248,28 @@ def capture_pieces(pw, backend, args: tuple, *, pool, warmups: int, weak_outputs
                         copies.append((slot_of[src], inputs[j]))
                 # Inductor-compiled pieces are compiled on their first (warm-up) call: not
                 # under the op guard, whose dispatch mode would compile them for fake inputs.
-                captured = backend.capture(module, tuple(inputs), pool=pool, warmups=max(warmups, 1),
-                                           weak_outputs=False, stream=stream, guard=not pw.compiled)
+                captured = backend.capture(module, tuple(inputs), pool=pool, warmups=warmups,
+                                           weak_outputs=False, stream=stream, guard=guard and not pw.compiled)
                 graphs.append(captured.graph if captured.graph is not None else captured)
+                if keeper is not None:  # split ops write into these (`out` buffers): graph memory, not outside state
+                    keeper.exclude.update(
+                        t.untyped_storage().data_ptr() for t in pytree.tree_leaves(captured.outputs) if isinstance(t, torch.Tensor)
+                    )
                 nbytes += captured.nbytes
                 env[node] = captured.outputs
                 new_slot(node, pytree.tree_map(lambda t: _weak(t, weak), captured.outputs), True)
                 steps.append(_GraphStep(captured.replay, tuple(copies)))
             else:
-                env[node] = module(*inputs)
-                module = _direct_call(module)
+                env[node] = keeper.record(module, *inputs) if record else module(*inputs)
+                direct = _direct_call(module)
                 placeholders = [p for p in getattr(program, node.target).graph.nodes if p.op == "placeholder"]
                 specs = []
                 for a, p in zip(node.args, placeholders):
                     if isinstance(a, torch.fx.Node):
-                        specs.append((slot_of[a], _sym_sizer(p.meta.get("val"), symbols) if is_static(a) else None))
+                        specs.append((slot_of[a], _sizer_of(p, symbols) if is_static(a) else None))
                     else:
                         specs.append((None, a))
-                steps.append(_EagerStep(module, tuple(specs), new_slot(node, None, False)))
+                steps.append(_EagerStep(direct, tuple(specs), new_slot(node, None, False), module))
         elif node.op == "output":
             flat, spec = pytree.tree_flatten(node.args[0])
             finals = []

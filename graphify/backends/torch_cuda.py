@@ -3,6 +3,7 @@ Replay is `CUDAGraph.replay()` on the caller's current stream."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -89,15 +90,34 @@ class TorchCudaBackend:
         # before capture (vLLM #53818). The first warm-up runs under the op guard; every
         # warm-up's in-place writes to outside state are undone after it (`keeper`).
         # CuPy kernels in `fn` follow the capture stream and allocate from torch.
+        # `warmups=0` captures straight away (the caller warmed this code up already).
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
-            eager_runs(fn, args, keeper=keeper, guard=guard, count=max(warmups, 1))
+        if warmups:
+            with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
+                eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
         stream.synchronize()
-        before = self.usage(pool)[0]
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream), cupy_follows_torch(stream, device):
-            outputs = fn(*args)
-        nbytes = self.usage(pool)[0] - before  # what this graph grew its pool by
+        before = _reserved(device)
+        # Not `torch.cuda.graph(...)`: its __enter__ synchronises the device and empties the
+        # allocator's cache before every capture, which costs more than a small capture and
+        # makes the next warm-up allocate afresh; the stream was synchronised above.
+        with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
+            graph.capture_begin(pool=pool)
+            try:
+                outputs = fn(*args)
+            except BaseException:
+                with contextlib.suppress(Exception):  # an invalidated capture: report fn's error
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+        nbytes = _reserved(device) - before  # what this capture grew the pool by
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)
         return Captured(graph.replay, graph, outputs, nbytes)
+
+
+def _reserved(device: int) -> int:
+    """Bytes the caching allocator holds from the device. While a stream captures, every
+    allocation it makes comes from the graph's pool, so the growth across a capture is the
+    pool's growth (the segment table `usage` reads is exact but costs ~1 ms per look)."""
+    return torch._C._cuda_memoryStats(device)["reserved_bytes"]["all"]["current"]

@@ -1,0 +1,67 @@
+"""How each runtime mode captures one key, and how little warming up each key needs.
+
+The first key of a mode in a table runs the whole protocol: warm-ups, the first under the
+op guard, with in-place writes to outside state recorded and undone. Later keys run the
+same code at another batch size, so they skip what the size cannot change:
+
+- the op guard: which ops a function calls does not depend on how many rows it gets;
+- PIECEWISE on CUDA: uncompiled graph pieces are plain ATen ops, warmed up at the first
+  size; later sizes capture them straight away (a capture executes nothing), and only the
+  split ops, which run eagerly in the capture pass, have their writes recorded;
+- FULL of a split function: the PIECEWISE schedule of the same token count, captured just
+  before, is replayed once with its split ops at this key's shape. That runs every op the
+  FULL graph will hold (graph pieces as replays, split ops eagerly, compiling or tuning
+  what they need) in a few milliseconds instead of an eager pass over the whole model.
+
+Compiled pieces (inductor) keep a warm-up at every size, since a new shape may compile,
+and so does FULL of an unsplit function (unknown code may set itself up per shape). The
+simulation backend executes what it "captures", so there every size records everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._mode import Mode
+
+__all__ = ["mode_capturers"]
+
+
+def mode_capturers(backend, fn: Callable, twin: Callable | None, piecewise_fn=None) -> dict[Mode, Callable]:
+    """{mode: capturer}; a capturer takes (args, *, key, pool, warmups, weak_outputs, stream,
+    keeper, probe, first, sibling) and returns a `Captured`. `twin` is the eager function
+    behind a compiled `fn`; `piecewise_fn` the split function for PIECEWISE keys."""
+    executes = backend.name != "cuda"  # the simulation runs what it captures
+
+    def full(args, *, key, warmups, keeper, probe, first, sibling, **kw):
+        if not first and sibling is not None:
+            # Warm up through the same-size PIECEWISE schedule, split ops at this shape.
+            keeper.record(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
+            keeper.restore()
+            keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
+            return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
+        if twin is not None:
+            # torch.compile'd code called under the op guard's dispatch mode falls back to
+            # eager for good, so the guard checks the eager twin; an unguarded warm-up then
+            # compiles on these very arguments and the capture records inductor's kernels.
+            return backend.capture(fn, args, warmups=max(warmups, 2), guard=twin if first else False, keeper=keeper, **kw)
+        return backend.capture(fn, args, warmups=max(warmups, 1), guard=first, keeper=keeper, **kw)
+
+    capturers = {Mode.FULL: full}
+    if piecewise_fn is not None:
+        compiled = bool(getattr(piecewise_fn, "compiled", False))
+
+        def piecewise(args, *, key, warmups, keeper, probe, first, sibling, **kw):
+            warm = first or compiled or executes
+            if warm and probe is not None:  # the pass runs pieces eagerly: learn the writes first
+                keeper.record(probe, *args)
+                keeper.restore()
+            try:
+                return piecewise_fn.capture_pieces(
+                    backend, args, warmups=max(warmups, 1) if warm else 0, guard=first, keeper=keeper, record=not warm, **kw,
+                )
+            finally:
+                keeper.restore()
+
+        capturers[Mode.PIECEWISE] = piecewise
+    return capturers

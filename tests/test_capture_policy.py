@@ -1,0 +1,128 @@
+"""The warm-up policy per key (graphify._capturers): what runs eagerly before each capture.
+
+Start-up speed comes from skipping, at every key after a mode's first, what the batch size
+cannot change; these tests pin down exactly what is skipped and what is not, with a fake
+backend that records its calls (the GPU and simulation suites check the graphs' outputs).
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from graphify import BatchDescriptor
+from graphify._capturers import mode_capturers
+from graphify._mode import Mode
+from graphify.backends import Captured
+
+
+class FakeBackend:
+    def __init__(self, name="cuda"):
+        self.name, self.calls = name, []
+
+    def capture(self, fn, args, *, pool, warmups, weak_outputs, stream=None, guard=True, keeper=None):
+        self.calls.append({"fn": fn, "warmups": warmups, "guard": guard, "keeper": keeper})
+        return Captured(lambda: None, None, None, 0)
+
+
+class FakeKeeper:
+    def __init__(self):
+        self.recorded, self.restores = [], 0
+
+    def record(self, fn, *args):
+        self.recorded.append((fn, args))
+        return fn(*args)
+
+    def restore(self):
+        self.restores += 1
+
+    def forget(self):
+        pass
+
+
+@attrs.define
+class FakeSplit:
+    compiled: bool = False
+    calls: list = attrs.field(factory=list)
+
+    def capture_pieces(self, backend, args, **kw):
+        self.calls.append(kw)
+        return Captured(lambda n, r: None, None, None, 0, sized=True)
+
+
+class FakeSchedule:
+    def __init__(self):
+        self.replays = []
+
+    def replay(self, n, r, dispatch=False):
+        self.replays.append((n, r, dispatch))
+
+
+def fn(*args):
+    return None
+
+
+def probe(*args):
+    return "probed"
+
+
+KEY = BatchDescriptor(8, 8, True)
+
+
+def capture(capturer, keeper, first, sibling=None, key=KEY):
+    return capturer((), key=key, pool=None, warmups=1, weak_outputs=False, stream=None, keeper=keeper,
+                    probe=probe, first=first, sibling=sibling)
+
+
+def test_full_first_key_is_guarded_and_warmed_up_later_keys_skip_only_the_guard():
+    backend = FakeBackend()
+    full = mode_capturers(backend, fn, None)[Mode.FULL]
+    capture(full, FakeKeeper(), first=True)
+    capture(full, FakeKeeper(), first=False)
+    assert [(c["guard"], c["warmups"]) for c in backend.calls] == [(True, 1), (False, 1)]
+
+
+def test_full_of_a_split_function_warms_up_through_the_same_size_piecewise_schedule():
+    backend, keeper, schedule = FakeBackend(), FakeKeeper(), FakeSchedule()
+    sibling = type("Entry", (), {"graph": schedule})()
+    full = mode_capturers(backend, fn, None, FakeSplit())[Mode.FULL]
+    capture(full, keeper, first=False, sibling=sibling, key=BatchDescriptor(24, 8, True))
+    assert schedule.replays == [(24, 8, True)]  # split ops through the dispatcher: the keeper sees them
+    assert keeper.recorded and keeper.restores == 1
+    assert backend.calls[-1]["warmups"] == 0 and backend.calls[-1]["guard"] is False
+    capture(full, keeper, first=True, sibling=sibling)  # the first FULL key still runs the guarded protocol
+    assert backend.calls[-1]["guard"] is True and backend.calls[-1]["warmups"] >= 1
+
+
+def test_compiled_full_keeps_two_warm_ups_and_guards_its_eager_twin_on_the_first_key_only():
+    backend = FakeBackend()
+    full = mode_capturers(backend, fn, probe)[Mode.FULL]
+    capture(full, FakeKeeper(), first=True)
+    capture(full, FakeKeeper(), first=False)
+    assert [(c["guard"], c["warmups"]) for c in backend.calls] == [(probe, 2), (False, 2)]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_piecewise_later_keys_on_cuda_skip_warm_ups_unless_compiled(compiled):
+    split = FakeSplit(compiled=compiled)
+    pw = mode_capturers(FakeBackend(), fn, None, split)[Mode.PIECEWISE]
+    first, later = FakeKeeper(), FakeKeeper()
+    capture(pw, first, first=True)
+    capture(pw, later, first=False)
+    assert split.calls[0]["warmups"] == 1 and split.calls[0]["guard"] is True and split.calls[0]["record"] is False
+    assert [f for f, _ in first.recorded] == [probe]  # the whole function's writes, learnt once per size that runs eagerly
+    if compiled:  # inductor may compile for a new shape: warm up (unguarded), probe the writes
+        assert split.calls[1]["warmups"] == 1 and split.calls[1]["guard"] is False
+        assert [f for f, _ in later.recorded] == [probe] and split.calls[1]["record"] is False
+    else:  # a capture executes nothing: only the split ops' eager runs write, recorded as they run
+        assert split.calls[1]["warmups"] == 0 and split.calls[1]["guard"] is False
+        assert later.recorded == [] and split.calls[1]["record"] is True and split.calls[1]["keeper"] is later
+    assert later.restores >= 1
+
+
+def test_the_simulation_warms_up_every_piecewise_key_because_its_capture_executes():
+    split = FakeSplit()
+    pw = mode_capturers(FakeBackend("sim"), fn, None, split)[Mode.PIECEWISE]
+    keeper = FakeKeeper()
+    capture(pw, keeper, first=False)
+    assert split.calls[0]["warmups"] == 1 and [f for f, _ in keeper.recorded] == [probe]
