@@ -4,7 +4,9 @@ The first key of a mode in a table runs the whole protocol: warm-ups, the first 
 op guard, with in-place writes to outside state recorded and undone. Later keys run the
 same code at another batch size, so they skip what the size cannot change:
 
-- the op guard: which ops a function calls does not depend on how many rows it gets;
+- the op guard, for split functions: `split` traced them into fixed ATen graphs, so the
+  ops that run are the same at every size (an unsplit function is Python that may branch
+  on its batch size, so it stays guarded at every size);
 - PIECEWISE on CUDA: uncompiled graph pieces are plain ATen ops, warmed up at the first
   size; later sizes capture them straight away (a capture executes nothing), and only the
   split ops, which run eagerly in the capture pass, have their writes recorded;
@@ -32,6 +34,7 @@ def mode_capturers(backend, fn: Callable, twin: Callable | None, piecewise_fn=No
     keeper, probe, first, sibling) and returns a `Captured`. `twin` is the eager function
     behind a compiled `fn`; `piecewise_fn` the split function for PIECEWISE keys."""
     executes = backend.name != "cuda"  # the simulation runs what it captures
+    split = piecewise_fn is not None
 
     def full(args, *, key, warmups, keeper, probe, first, sibling, **kw):
         if not first and sibling is not None:
@@ -44,8 +47,9 @@ def mode_capturers(backend, fn: Callable, twin: Callable | None, piecewise_fn=No
             # torch.compile'd code called under the op guard's dispatch mode falls back to
             # eager for good, so the guard checks the eager twin; an unguarded warm-up then
             # compiles on these very arguments and the capture records inductor's kernels.
-            return backend.capture(fn, args, warmups=max(warmups, 2), guard=twin if first else False, keeper=keeper, **kw)
-        return backend.capture(fn, args, warmups=max(warmups, 1), guard=first, keeper=keeper, **kw)
+            return backend.capture(fn, args, warmups=max(warmups, 2), guard=twin if first or not split else False,
+                                   keeper=keeper, **kw)
+        return backend.capture(fn, args, warmups=max(warmups, 1), guard=first or not split, keeper=keeper, **kw)
 
     capturers = {Mode.FULL: full}
     if piecewise_fn is not None:

@@ -74,9 +74,17 @@ def capture(capturer, keeper, first, sibling=None, key=KEY):
                     probe=probe, first=first, sibling=sibling)
 
 
-def test_full_first_key_is_guarded_and_warmed_up_later_keys_skip_only_the_guard():
-    backend = FakeBackend()
+def test_an_unsplit_full_function_is_guarded_and_warmed_up_at_every_key():
+    backend = FakeBackend()  # Python that may branch on its batch size: no key can vouch for another
     full = mode_capturers(backend, fn, None)[Mode.FULL]
+    capture(full, FakeKeeper(), first=True)
+    capture(full, FakeKeeper(), first=False)
+    assert [(c["guard"], c["warmups"]) for c in backend.calls] == [(True, 1), (True, 1)]
+
+
+def test_a_split_function_without_a_same_size_schedule_skips_only_the_guard_after_its_first_key():
+    backend = FakeBackend()  # traced into fixed ATen graphs: the same ops at every size
+    full = mode_capturers(backend, fn, None, FakeSplit())[Mode.FULL]
     capture(full, FakeKeeper(), first=True)
     capture(full, FakeKeeper(), first=False)
     assert [(c["guard"], c["warmups"]) for c in backend.calls] == [(True, 1), (False, 1)]
@@ -94,12 +102,12 @@ def test_full_of_a_split_function_warms_up_through_the_same_size_piecewise_sched
     assert backend.calls[-1]["guard"] is True and backend.calls[-1]["warmups"] >= 1
 
 
-def test_compiled_full_keeps_two_warm_ups_and_guards_its_eager_twin_on_the_first_key_only():
+def test_compiled_full_keeps_two_warm_ups_and_guards_its_eager_twin():
     backend = FakeBackend()
     full = mode_capturers(backend, fn, probe)[Mode.FULL]
     capture(full, FakeKeeper(), first=True)
     capture(full, FakeKeeper(), first=False)
-    assert [(c["guard"], c["warmups"]) for c in backend.calls] == [(probe, 2), (False, 2)]
+    assert [(c["guard"], c["warmups"]) for c in backend.calls] == [(probe, 2), (probe, 2)]
 
 
 @pytest.mark.parametrize("compiled", [False, True])
