@@ -279,9 +279,9 @@ def _capture_one(
     first, sibling,
 ):
     """Capture one key. `first`: the first key of its mode in this table, which alone
-    runs the op guard and checks for in-place writes to arguments (what a function does
-    there does not change with the batch size). `sibling`: the PIECEWISE entry of the same
-    token count, already captured, whose schedule warms a FULL capture up cheaply."""
+    checks for in-place writes to arguments; the capturer decides what else it skips at
+    later keys (`graphify._capturers`). `sibling`: the PIECEWISE entry of the same token
+    count, already captured, whose schedule warms a FULL capture up cheaply."""
     args = static.args_for(specs, key, example)
     t0 = time.perf_counter()
     try:

@@ -62,6 +62,14 @@ class _Plan:
     boxed: bool = False  # the outputs hold dataclasses to rebuild (graphify._outputs)
 
 
+def _result(plan: _Plan, outputs: list):
+    """The call's return value in the function's own structure."""
+    if plan.single:
+        return outputs[0]
+    tree = pytree.tree_unflatten(outputs, plan.out_spec)
+    return unbox(tree) if plan.boxed else tree
+
+
 class Runtime:
     """Per-table call machinery. Calls are serialised by a lock: static buffers and
     outputs are shared, so two threads must never interleave copy and replay."""
@@ -199,10 +207,7 @@ class Runtime:
                 plan.replay()
                 stats.tally(mode, n, plan.padded)
                 outputs = self.hand_out(plan)
-            if plan.single:
-                return outputs[0]
-            tree = pytree.tree_unflatten(outputs, plan.out_spec)
-            return unbox(tree) if plan.boxed else tree
+            return _result(plan, outputs)
         if trusted:  # exactly the tuple static_inputs() handed out: our own views, checked then
             n, r = fast[1], fast[2]
         else:
@@ -252,10 +257,7 @@ class Runtime:
             plan.replay()
             stats.tally(decision.mode, n, plan.padded)
             outputs = self.hand_out(plan)
-        if plan.single:
-            return outputs[0]
-        tree = pytree.tree_unflatten(outputs, plan.out_spec)
-        return unbox(tree) if plan.boxed else tree
+        return _result(plan, outputs)
 
     def _restore_padding(self, plan: _Plan, dsts: list, srcs: list) -> None:
         """Copy the inputs in `dsts`/`srcs`, plus padding wherever a larger batch left real

@@ -74,26 +74,16 @@ def _sym_sizer(val, symbols) -> Callable[[int, int], Any] | None:
     return None
 
 
-_EVALUATORS: dict = {}
-
-
 def _compiled(expr, kinds: tuple[str, ...]) -> Callable[[int, int], int]:
-    """(tokens, reqs) -> int for a symbolic size, compiled once per expression: every
-    captured size asks for the same few (s0, s1, 2*s0), and sympy's lambdify costs ~0.4 ms."""
-    key = (expr, kinds)
-    found = _EVALUATORS.get(key)
-    if found is not None:
-        return found
+    """(tokens, reqs) -> int for a symbolic size. A bare batch symbol (the common case)
+    needs no sympy; anything else is lambdified (~0.4 ms, once per input: `_sizer_of`)."""
     import sympy
 
     args = sorted(expr.free_symbols, key=str)
-    if len(args) == 1 and expr == args[0]:  # the common case: a bare batch symbol
-        found = (lambda n, r: n) if kinds[0] == "tokens" else (lambda n, r: r)
-    else:
-        f = sympy.lambdify(args, expr, "math")
-        found = lambda n, r: int(f(*[(n if k == "tokens" else r) for k in kinds]))  # noqa: E731
-    _EVALUATORS[key] = found
-    return found
+    if len(args) == 1 and expr == args[0]:
+        return (lambda n, r: n) if kinds[0] == "tokens" else (lambda n, r: r)
+    f = sympy.lambdify(args, expr, "math")
+    return lambda n, r: int(f(*[(n if k == "tokens" else r) for k in kinds]))
 
 
 def _prefix(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
