@@ -70,14 +70,25 @@ def time_per_call(fn: Callable[[int], object], *, calls: int = 10, reps: int = 3
 def host_cost_us(fn: Callable[[int], object], *, reps: int = 200) -> float:
     """Median host time (µs) to issue one call with the device idle, not synchronising
     inside the timed region."""
-    samples = []
-    for i in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn(i)
-        samples.append((time.perf_counter() - t0) * 1e6)
+    return host_costs_us({"fn": fn}, reps=reps)["fn"]
+
+
+def host_costs_us(fns: "dict[str, Callable[[int], object]]", *, reps: int = 400) -> dict[str, float]:
+    """Median host µs per call of each of `fns`, each call issued with the device idle,
+    measured interleaved (one call of each per round, the order rotating): a graph
+    launch's host cost drifts with the machine's state by several times within a run, so
+    only calls timed side by side give ratios that mean something."""
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(reps):
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
+            sync()
+            t0 = time.perf_counter()
+            fns[name](r)
+            samples[name].append((time.perf_counter() - t0) * 1e6)
     sync()
-    return statistics.median(samples)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def host_pipelined_us(fn: Callable[[int], object], *, calls: int = 4, reps: int = 50) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["alias", "metadata"]
+__all__ = ["alias", "alias_maker", "metadata"]
 
 _FROM_METADATA = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
 
@@ -29,3 +29,14 @@ def alias(t: torch.Tensor, meta: dict) -> torch.Tensor:
     if _FROM_METADATA is not None and meta["device"].type == "cuda":
         return _FROM_METADATA(meta, storage)
     return torch.empty((0,), dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
+
+
+def alias_maker(t: torch.Tensor):
+    """A function that returns a fresh `alias(t, ...)` per call, with everything but the
+    two constructor calls done once (checked views make one per output per call)."""
+    meta = metadata(t)
+    if _FROM_METADATA is None or meta["device"].type != "cuda":
+        return lambda: alias(t, meta)
+    from_ptr, from_meta = torch._C._construct_storage_from_data_pointer, _FROM_METADATA
+    ptr, device, nbytes = meta["data_ptr"], meta["device"], meta["nbytes"]
+    return lambda: from_meta(meta, from_ptr(ptr, device, nbytes))

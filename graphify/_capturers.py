@@ -10,10 +10,13 @@ same code at another batch size, so they skip what the size cannot change:
 - PIECEWISE on CUDA: uncompiled graph pieces are plain ATen ops, warmed up at the first
   size; later sizes capture them straight away (a capture executes nothing), and only the
   split ops, which run eagerly in the capture pass, have their writes recorded;
-- FULL of a split function: the PIECEWISE schedule of the same token count, captured just
-  before, is replayed once with its split ops at this key's shape. That runs every op the
-  FULL graph will hold (graph pieces as replays, split ops eagerly, compiling or tuning
-  what they need) in a few milliseconds instead of an eager pass over the whole model.
+- FULL of a split function: the PIECEWISE schedule of the same token count was captured
+  just before. Where its key has as many request rows as this one (a decode batch of one
+  token per request), its capture pass already ran every op the FULL graph holds at these
+  very shapes (graph pieces captured, split ops eagerly), so FULL captures straight away.
+  Otherwise (several query tokens per request) the schedule is replayed once with its split
+  ops at this key's shape, compiling or tuning what they need, in a few milliseconds
+  instead of an eager pass over the whole model.
 
 Compiled pieces (inductor) keep a warm-up at every size, since a new shape may compile,
 and so does FULL of an unsplit function (unknown code may set itself up per shape). The
@@ -38,10 +41,12 @@ def mode_capturers(backend, fn: Callable, twin: Callable | None, piecewise_fn=No
 
     def full(args, *, key, warmups, keeper, probe, first, sibling, **kw):
         if not first and sibling is not None:
-            # Warm up through the same-size PIECEWISE schedule, split ops at this shape.
-            keeper.record(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
-            keeper.restore()
-            keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
+            if sibling.key.reqs_rows != key.reqs_rows:
+                # Warm up through the same-size PIECEWISE schedule, split ops at this shape.
+                keeper.record(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
+                keeper.restore()
+                keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
+            # else the sibling's capture pass ran every op of this graph at these very shapes
             return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
         if twin is not None:
             # torch.compile'd code called under the op guard's dispatch mode falls back to

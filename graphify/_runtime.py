@@ -18,8 +18,7 @@ import attrs
 import torch
 from torch.utils import _pytree as pytree
 
-from ._alias import alias as _alias
-from ._alias import metadata as _metadata
+from ._alias import alias_maker
 from ._axes import by_value, mismatch, same_static
 from ._outputs import has_boxes, unbox
 from ._dispatch import Dispatcher
@@ -35,13 +34,10 @@ def _device_index(device: torch.device | None) -> int:
     return -1 if device is None or device.type == "cpu" else (device.index if device.index is not None else 0)
 
 _NONE = Mode.NONE
-_CAN_POISON = hasattr(torch._C, "_set_storage_access_error_msg")  # CUDA builds of torch
 MAX_PLANS = 4096  # (graph, tokens, requests) plans kept; beyond it the cache starts over
 
 
-def _poison(t, msg: str) -> None:
-    if isinstance(t, torch.Tensor):
-        torch._C._set_storage_access_error_msg(t, msg)
+_set_storage_msg = getattr(torch._C, "_set_storage_access_error_msg", None)  # CUDA builds of torch
 
 
 @attrs.frozen(eq=False)
@@ -58,7 +54,7 @@ class _Plan:
     out_spec: Any
     single: bool
     padded: int
-    meta: tuple | None = None  # per output, what a checked view's alias is built from
+    aliases: tuple = ()  # (output index, alias maker) per tensor output, for checked views
     boxed: bool = False  # the outputs hold dataclasses to rebuild (graphify._outputs)
 
 
@@ -123,7 +119,7 @@ class Runtime:
         )
         if outputs == "copy":
             self.hand_out = self._copy
-        elif outputs == "view" and table.device is not None and table.device.type == "cuda" and _CAN_POISON:
+        elif outputs == "view" and table.device is not None and table.device.type == "cuda" and _set_storage_msg is not None:
             self.hand_out = self._checked_view
         else:  # "view" where torch cannot poison a storage (CPU builds): plain views, documented
             self.hand_out = self._view
@@ -297,10 +293,16 @@ class Runtime:
     def _checked_view(self, plan: _Plan) -> list:
         """Views on their own storage objects; the previous call's are poisoned first, so
         reading a view after the next replay raises instead of returning new data."""
+        msg = self.stale_msg
         for t in self.handed:
-            _poison(t, self.stale_msg)
-        self.handed = [t if meta is None else _alias(t, meta) for t, meta in zip(plan.outputs, plan.meta)]
-        return self.handed
+            _set_storage_msg(t, msg)
+        out = list(plan.outputs)
+        handed = []
+        for i, make in plan.aliases:
+            handed.append(make())
+            out[i] = handed[-1]
+        self.handed = handed
+        return out
 
     def _agree(self, decision, n: int, r: int) -> None:
         """All ranks must run the same graph, or eagerly on the same shape."""
@@ -341,9 +343,11 @@ class Runtime:
         ]
         single = entry.out_spec.num_leaves == 1 and entry.out_spec.num_children == 0
         replay = functools.partial(entry.replay, n, r) if entry.sized else entry.replay
-        meta = tuple(map(_metadata, outputs)) if self.hand_out == self._checked_view else None
+        aliases = ()
+        if self.hand_out == self._checked_view:
+            aliases = tuple((i, alias_maker(t)) for i, t in enumerate(outputs) if isinstance(t, torch.Tensor))
         return _Plan(
-            tuple(inputs), tuple(pads), replay, outputs, entry.out_spec, single, key.num_tokens, meta,
+            tuple(inputs), tuple(pads), replay, outputs, entry.out_spec, single, key.num_tokens, aliases,
             has_boxes(entry.out_spec),
         )
 

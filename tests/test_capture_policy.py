@@ -90,16 +90,31 @@ def test_a_split_function_without_a_same_size_schedule_skips_only_the_guard_afte
     assert [(c["guard"], c["warmups"]) for c in backend.calls] == [(True, 1), (False, 1)]
 
 
+def sibling_of(key: BatchDescriptor, schedule) -> object:
+    """The PIECEWISE entry captured for `key`'s token count (its mixed-batch form)."""
+    return type("Entry", (), {"graph": schedule, "key": key.relaxed()})()
+
+
 def test_full_of_a_split_function_warms_up_through_the_same_size_piecewise_schedule():
     backend, keeper, schedule = FakeBackend(), FakeKeeper(), FakeSchedule()
-    sibling = type("Entry", (), {"graph": schedule})()
+    key = BatchDescriptor(24, 8, True)  # 3 query tokens per request: 8 request rows, not 24
+    sibling = sibling_of(key, schedule)
     full = mode_capturers(backend, fn, None, FakeSplit())[Mode.FULL]
-    capture(full, keeper, first=False, sibling=sibling, key=BatchDescriptor(24, 8, True))
+    capture(full, keeper, first=False, sibling=sibling, key=key)
     assert schedule.replays == [(24, 8, True)]  # split ops through the dispatcher: the keeper sees them
     assert keeper.recorded and keeper.restores == 1
     assert backend.calls[-1]["warmups"] == 0 and backend.calls[-1]["guard"] is False
     capture(full, keeper, first=True, sibling=sibling)  # the first FULL key still runs the guarded protocol
     assert backend.calls[-1]["guard"] is True and backend.calls[-1]["warmups"] >= 1
+
+
+def test_full_of_a_split_function_captures_straight_away_where_the_schedule_ran_its_very_shapes():
+    backend, keeper, schedule = FakeBackend(), FakeKeeper(), FakeSchedule()
+    key = BatchDescriptor(8, 8, True)  # decode: one token per request, as many request rows as the schedule's
+    full = mode_capturers(backend, fn, None, FakeSplit())[Mode.FULL]
+    capture(full, keeper, first=False, sibling=sibling_of(key, schedule), key=key)
+    assert schedule.replays == [] and keeper.recorded == []
+    assert backend.calls[-1]["warmups"] == 0 and backend.calls[-1]["guard"] is False
 
 
 def test_compiled_full_keeps_two_warm_ups_and_guards_its_eager_twin():

@@ -448,15 +448,20 @@ def test_compiled_functions_get_an_unguarded_warmup_before_full_capture():
 
 def test_output_alias_shares_memory_on_a_storage_of_its_own():
     from graphify._alias import alias as _alias
+    from graphify._alias import alias_maker
     from graphify._alias import metadata as _metadata
 
     base = torch.randn(6, 4)
     view = base[2:5]
-    alias = _alias(view, _metadata(view))
-    assert torch.equal(alias, view) and alias.data_ptr() == view.data_ptr()
-    assert alias.untyped_storage() is not view.untyped_storage()
+    make = alias_maker(view)  # what checked views use: one fresh alias per call
+    first, second = make(), make()
+    for alias in (_alias(view, _metadata(view)), first, second):
+        assert torch.equal(alias, view) and alias.data_ptr() == view.data_ptr()
+        assert alias.shape == view.shape and alias.stride() == view.stride()
+        assert alias.untyped_storage() is not view.untyped_storage()
+    assert first.untyped_storage() is not second.untyped_storage()
     base.add_(1)
-    assert torch.equal(alias, view)  # same memory, so it follows every write
+    assert torch.equal(first, view) and torch.equal(second, view)  # same memory: they follow every write
 
 
 def test_graphify_as_a_decorator_with_options():

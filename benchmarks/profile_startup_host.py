@@ -1,0 +1,141 @@
+"""Where start-up and per-call host time go, on a GPU (the profile behind the README's
+start-up and host-cost notes).
+
+    python -m benchmarks.profile_startup_host startup 51   # 8B F&P: split, cold/warm capture, phase timers
+    python -m benchmarks.profile_startup_host host         # 0.5B FULL decode: the call's parts, interleaved
+
+Writes `startup-prof.txt` / `host.txt` under $OUT (default /tmp).
+"""
+
+import os
+import sys
+import time
+
+import torch
+
+OUT = os.environ.get("OUT", "/tmp")
+
+
+def log(name, text):
+    with open(f"{OUT}/{name}", "a") as f:
+        f.write(text + "\n")
+    print(text, flush=True)
+
+
+def startup(count):
+    import gc
+    from graphify import Options, graphify, vllm_sizes
+    from models import model_support, split_ops, varlen_axes
+    from transforms import split
+    from benchmarks.startup import ATTENTION, MAX_SIZE, Model, tracing_setup
+    log("startup-prof.txt", f"tracing set-up s {tracing_setup():.3f}")
+    f = "startup-prof.txt"
+    model = Model("8b", True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    pw = split(model.step, split_ops(ATTENTION), *model.example, axes=varlen_axes())
+    log(f, f"split s {time.perf_counter() - t0:.3f}")
+    t0 = time.perf_counter()
+    split(model.step, split_ops(ATTENTION), *model.example, axes=varlen_axes())
+    log(f, f"second split s {time.perf_counter() - t0:.3f}")
+    sizes = vllm_sizes(MAX_SIZE[count])
+    def cap():
+        g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION), options=Options(progress=False))
+        torch.cuda.synchronize(); t0 = time.perf_counter()
+        g = g.capture(*model.example)
+        torch.cuda.synchronize()
+        return g, time.perf_counter() - t0
+    g, s = cap(); log(f, f"cold capture s {s:.3f}"); g.release(); del g; gc.collect(); torch.cuda.empty_cache()
+    g, s = cap(); log(f, f"warm capture s {s:.3f}")
+    with torch.inference_mode():
+        for q, ctx in (((1,) * 8, (30,) * 8), ((6, 1, 1, 2), (0, 9, 20, 3))):
+            batch = model.batch(q, ctx, seed=len(q))
+            ref = model.step(*batch).float()
+            log(f, f"max err {q}: {(g(*batch).float() - ref).abs().max().item()}")
+    g.release(); del g; gc.collect(); torch.cuda.empty_cache()
+    import transforms._schedule as sch
+    from graphify.backends.torch_cuda import TorchCudaBackend
+    spent = {"sched.replay": 0.0, "capture_pieces": 0.0, "backend.capture": 0.0, "capture_end": 0.0}
+    def timer(obj, name, key):
+        orig = getattr(obj, name)
+        def w(*a, **k):
+            t = time.perf_counter()
+            try:
+                return orig(*a, **k)
+            finally:
+                spent[key] += time.perf_counter() - t
+        setattr(obj, name, w)
+        return orig
+    o1 = timer(sch.Schedule, "replay", "sched.replay")
+    o2 = timer(sch, "capture_pieces", "capture_pieces")
+    o3 = timer(TorchCudaBackend, "capture", "backend.capture")
+    o4 = timer(torch.cuda.CUDAGraph, "capture_end", "capture_end")
+    g, s = cap()
+    by = {}
+    for e in g.table:
+        by[e.mode.value] = by.get(e.mode.value, 0) + e.seconds
+    log(f, f"timed capture s {s:.3f}; {spent}; per mode {by}")
+    g.release(); del g; gc.collect(); torch.cuda.empty_cache()
+    sch.Schedule.replay, sch.capture_pieces, TorchCudaBackend.capture, torch.cuda.CUDAGraph.capture_end = o1, o2, o3, o4
+    for key in list(spent): spent[key] = 0.0
+
+
+def host():
+    import attrs
+    from graphify import graphify, persistent, tokens, vllm_sizes
+    from models import decode_step, init_params, new_kv_cache
+    from benchmarks.decode import MODELS, make_inputs
+    from benchmarks._report import host_costs_us
+    cfg = MODELS["0.5b"][0]()
+    params = init_params(cfg, seed=0, device="cuda")
+    cache = new_kv_cache(cfg, 64, device="cuda", seed=1)
+    step = decode_step(cfg, params)
+    axes = (tokens(), tokens(), tokens(), persistent())
+    g = graphify(step, mode="FULL", sizes=vllm_sizes(64), axes=axes, outputs="view").capture(*make_inputs(cfg, 1, "cuda", 0)[0], cache)
+    rt = g._runtime
+    f = "host.txt"
+    for mode in ("inference", "no_grad"):
+        ctx = torch.inference_mode() if mode == "inference" else torch.no_grad()
+        with ctx:
+            for b in (1, 8):
+                static = g.static_inputs(b)
+                g(*static)
+                plan, m, n = rt.fast_plan
+                entry = next(e for e in g.table if e.key.num_tokens == b)
+                checked = rt.hand_out
+                def unchecked():
+                    rt.hand_out = rt._view
+                    try:
+                        g(*static)
+                    finally:
+                        rt.hand_out = checked
+                def stub():
+                    rt.fast_plan = (attrs.evolve(plan, replay=lambda: None), m, n)
+                    try:
+                        g(*static)
+                    finally:
+                        rt.fast_plan = (plan, m, n)
+                def poison_alias_only():
+                    rt._checked_view(plan)
+                res = host_costs_us({
+                    "bare replay": lambda i: entry.replay(),
+                    "g(*static) checked": lambda i: g(*static),
+                    "g(*static) unchecked": lambda i: unchecked(),
+                    "replay then checked_view": lambda i: (entry.replay(), rt._checked_view(plan)),
+                    "checked_view then replay": lambda i: (rt._checked_view(plan), entry.replay()),
+                    "stubbed launch": lambda i: stub(),
+                    "checked_view only": lambda i: poison_alias_only(),
+                    "rt.run direct": lambda i: rt.run(static, g.stats),
+                }, reps=600)
+                log(f, f"\n== {mode} B={b}")
+                for k, v in res.items():
+                    log(f, f"{k:<28} {v:8.1f}")
+
+
+if __name__ == "__main__":
+    what = sys.argv[1]
+    if what == "host":
+        host()
+    else:
+        startup(int(sys.argv[2]))
+
