@@ -13,6 +13,7 @@ from ._axes import ArgSpec, Axis, fixed, persistent, reqs, static, tokens
 from ._capture import freeze_gc
 from ._check import CheckReport, CheckRow
 from ._descriptor import BatchDescriptor
+from ._distributed import release_all
 from ._dispatch import Decision, Dispatcher, dispatch, explain_miss
 from ._errors import (
     CaptureError,
@@ -42,6 +43,7 @@ from ._support import Resolution, Support, resolve_mode, weakest
 from ._table import Entry, GraphTable
 
 __all__ = [
+    "release_all",
     "ArgSpec", "Axis", "BatchDescriptor", "CaptureError", "CheckReport", "CheckRow", "Decision", "DispatchMismatchError", "Dispatcher", "Entry",
     "GraphTable", "Graphified", "GraphifyError", "InputMismatchError", "KeySet", "Mode", "Options", "StateChangedError",
     "PersistentSwapError", "Pool", "PoolReport", "RUNTIME_MODES", "Resolution", "Stats", "StatsRow",

@@ -32,14 +32,20 @@ from ._mode import Mode
 __all__ = ["mode_capturers"]
 
 
-def mode_capturers(backend, fn: Callable, twin: Callable | None, piecewise_fn=None) -> dict[Mode, Callable]:
+def mode_capturers(
+    backend, fn: Callable, twin: Callable | None, piecewise_fn=None, full_for: Callable | None = None,
+) -> dict[Mode, Callable]:
     """{mode: capturer}; a capturer takes (args, *, key, pool, warmups, weak_outputs, stream,
     keeper, probe, first, sibling) and returns a `Captured`. `twin` is the eager function
-    behind a compiled `fn`; `piecewise_fn` the split function for PIECEWISE keys."""
+    behind a compiled `fn`; `piecewise_fn` the split function for PIECEWISE keys;
+    `full_for(key) -> (fn, twin)` what a FULL key records instead (tensor parallelism
+    prefixes each with the ranks' agreement check on that key's code)."""
     executes = backend.name != "cuda"  # the simulation runs what it captures
     split = piecewise_fn is not None
+    base_fn, base_twin = fn, twin
 
     def full(args, *, key, warmups, keeper, probe, first, sibling, **kw):
+        fn, twin = full_for(key) if full_for is not None else (base_fn, base_twin)
         if not first and sibling is not None:
             if sibling.key.reqs_rows != key.reqs_rows:
                 # Warm up through the same-size PIECEWISE schedule, split ops at this shape.

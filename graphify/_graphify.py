@@ -16,6 +16,7 @@ from ._params import ModuleWatch
 from ._signature import CallLayout, module_of
 from ._capture import capture_table
 from ._capturers import mode_capturers
+from ._distributed import graph_code
 from ._dispatch import Decision, Dispatcher, explain_miss
 from ._errors import CaptureError, GraphifyError
 from ._interop import ForeignFunction, foreign_library, module, to_torch, tree_from_torch
@@ -151,7 +152,7 @@ class Graphified:
         if self.group is not None:  # tensor parallel: every rank plans and captures the same graphs
             from ._distributed import Lockstep
 
-            lockstep = Lockstep(self.group, self._call)
+            lockstep = Lockstep(self.group, self._call, self.options.lockstep)
         try:
             fn, twin, args, specs, backend, library, layout = self._prepare(example_args, example_kwargs)
         except Exception as exc:
@@ -164,7 +165,7 @@ class Graphified:
                 + [f"{m.value} {k}" for m, k in self.keys.pairs(self.options.largest_first)]
             )
         try:
-            table = self._capture_table(fn, twin, args, specs, backend, library, layout)
+            table = self._capture_table(fn, twin, args, specs, backend, library, layout, lockstep)
         except BaseException as exc:
             if lockstep is not None:
                 lockstep.agree_outcome(exc)
@@ -205,15 +206,24 @@ class Graphified:
             raise ValueError(f"{self._call}.capture: {exc}") from None
         return fn, twin, args, specs, backend, library, layout
 
-    def _capture_table(self, fn, twin, args, specs, backend, library, layout) -> GraphTable:
+    def _capture_table(self, fn, twin, args, specs, backend, library, layout, lockstep=None) -> GraphTable:
         opts = self.options
         modules = [m for m in [module_of(self.fn)] if m is not None]
         modules += [a for a, s in zip(args, specs) if s.axis.kind == "static" and isinstance(a, torch.nn.Module)]
         split = getattr(self.fn, "is_split", False)
+        full_for = None
+        if lockstep is not None and lockstep.in_graph:  # each FULL graph records the ranks' check on its code
+            full = tuple(Mode).index(Mode.FULL)
+
+            def full_for(key):
+                code = graph_code(full, key.num_tokens, key.reqs_rows)
+                return lockstep.checked(fn, code), lockstep.checked(twin, code)
+
+        capturers = mode_capturers(backend, fn, twin, self.fn if split else None, full_for)
         return capture_table(
             call=self._call,
             fn=fn,
-            capturers=mode_capturers(backend, fn, twin, self.fn if split else None),
+            capturers=capturers,
             keys=self.keys,
             specs=specs,
             example=args,
@@ -237,9 +247,7 @@ class Graphified:
         uncaptured callable (capture it again to get graphs back). Calls to this one then
         raise. The pool's free memory goes back to the device with `pool.trim()`."""
         if self._runtime is not None:
-            self._runtime.forget()
-            with self._runtime.lock:
-                self.table.release()
+            self._runtime.release()
         return attrs.evolve(self, table=None)
 
     def static_inputs(self, num_tokens: int, num_reqs: int | None = None) -> tuple:

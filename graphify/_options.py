@@ -36,6 +36,11 @@ class Options:
     - `allow_full`: `allow_full(*args) -> bool`, called per call: False sends a batch that
       may not run in a FULL graph (vLLM's cascade attention) to PIECEWISE graphs, or
       eagerly where none were captured. Default: every batch may.
+    - `lockstep`: with `group=` (tensor parallelism), how each call checks that every rank
+      runs the same graph: "graph" (default; recorded into FULL graphs, no host cost, a
+      mismatch stops the ranks with a device-side assert), "host" (an all-gather on a
+      CPU group per call, ~0.6 ms, a mismatch raises `DispatchMismatchError` naming each
+      rank's choice and the ranks carry on), or "off". See `graphify._distributed`.
     """
 
     warmups: int = attrs.field(default=1, validator=_non_negative)
@@ -45,3 +50,4 @@ class Options:
     progress: bool = True
     largest_first: bool = True
     allow_full: Callable[..., bool] | None = None
+    lockstep: str = attrs.field(default="graph", validator=attrs.validators.in_(("graph", "host", "off")))

@@ -22,6 +22,7 @@ from ._alias import alias_maker
 from ._axes import by_value, mismatch, same_static
 from ._outputs import has_boxes, unbox
 from ._dispatch import Dispatcher
+from ._distributed import graph_code
 from ._errors import GraphifyError, InputMismatchError
 from ._mode import Mode
 from ._stats import Stats
@@ -34,6 +35,7 @@ def _device_index(device: torch.device | None) -> int:
     return -1 if device is None or device.type == "cpu" else (device.index if device.index is not None else 0)
 
 _NONE = Mode.NONE
+_FULL = Mode.FULL
 MAX_PLANS = 4096  # (graph, tokens, requests) plans kept; beyond it the cache starts over
 
 
@@ -110,9 +112,17 @@ class Runtime:
         self.plans: dict = {}
         self.fast: tuple | None = None  # (static_inputs() tuple, tokens, requests)
         self.fast_plan: tuple | None = None  # (plan, mode, tokens) of calls with exactly that tuple
-        # No per-call predicates and no lockstep: a call's graph follows from its shapes alone.
-        self.simple = uniform_fn is None and lora_fn is None and full_ok_fn is None and self.lockstep is None
+        # No per-call predicates: a call's graph follows from its shapes alone.
+        self.simple = uniform_fn is None and lora_fn is None and full_ok_fn is None
+        # Tensor parallelism: the per-call agreement check (graphify._distributed) that runs
+        # on the host; under the default "graph" policy FULL graphs carry it themselves.
+        policy = self.lockstep.policy if self.lockstep is not None else "off"
+        self.host_agree = policy == "host"
+        self.eager_check = policy == "graph"
+        if self.lockstep is not None:
+            self.lockstep.adopt(self)
         self.handed: list = []
+        self.released = False
         self.stale_msg = (
             f"{call}: this output was overwritten by a later call (outputs='view' hands out the graph's "
             "static output buffers, valid until the next call); clone() what you keep, or use outputs='copy'"
@@ -225,8 +235,12 @@ class Runtime:
             decision = self.dispatcher.lookup(n, uniform, has_lora)
         else:
             decision = self.dispatcher.lookup(n, uniform, has_lora, bool(self.full_ok_fn(*args)))
-        if self.lockstep is not None:
+        if self.released and decision.mode is not _NONE:  # before any collective: the others must not wait on it
+            raise self._released()
+        if self.host_agree:
             self._agree(decision, n, r)
+        elif self.eager_check and decision.mode is not _FULL:  # FULL graphs check in the graph
+            self._check_eagerly(decision, n, r)
         if decision.mode is _NONE:
             with self.lock:
                 stats.tally(_NONE, n, None)
@@ -241,8 +255,8 @@ class Runtime:
                 plan = self.plans[plan_key] = self._plan(self._entry(decision), n, r_real)
             dsts, srcs = [], []
             if trusted:
-                if self.simple:  # the same plan serves every later call with this tuple
-                    self.fast_plan = (plan, decision.mode, n)
+                if self.simple and not self.host_agree and not (self.eager_check and decision.mode is not _FULL):
+                    self.fast_plan = (plan, decision.mode, n)  # the same plan serves every later call with this tuple
             else:
                 for i, view, ptr in plan.inputs:
                     a = args[i]
@@ -304,19 +318,26 @@ class Runtime:
         self.handed = handed
         return out
 
-    def _agree(self, decision, n: int, r: int) -> None:
-        """All ranks must run the same graph, or eagerly on the same shape."""
+    def _choice(self, decision, n: int, r: int) -> tuple[int, int, int]:
+        """(mode index, tokens, requests) of a call: what all ranks must agree on."""
         key = decision.key
-        if key is None:
-            tokens, reqs = n, r
-        else:
-            tokens, reqs = key.num_tokens, key.reqs_rows
+        tokens, reqs = (n, r) if key is None else (key.num_tokens, key.reqs_rows)
+        return self.modes.index(decision.mode), tokens, reqs if reqs is not None else -1
 
-        def describe(mode: int, t: int, q: int) -> str:
-            what = "eager" if self.modes[mode] is _NONE else f"{self.modes[mode].value} graph"
-            return f"{what} for {t} tokens" + (f", {q} requests" if q >= 0 else "")
+    def _agree(self, decision, n: int, r: int) -> None:
+        """All ranks must run the same graph, or eagerly on the same shape (host check)."""
+        self.lockstep.agree_call(*self._choice(decision, n, r))
 
-        self.lockstep.agree_call(self.modes.index(decision.mode), tokens, reqs if reqs is not None else -1, describe)
+    def _check_eagerly(self, decision, n: int, r: int) -> None:
+        """The check FULL graphs carry, run before a PIECEWISE or eager call."""
+        self.lockstep.check(graph_code(*self._choice(decision, n, r)))
+
+    def release(self) -> int:
+        """Drop the plans and the table's graphs; returns how many graphs were freed."""
+        self.forget()
+        with self.lock:
+            self.released = True
+            return self.table.release()
 
     def _entry(self, decision) -> Entry:
         entry = self.table.entries.get((decision.mode, decision.key))

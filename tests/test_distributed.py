@@ -9,33 +9,62 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from graphify import Options
+
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 ROOT = Path(__file__).resolve().parent.parent
 WORLD = 2
 
 
-def run_ranks(scenario: str) -> list[dict]:
+def run_ranks(scenario: str, timeout: float = 240) -> list[dict]:
+    """Start the ranks of `scenario`; each rank's RESULT, plus `exit_after_result_s`: how
+    long the process lived after printing it (its teardown)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen([sys.executable, str(ROOT / "tests" / "tp_worker.py"), scenario, str(r), str(WORLD), str(port)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for r in range(WORLD)
     ]
-    results = []
+    outs: list = [None] * WORLD
+    ended = [0.0] * WORLD
+
+    def wait(r: int) -> None:
+        outs[r] = procs[r].communicate(timeout=timeout)
+        ended[r] = time.time()
+
+    threads = [threading.Thread(target=wait, args=(r,), daemon=True) for r in range(WORLD)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    alive = [r for r, p in enumerate(procs) if p.poll() is None]
     for p in procs:
-        out, err = p.communicate(timeout=240)
+        if p.poll() is None:
+            p.kill()
+    assert not alive, f"rank(s) {alive} still running after {timeout} s"
+    results = []
+    for r, p in enumerate(procs):
+        out, err = outs[r]
         line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
         assert line is not None, f"rank exited {p.returncode} without a result:\n{err[-3000:]}"
         results.append(json.loads(line[len("RESULT "):]))
+        results[-1]["exit_after_result_s"] = ended[r] - results[-1].pop("t_result", ended[r])
+        results[-1]["returncode"], results[-1]["stderr_tail"] = p.returncode, err[-2000:]
+        after = next((ln for ln in out.splitlines() if ln.startswith("AFTER_DESTROY ")), None)
+        if after is not None:
+            results[-1]["after_destroy"] = json.loads(after[len("AFTER_DESTROY "):])
     for r in results:
         assert "crash" not in r, r["crash"]
     return results
@@ -61,12 +90,46 @@ def test_a_rank_whose_capture_is_rejected_early_does_not_leave_the_others_waitin
     assert rank0["error"] == "CaptureError" and "rank 1 could not prepare its capture" in rank0["message"]
 
 
-def test_ranks_choosing_different_graphs_for_a_call_fail_together_and_recover():
+def test_ranks_choosing_different_graphs_fail_together_through_the_check_their_graphs_carry():
+    # lockstep="graph" (the default): FULL graphs record one all-reduce of the graph's code
+    # and compare; no host round trip per call. On the CPU a mismatch raises on every rank.
     for rank in run_ranks("call_mismatch"):
+        assert rank["mismatch"] is not None and "ranks chose different graphs" in rank["mismatch"]
+        assert "from FULL graph for 4 tokens, 4 requests to FULL graph for 8 tokens, 8 requests" in rank["mismatch"]
+        assert rank["after_ok"]  # the collectives paired up, so the ranks carry on
+
+
+def test_ranks_choosing_different_graphs_for_a_call_fail_together_and_recover_with_the_host_check():
+    for rank in run_ranks("call_mismatch_host"):
         assert rank["mismatch"] is not None
         assert "rank 0: FULL graph for 4 tokens" in rank["mismatch"]  # 2 requests padded to 4
         assert "rank 1: FULL graph for 8 tokens" in rank["mismatch"]  # 5 requests padded to 8
         assert rank["after_ok"]
+
+
+def test_graphs_holding_collectives_are_released_before_teardown_and_ranks_exit_promptly():
+    start = time.monotonic()
+    rank0, rank1 = run_ranks("exits_cleanly")
+    assert time.monotonic() - start < 120  # both processes ended (run_ranks waits for them)
+    assert rank0["graphs"] > 0 and rank0["released_by_hand"] == rank0["graphs"]
+    assert "released" in rank0["call_after_release"]  # a released callable says so, it does not hang
+    # rank 1 never released by hand: destroy_process_group (wrapped by graphify) did it
+    assert rank1["graphs"] > 0 and rank1["after_destroy"]["graphs_left"] == [0]
+
+
+def test_lockstep_codes_round_trip_and_name_the_choice():
+    from graphify._distributed import decode_code, describe_choice, graph_code
+
+    for choice in [(0, 1, -1), (2, 8, 8), (1, 8192, 512), (2, 16_000_000, 16_000_000)]:
+        assert decode_code(graph_code(*choice)) == choice
+    assert graph_code(2, 4, 4) != graph_code(2, 4, 3) != graph_code(1, 4, 3)
+    assert describe_choice(2, 8, 8) == "FULL graph for 8 tokens, 8 requests"
+    assert describe_choice(0, 300, -1) == "eager for 300 tokens"
+
+
+def test_an_unknown_lockstep_policy_is_refused():
+    with pytest.raises(ValueError, match="lockstep"):
+        Options(lockstep="sometimes")
 
 
 @pytest.mark.cuda
@@ -76,3 +139,26 @@ def test_tensor_parallel_cuda_graphs_with_nccl_equal_the_single_gpu_model():
         for mode in ("FULL", "FULL_AND_PIECEWISE"):
             assert rank[mode]["max_err"] < 0.1, (mode, rank[mode])  # bf16 rounding, two partial sums
         assert rank["FULL_AND_PIECEWISE"]["modes"].get("PIECEWISE", 0) > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (device kind nvidia-h200-x2)")
+def test_nccl_ranks_with_live_graphs_exit_within_30_s_of_their_last_call():
+    # The reported hang: TP jobs printed their results and never exited. Each rank here
+    # keeps a captured FULL_AND_PIECEWISE callable (NCCL collectives inside its graphs)
+    # alive into teardown; graphify releases it before destroy_process_group.
+    for rank in run_ranks("exits_cleanly_cuda", timeout=180):
+        assert rank["returncode"] == 0, rank["stderr_tail"]
+        assert rank["exit_after_result_s"] < 30, rank
+        assert rank["after_destroy"]["graphs_left"] == [0]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (device kind nvidia-h200-x2)")
+def test_nccl_ranks_replaying_different_graphs_stop_instead_of_hanging():
+    # lockstep="graph": the check recorded at the start of each FULL graph trips a
+    # device-side assert on both ranks; the processes end (CUDA context lost), no hang.
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="without a result|crash"):
+        run_ranks("call_mismatch_cuda", timeout=120)
+    assert time.monotonic() - start < 120

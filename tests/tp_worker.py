@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import random
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 
-from graphify import graphify, sglang_piecewise_sizes
+from graphify import Options, graphify, release_all, sglang_piecewise_sizes
 from graphify._distributed import DispatchMismatchError
 from models import (
     BatchLayout,
@@ -38,7 +39,7 @@ def layout(rnd: random.Random) -> BatchLayout:
     return BatchLayout(tuple(rnd.randint(1, 9) for _ in range(r)), tuple(rnd.choice((0, 5, 30)) for _ in range(r)), 16, 8)
 
 
-def build(rank: int, world: int, mode: str, sizes=None):
+def build(rank: int, world: int, mode: str, sizes=None, lockstep: str = "graph"):
     full = init_params(CFG, seed=0)
     tcfg = shard_config(CFG, world)
     full_cache = new_paged_cache(CFG, 80, 16, seed=1)
@@ -47,7 +48,7 @@ def build(rank: int, world: int, mode: str, sizes=None):
     example = EXAMPLE.build(CFG)
     fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
     g = graphify(fn, mode=mode, sizes=sizes or sglang_piecewise_sizes(32), axes=varlen_axes(), backend="sim",
-                 support=model_support("unified"), group=dist.group.WORLD)
+                 support=model_support("unified"), group=dist.group.WORLD, options=Options(lockstep=lockstep))
     return g.capture(*example, cache), cache, varlen_step(CFG, full), full_cache
 
 
@@ -89,8 +90,9 @@ def prepare_fails_on_one_rank(rank: int, world: int) -> dict:
     return {"error": None}
 
 
-def call_mismatch(rank: int, world: int) -> dict:
-    g, cache, reference, ref_cache = build(rank, world, "FULL")
+def call_mismatch(rank: int, world: int, lockstep: str = "graph") -> dict:
+    """Rank 0 calls with 2 requests, rank 1 with 5: both must raise, then carry on."""
+    g, cache, reference, ref_cache = build(rank, world, "FULL", lockstep=lockstep)
     result = {}
     same = EXAMPLE.build(CFG, seed=3)
     with torch.inference_mode():
@@ -136,8 +138,66 @@ def equal_cuda(rank: int, world: int) -> dict:
     return out
 
 
+def exits_cleanly(rank: int, world: int) -> dict:
+    """A captured TP callable still alive at the end: teardown releases its graphs first."""
+    g, cache, reference, ref_cache = build(rank, world, "FULL_AND_PIECEWISE")
+    with torch.inference_mode():
+        g(*EXAMPLE.build(CFG, seed=2), cache)
+    KEPT.append(g)  # still alive when main() destroys the process group
+    return {"graphs": len(g.table), "released_by_hand": release_all(dist.group.WORLD) if rank == 0 else None,
+            "call_after_release": _error_of(lambda: g(*EXAMPLE.build(CFG, seed=2), cache)) if rank == 0 else None}
+
+
+KEPT: list = []
+
+
+def _cuda_tp(rank: int, world: int, mode: str):
+    """A bf16 TP callable over NCCL on GPU `rank`, captured, with its cache and config."""
+    device = torch.device("cuda", rank)
+    cfg = DecoderConfig.tiny(max_seq_len=128, heads=4, kv_heads=2, ffn=96, hidden=128, dtype=torch.bfloat16)
+    full = init_params(cfg, seed=0, device=device)
+    tcfg = shard_config(cfg, world)
+    cache = shard_paged_cache(tcfg, new_paged_cache(cfg, 80, 16, seed=1, device=device), rank)
+    step = tp_varlen_step(tcfg, full, rank)
+    example = EXAMPLE.build(cfg, device=device)
+    fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
+    g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(32), axes=varlen_axes(), backend="cuda",
+                 support=model_support("unified"), group=dist.group.WORLD).capture(*example, cache)
+    return g, cache, cfg, device
+
+
+def exits_cleanly_cuda(rank: int, world: int) -> dict:
+    g, cache, cfg, device = _cuda_tp(rank, world, "FULL_AND_PIECEWISE")
+    with torch.inference_mode():
+        for seed in range(4):
+            g(*BatchLayout((1,) * 4, (9, 3, 20, 7), 16, 8).build(cfg, seed=seed, device=device), cache)
+            g(*EXAMPLE.build(cfg, seed=seed, device=device), cache)
+    torch.cuda.synchronize()
+    KEPT.append(g)
+    return {"graphs": len(g.table)}
+
+
+def call_mismatch_cuda(rank: int, world: int) -> dict:
+    g, cache, cfg, device = _cuda_tp(rank, world, "FULL")
+    with torch.inference_mode():
+        mine = BatchLayout((1,) * (2 if rank == 0 else 5), (9,) * (2 if rank == 0 else 5), 16, 8)
+        g(*mine.build(cfg, seed=4, device=device), cache)
+        torch.cuda.synchronize()  # the device-side assert surfaces here
+    return {"mismatch": None}
+
+
+def _error_of(fn) -> str | None:
+    try:
+        fn()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 SCENARIOS = {"equal": equal, "plan_mismatch": plan_mismatch, "call_mismatch": call_mismatch, "equal_cuda": equal_cuda,
-             "prepare_fails_on_one_rank": prepare_fails_on_one_rank}
+             "call_mismatch_host": lambda rank, world: call_mismatch(rank, world, "host"),
+             "prepare_fails_on_one_rank": prepare_fails_on_one_rank, "exits_cleanly": exits_cleanly,
+             "exits_cleanly_cuda": exits_cleanly_cuda, "call_mismatch_cuda": call_mismatch_cuda}
 
 
 def main() -> None:
@@ -150,9 +210,11 @@ def main() -> None:
         result = SCENARIOS[scenario](rank, world)
     except Exception as exc:  # reported, so the test can show it
         result = {"crash": f"{type(exc).__name__}: {exc}"}
+    result["t_result"] = time.time()
     print("RESULT " + json.dumps(result), flush=True)
     dist.barrier()
-    dist.destroy_process_group()
+    dist.destroy_process_group()  # graphify releases graphs holding the group's collectives first
+    print("AFTER_DESTROY " + json.dumps({"graphs_left": [len(g.table) for g in KEPT]}), flush=True)
 
 
 if __name__ == "__main__":
