@@ -67,12 +67,6 @@ def time_per_call(fn: Callable[[int], object], *, calls: int = 10, reps: int = 3
     return statistics.median(samples)
 
 
-def host_cost_us(fn: Callable[[int], object], *, reps: int = 200) -> float:
-    """Median host time (µs) to issue one call with the device idle, not synchronising
-    inside the timed region."""
-    return host_costs_us({"fn": fn}, reps=reps)["fn"]
-
-
 def host_costs_us(fns: "dict[str, Callable[[int], object]]", *, reps: int = 400) -> dict[str, float]:
     """Median host µs per call of each of `fns`, each call issued with the device idle,
     measured interleaved (one call of each per round, the order rotating): a graph

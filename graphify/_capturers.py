@@ -42,10 +42,12 @@ def mode_capturers(
     prefixes each with the ranks' agreement check on that key's code)."""
     executes = backend.name != "cuda"  # the simulation runs what it captures
     split = piecewise_fn is not None
-    base_fn, base_twin = fn, twin
+    if full_for is None:
+        def full_for(key):
+            return fn, twin
 
     def full(args, *, key, warmups, keeper, probe, first, sibling, **kw):
-        fn, twin = full_for(key) if full_for is not None else (base_fn, base_twin)
+        fn, twin = full_for(key)
         if not first and sibling is not None:
             if sibling.key.reqs_rows != key.reqs_rows:
                 # Warm up through the same-size PIECEWISE schedule, split ops at this shape.

@@ -40,7 +40,7 @@ LOCKSTEP_POLICIES = ("graph", "host", "off")
 _CPU_GROUPS: dict = {}
 _LIVE: "weakref.WeakSet[Lockstep]" = weakref.WeakSet()
 _HOOKED = [False]
-_MODE_BITS = _TOKEN_BITS = 24
+_TOKEN_BITS = 24  # bits for tokens and for requests + 1 in a graph code
 
 
 def graph_code(mode: int, tokens: int, reqs: int) -> int:
@@ -127,10 +127,9 @@ class Lockstep:
     def __init__(self, group, call: str, policy: str = "graph"):
         import torch.distributed as dist
 
-        if policy not in LOCKSTEP_POLICIES:
-            raise ValueError(f"{call}: Options(lockstep=...) must be one of {LOCKSTEP_POLICIES}, got {policy!r}")
-        self.dist, self.call, self.policy = dist, call, policy
+        self.dist, self.call, self.policy = dist, call, policy  # the policy was validated by Options
         self.group = group if group is not None else dist.group.WORLD
+        self.device = _group_device(self.group)  # where the per-call check's collective runs
         self.cpu = _cpu_group(self.group)
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
@@ -170,7 +169,7 @@ class Lockstep:
         """All ranks must pass the same `code`: one all-reduce (MAX) of [code, -code] over
         the group, then a device-side assert on CUDA (recordable into a graph) or a
         `DispatchMismatchError` on the CPU."""
-        device = _group_device(self.group)
+        device = self.device
         both = torch.full((2,), code, dtype=torch.int64, device=device)
         both[1:].neg_()
         self.dist.all_reduce(both, op=self.dist.ReduceOp.MAX, group=self.group)
@@ -186,11 +185,11 @@ class Lockstep:
         with _disable_current_modes():  # a CPU read, not a device sync: no guard needs to see it
             high, low = int(both[0]), -int(both[1])
         if high != low:
-            say = describe_choice
             mine = "the highest" if code == high else "the lowest" if code == low else "another"
+            choice, lowest, highest = (describe_choice(*decode_code(c)) for c in (code, low, high))
             raise DispatchMismatchError(
-                f"{self.call}: ranks chose different graphs for this call (rank {self.rank} chose {say(*decode_code(code))}, "
-                f"{mine} choice among the ranks; they range from {say(*decode_code(low))} to {say(*decode_code(high))}); "
+                f"{self.call}: ranks chose different graphs for this call (rank {self.rank} chose {choice}, "
+                f"{mine} choice among the ranks; they range from {lowest} to {highest}); "
                 "every rank must call with the same batch (num_tokens and num_reqs), or their collectives would not "
                 "pair up. Options(lockstep='host') names each rank's choice"
             )

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import attrs
 
+from ._distributed import LOCKSTEP_POLICIES
+
 __all__ = ["Options"]
 
 
@@ -50,4 +52,4 @@ class Options:
     progress: bool = True
     largest_first: bool = True
     allow_full: Callable[..., bool] | None = None
-    lockstep: str = attrs.field(default="graph", validator=attrs.validators.in_(("graph", "host", "off")))
+    lockstep: str = attrs.field(default="graph", validator=attrs.validators.in_(LOCKSTEP_POLICIES))

@@ -37,8 +37,6 @@ def _device_index(device: torch.device | None) -> int:
 _NONE = Mode.NONE
 _FULL = Mode.FULL
 MAX_PLANS = 4096  # (graph, tokens, requests) plans kept; beyond it the cache starts over
-
-
 _set_storage_msg = getattr(torch._C, "_set_storage_access_error_msg", None)  # CUDA builds of torch
 
 

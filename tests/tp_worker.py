@@ -108,24 +108,28 @@ def call_mismatch(rank: int, world: int, lockstep: str = "graph") -> dict:
     return result
 
 
-def equal_cuda(rank: int, world: int) -> dict:
-    """On GPUs (NCCL, CUDA graphs, bf16): TP decode equals the single-GPU model."""
+def build_cuda(rank: int, world: int, mode: str):
+    """`build` on GPU `rank` over NCCL (bf16, CUDA graphs): the captured TP callable, its
+    cache, the single-GPU reference and the reference's cache; plus the config and device."""
     device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
     cfg = DecoderConfig.tiny(max_seq_len=128, heads=4, kv_heads=2, ffn=96, hidden=128, dtype=torch.bfloat16)
     full = init_params(cfg, seed=0, device=device)
     tcfg = shard_config(cfg, world)
     full_cache = new_paged_cache(cfg, 80, 16, seed=1, device=device)
+    cache = shard_paged_cache(tcfg, full_cache, rank)
+    step = tp_varlen_step(tcfg, full, rank)
+    example = EXAMPLE.build(cfg, device=device)
+    fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
+    g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(32), axes=varlen_axes(), backend="cuda",
+                 support=model_support("unified"), group=dist.group.WORLD).capture(*example, cache)
+    return g, cache, varlen_step(cfg, full), full_cache, cfg, device
+
+
+def equal_cuda(rank: int, world: int) -> dict:
+    """On GPUs (NCCL, CUDA graphs, bf16): TP decode equals the single-GPU model."""
     out = {}
     for mode in ("FULL", "FULL_AND_PIECEWISE"):
-        cache = shard_paged_cache(tcfg, full_cache, rank)
-        ref_cache = full_cache.clone()
-        step = tp_varlen_step(tcfg, full, rank)
-        example = EXAMPLE.build(cfg, device=device)
-        fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
-        g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(32), axes=varlen_axes(), backend="cuda",
-                     support=model_support("unified"), group=dist.group.WORLD).capture(*example, cache)
-        reference = varlen_step(cfg, full)
+        g, cache, reference, ref_cache, cfg, device = build_cuda(rank, world, mode)
         rnd = random.Random(mode)
         worst = 0.0
         with torch.inference_mode():
@@ -151,23 +155,8 @@ def exits_cleanly(rank: int, world: int) -> dict:
 KEPT: list = []
 
 
-def _cuda_tp(rank: int, world: int, mode: str):
-    """A bf16 TP callable over NCCL on GPU `rank`, captured, with its cache and config."""
-    device = torch.device("cuda", rank)
-    cfg = DecoderConfig.tiny(max_seq_len=128, heads=4, kv_heads=2, ffn=96, hidden=128, dtype=torch.bfloat16)
-    full = init_params(cfg, seed=0, device=device)
-    tcfg = shard_config(cfg, world)
-    cache = shard_paged_cache(tcfg, new_paged_cache(cfg, 80, 16, seed=1, device=device), rank)
-    step = tp_varlen_step(tcfg, full, rank)
-    example = EXAMPLE.build(cfg, device=device)
-    fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
-    g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(32), axes=varlen_axes(), backend="cuda",
-                 support=model_support("unified"), group=dist.group.WORLD).capture(*example, cache)
-    return g, cache, cfg, device
-
-
 def exits_cleanly_cuda(rank: int, world: int) -> dict:
-    g, cache, cfg, device = _cuda_tp(rank, world, "FULL_AND_PIECEWISE")
+    g, cache, _, _, cfg, device = build_cuda(rank, world, "FULL_AND_PIECEWISE")
     with torch.inference_mode():
         for seed in range(4):
             g(*BatchLayout((1,) * 4, (9, 3, 20, 7), 16, 8).build(cfg, seed=seed, device=device), cache)
@@ -178,7 +167,7 @@ def exits_cleanly_cuda(rank: int, world: int) -> dict:
 
 
 def call_mismatch_cuda(rank: int, world: int) -> dict:
-    g, cache, cfg, device = _cuda_tp(rank, world, "FULL")
+    g, cache, _, _, cfg, device = build_cuda(rank, world, "FULL")
     with torch.inference_mode():
         mine = BatchLayout((1,) * (2 if rank == 0 else 5), (9,) * (2 if rank == 0 else 5), 16, 8)
         g(*mine.build(cfg, seed=4, device=device), cache)
