@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch
 
 from ._errors import InputMismatchError
 
-__all__ = ["Axis", "tokens", "reqs", "fixed", "persistent", "static", "ArgSpec", "layout_for", "specs_for"]
+__all__ = ["Axis", "tokens", "reqs", "fixed", "persistent", "static", "ArgSpec", "layout_for", "specs_for", "WeakStatic", "weaken"]
 
 KINDS = ("tokens", "reqs", "fixed", "persistent", "static")
 PADDED = ("tokens", "reqs")
@@ -156,6 +157,36 @@ def specs_for(call: str, names: Sequence[str], layout: Sequence[Axis], args: Seq
     return tuple(specs)
 
 
+class WeakStatic:
+    """A static object held weakly: calls must pass this very object, and once it is gone no
+    call can, so nothing graphify keeps should keep it (or the memory its tensors hold)
+    alive. First-use capture holds a transformers cache this way: generate() makes a new
+    one per call and drops the old one, whose graphs are then freed."""
+
+    __slots__ = ("ref", "type_name", "__weakref__")
+
+    def __init__(self, obj: Any):
+        self.ref = weakref.ref(obj)
+        self.type_name = type(obj).__name__
+
+    def __call__(self) -> Any:
+        return self.ref()
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} object{'' if self.ref() is not None else ', gone'}>"
+
+
+def weaken(value: Any) -> Any:
+    """`value` as a `WeakStatic` when it is an object compared by identity that can be
+    referenced weakly; plain values (and objects that cannot be) as they are."""
+    if by_value(value) or isinstance(value, WeakStatic):
+        return value
+    try:
+        return WeakStatic(value)
+    except TypeError:
+        return value
+
+
 _VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
@@ -177,6 +208,8 @@ def same_static(arg: Any, value: Any) -> bool:
     plain value of the same type."""
     if arg is value:
         return True
+    if isinstance(value, WeakStatic):
+        return arg is value()
     if not by_value(value) or type(arg) is not type(value):
         return False
     try:
@@ -196,7 +229,7 @@ def mismatch(call: str, spec: ArgSpec, arg: Any) -> Exception | None:
         if not by_value(spec.value):
             return InputMismatchError(
                 f"{call}: argument {spec.name!r} is a different {type(arg).__name__} object from the "
-                f"{type(spec.value).__name__} captured; objects are static by identity because the graphs read the "
+                f"{getattr(spec.value, 'type_name', type(spec.value).__name__)} captured; objects are static by identity because the graphs read the "
                 "captured object's tensors: pass the same object (reset it in place) or capture again"
             )
         return InputMismatchError(

@@ -1,9 +1,5 @@
-"""The capture stage: from an example call and a key set to an immutable `GraphTable`.
-
-Keys are captured in `KeySet.pairs()` order (mixed keys largest first, then uniform keys),
-into one pool, with the Python GC frozen. On any failure the graphs captured so far are
-released and a `CaptureError` names the key that failed.
-"""
+"""Capture helpers: one key's capture (`_capture_one`), the GC freeze, output axes, and
+the errors a failed capture raises. `graphify._session` drives them, key by key."""
 
 from __future__ import annotations
 
@@ -28,7 +24,7 @@ from ._mode import Mode
 from ._state import StateKeeper, python_state, python_state_change, restore_python_state
 from ._table import Entry, GraphTable, StaticBuffers
 
-__all__ = ["capture_table", "freeze_gc"]
+__all__ = ["freeze_gc", "consistent_out_axes", "infer_out_axes"]
 
 log = logging.getLogger("graphify")
 MiB = 1 << 20
@@ -129,111 +125,6 @@ def _probe_out_axes(fn, specs, args) -> tuple[str | None, ...] | None:
     )
 
 
-def capture_table(
-    *,
-    call: str,
-    fn: Callable,
-    capturers: dict[Mode, Callable],
-    keys: KeySet,
-    specs: tuple[ArgSpec, ...],
-    example: Sequence[Any],
-    backend,
-    pool,
-    warmups: int,
-    weak_outputs: bool,
-    out_axes,
-    progress: bool,
-    largest_first: bool = True,
-    library: str | None = None,
-    restore_state: bool = True,
-    probe: Callable | None = None,
-    **table_fields,
-) -> GraphTable:
-    """Capture every key of `keys`; see the module docstring. `probe` is the eager
-    function whose writes to outside state a PIECEWISE capture pass undoes (the split
-    function's original); `table_fields` go to the `GraphTable` as they are."""
-    try:
-        device = _device_of(specs)
-    except CaptureError as exc:
-        raise CaptureError(f"{call}: {exc}") from None
-    backend.validate(call, device)
-    pairs = keys.pairs(largest_first)
-    rows = {
-        "tokens": keys.max_tokens(),
-        "reqs": max((k.reqs_rows for _, k in pairs), default=1),
-    }
-    start = time.perf_counter()
-    entries: dict = {}
-    keeper = None
-    try:
-        with _device_scope(device), torch.no_grad():
-            static = StaticBuffers.allocate(specs, example, rows, backend.empty)
-            keeper = StateKeeper(restore_state, exclude=static.storages())
-            handle = pool.handle_for(backend, device, call)
-            stream = backend.new_stream(device)
-            out_rule = infer_out_axes(fn, specs, example, out_axes)
-            objects = {s.name: a for s, a in zip(specs, example) if s.axis.kind == "static" and not by_value(a)}
-            state_before = python_state(objects)
-            seen: set = set()
-            with freeze_gc():
-                for mode, key in _progress(pairs, call, progress):
-                    first = mode not in seen
-                    seen.add(mode)
-                    sibling = entries.get((Mode.PIECEWISE, key.relaxed()))
-                    entries[mode, key] = _capture_one(
-                        call, capturers[mode], mode, key, specs, static, example, handle, stream,
-                        warmups, weak_outputs, out_rule, keeper, probe, first, sibling,
-                    )
-                    change = python_state_change(state_before, python_state(objects))
-                    if change is not None:
-                        restore_python_state(state_before)
-                        raise CaptureError(
-                            f"{call}: each call changes Python state of a static argument ({change}); a graph "
-                            "replays kernels, not Python, so that state would stop changing and the graphs would "
-                            "go stale. Keep such state in tensors updated in place (a transformers StaticCache's "
-                            "full-attention layers do; its sliding-window layers keep a Python counter), or leave "
-                            "this function ungraphified"
-                        )
-    except BaseException as exc:
-        if keeper is not None:  # a failure between a run and its restore: undo what it wrote
-            with contextlib.suppress(Exception):
-                keeper.restore()
-            keeper.forget()
-        done = len(entries)
-        entries.clear()  # release the graphs captured so far
-        # The traceback's frames hold the static buffers and capture-time tensors: clear
-        # their locals, or a kept exception (pytest.raises, a log) keeps that memory.
-        static = None  # noqa: F841
-        traceback.clear_frames(exc.__traceback__)
-        if device is not None and device.type == "cuda":
-            pool.trim()
-        if not isinstance(exc, Exception):
-            raise
-        raise _as_capture_error(call, exc, done, len(pairs)) from exc
-    if out_axes is None:
-        try:
-            entries = consistent_out_axes(call, entries)
-        except CaptureError:
-            entries.clear()
-            if device is not None and device.type == "cuda":
-                pool.trim()
-            raise
-    for entry in entries.values():
-        pool.track(entry, f"{call} {entry.label}", entry.nbytes)
-    seconds = time.perf_counter() - start
-    table = GraphTable(
-        types.MappingProxyType(entries), keys, specs, static, backend, pool, device, seconds, library, store=entries,
-        state_tensors=len(keeper.restored), state_bytes=keeper.peak_bytes, **table_fields,
-    )
-    if keeper.unrestorable:
-        log.warning("%s: capture ran %s on outside tensors, which cannot be undone", call, sorted(keeper.unrestorable))
-    log.info(
-        "%s: captured %d graphs in %.2f s, %.1f MiB in pool %r",
-        call, len(entries), seconds, table.nbytes / MiB, pool.name,
-    )
-    return table
-
-
 def consistent_out_axes(call: str, entries: dict) -> dict:
     """One batch axis per output across every captured size, read from the real shapes.
 
@@ -276,12 +167,14 @@ def consistent_out_axes(call: str, entries: dict) -> dict:
 
 def _capture_one(
     call, capturer, mode, key, specs, static, example, handle, stream, warmups, weak_outputs, out_rule, keeper, probe,
-    first, sibling,
+    first, sibling, loaded=None,
 ):
     """Capture one key. `first`: the first key of its mode in this table, which alone
     checks for in-place writes to arguments; the capturer decides what else it skips at
     later keys (`graphify._capturers`). `sibling`: the PIECEWISE entry of the same token
-    count, already captured, whose schedule warms a FULL capture up cheaply."""
+    count, already captured, whose schedule warms a FULL capture up cheaply. `loaded`: what
+    a first-use capture copied into the static buffers (the call's own rows), which the
+    function must leave as they are; None: all padding."""
     args = static.args_for(specs, key, example)
     t0 = time.perf_counter()
     try:
@@ -293,7 +186,7 @@ def _capture_one(
     except Exception as exc:
         exc.graphify_key = (mode, key)
         raise
-    changed = static.changed(specs) if first else None
+    changed = static.changed(specs, loaded) if first else None
     if changed:
         raise CaptureError(
             f"{call}: the function writes to argument(s) {changed} in place; graphify copies padded "

@@ -126,18 +126,68 @@ class Dispatcher:
     _above: Decision = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self):
-        top = self.keys.max_tokens()
+        keys, ratio = self.keys, self.max_padding_ratio
+        top = keys.max_tokens()
+        q = keys.uniform_query_len
         tables = {}
-        for uniform in (False, True):
-            for has_lora in (False, True):
+        for has_lora in (False, True):
+            # dispatch()'s three ladders, sorted once; one Decision object per key
+            uniform_sizes = _sizes_of(keys.full, uniform=True, has_lora=has_lora)
+            ladders = (
+                (Mode.FULL, "relaxed FULL graph", _sizes_of(keys.full, uniform=False, has_lora=has_lora)),
+                (Mode.PIECEWISE, "PIECEWISE graphs", _sizes_of(keys.piecewise, uniform=False, has_lora=has_lora)),
+            )
+            made: dict = {}
+            every = sorted({k.num_tokens for k in keys.full | keys.piecewise if k.has_lora == has_lora})
+
+            def decision(mode, size, uniform, label):
+                found = made.get((mode, size, uniform))
+                if found is None:
+                    key = BatchDescriptor(size, size // q, True, has_lora) if uniform else BatchDescriptor(size, None, False, has_lora)
+                    found = made[mode, size, uniform] = Decision(mode, key, label)
+                return found
+
+            for uniform in (False, True):
                 for full_ok in (True, False):
-                    tables[uniform, has_lora, full_ok] = [None] + [
-                        dispatch(self.keys, n, uniform=uniform, has_lora=has_lora,
-                                 max_padding_ratio=self.max_padding_ratio, full_ok=full_ok)
-                        for n in range(1, top + 1)
-                    ]
+                    row: list = [None]
+                    for n in range(1, top + 1):
+                        row.append(self._decide(n, uniform, full_ok, has_lora, uniform_sizes, ladders, decision, ratio, every))
+                    tables[uniform, has_lora, full_ok] = row
         object.__setattr__(self, "_tables", tables)
         object.__setattr__(self, "_above", Decision(Mode.NONE, None, f"num_tokens is above the largest captured size {top}"))
+
+    def _decide(self, n, uniform, full_ok, has_lora, uniform_sizes, ladders, decision, ratio, every) -> Decision:
+        """`dispatch` for one token count over the precomputed ladders (equal to it: a
+        property test compares the two)."""
+        def acceptable(size):
+            return size is not None and (ratio is None or size <= ratio * n)
+
+        if uniform and full_ok:
+            size = pad_to(uniform_sizes, n)
+            if acceptable(size):
+                return decision(Mode.FULL, size, True, "exact uniform FULL graph")
+        for mode, label, sizes in ladders:
+            if mode is Mode.FULL and not full_ok:
+                continue
+            size = pad_to(sizes, n)
+            if acceptable(size):
+                return decision(mode, size, False, label)
+        keys = self.keys
+        if not full_ok and keys.full and not keys.piecewise:
+            return Decision(Mode.NONE, None, "the batch may not use FULL graphs and no PIECEWISE graphs were captured")
+        return self._none(n, has_lora, ratio, every)
+
+    def _none(self, n, has_lora, ratio, sizes) -> Decision:
+        """`_why_none`'s decision; `sizes`: every captured size with this LoRA flag, sorted."""
+        if not len(self.keys):
+            return Decision(Mode.NONE, None, "no graphs captured")
+        if not sizes:
+            return Decision(Mode.NONE, None, f"no graphs captured with has_lora={has_lora}")
+        if n > sizes[-1]:
+            return Decision(Mode.NONE, None, f"num_tokens={n} is above the largest captured size {sizes[-1]}")
+        if ratio is not None:
+            return Decision(Mode.NONE, None, f"padding num_tokens={n} would exceed max_padding_ratio={ratio}")
+        return Decision(Mode.NONE, None, f"no graph serves num_tokens={n}")  # pragma: no cover
 
     def lookup(self, num_tokens: int, uniform: bool = False, has_lora: bool = False, full_ok: bool = True) -> Decision:
         table = self._tables[uniform, has_lora, full_ok]

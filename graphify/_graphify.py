@@ -14,7 +14,7 @@ from ._options import Options
 from ._outputs import box
 from ._params import ModuleWatch
 from ._signature import CallLayout, module_of
-from ._capture import capture_table
+from ._session import capture_table
 from ._capturers import mode_capturers
 from ._distributed import graph_code
 from ._dispatch import Decision, Dispatcher, explain_miss
@@ -34,6 +34,8 @@ __all__ = ["graphify", "Graphified"]
 
 log = logging.getLogger("graphify")
 
+DEFAULT_SIZES = vllm_sizes(512)  # what capture() captures when no sizes are given
+
 
 def _mode_field(value):
     return Mode.parse(value)
@@ -45,6 +47,10 @@ def _backend_name(value: str) -> str:
     return value
 
 
+def _sizes_field(value):
+    return None if value is None else normalize_sizes(value, allow_empty=True)
+
+
 def _fn_name(fn: Callable) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
@@ -53,14 +59,15 @@ def _fn_name(fn: Callable) -> str:
 class Graphified:
     """A function with CUDA graphs: immutable; `capture(...)` returns a new one.
 
-    Before capture every call runs `fn` eagerly. After capture a call pads its batch into
-    static buffers, dispatches to a captured graph (or runs eagerly when none fits) and
-    returns outputs cut back to the real batch. Build it with `graphify`.
+    Before `capture()`, calls capture on first use (`graphify._first_use`): graphs come as
+    calls need them, per call structure. After capture a call pads its batch into static
+    buffers, dispatches to a captured graph (or runs eagerly when none fits) and returns
+    outputs cut back to the real batch. Build it with `graphify`.
     """
 
     fn: Callable
     mode: Mode = attrs.field(converter=_mode_field)
-    sizes: tuple[int, ...] = attrs.field(converter=normalize_sizes)
+    sizes: tuple[int, ...] | None = attrs.field(converter=_sizes_field)
     axes: Any = None
     out_axes: Any = None
     support: Support = attrs.field(default=Support.ALWAYS, converter=weakest)
@@ -81,6 +88,7 @@ class Graphified:
     stats: Stats = attrs.field(init=False, repr=False)
     _runtime: Runtime | None = attrs.field(init=False, repr=False)
     _call: str = attrs.field(init=False, repr=False)
+    _first_use: Any = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self):
         if not isinstance(self.options, Options):
@@ -93,6 +101,11 @@ class Graphified:
         if self.max_num_reqs is not None and self.max_num_reqs < 1:
             raise ValueError(f"graphify: max_num_reqs must be >= 1, got {self.max_num_reqs}")
         call = f"graphify({_fn_name(self.fn)}, mode={self.mode.value!r})"
+        if self.sizes == () and self.mode is not Mode.NONE:
+            raise ValueError(
+                f"{call}: sizes is empty, so no graph could be captured; give capture sizes, leave sizes out "
+                "for the default, or use mode='NONE' (eager, no graphs)"
+            )
         resolution = resolve_mode(
             self.mode, self.support, split=bool(getattr(self.fn, "is_split", False)), uniform_query_len=self.uniform_query_len
         )
@@ -100,29 +113,41 @@ class Graphified:
             log.warning("%s: %s", call, "; ".join(resolution.reasons))
         keys = plan_keys(
             resolution.mode,
-            self.sizes,
+            self.sizes if self.sizes is not None else DEFAULT_SIZES,
             uniform_query_len=self.uniform_query_len,
             max_num_reqs=self.max_num_reqs,
             lora=self.lora,
         )
         runtime = None
         if self.table is not None:
-            lib = self.table.library
-            eager = ForeignFunction(self.fn, lib) if lib else self.fn
-            runtime = Runtime(
-                call=call,
-                fn=self.table.layout.caller(eager),
-                table=self.table,
-                dispatcher=Dispatcher(self.table.keys, self.max_padding_ratio),
-                uniform_fn=self.uniform,
-                lora_fn=self.has_lora,
-                outputs=self.outputs,
-                full_ok_fn=self.options.allow_full,
-            )
+            runtime = self._runtime_for(self.table, Dispatcher(self.table.keys, self.max_padding_ratio), call=call)
+        first_use = None
+        if self.table is None and self.options.first_use and self.group is None and resolution.mode is not Mode.NONE:
+            from ._first_use import FirstUse
+
+            first_use = FirstUse(self)
         for name, value in (
-            ("resolution", resolution), ("keys", keys), ("stats", Stats()), ("_runtime", runtime), ("_call", call)
+            ("resolution", resolution), ("keys", keys), ("stats", Stats()), ("_runtime", runtime), ("_call", call),
+            ("_first_use", first_use),
         ):
             object.__setattr__(self, name, value)
+
+    def _runtime_for(self, table: GraphTable, dispatcher: Dispatcher, *, call: str | None = None, grow=None) -> Runtime:
+        """The call machinery over `table` (ahead of time: the whole table; first use: a
+        structure's growing table, dispatched over its planned keys)."""
+        lib = table.library
+        eager = ForeignFunction(self.fn, lib) if lib else self.fn
+        return Runtime(
+            call=call or self._call,
+            fn=table.layout.caller(eager),
+            table=table,
+            dispatcher=dispatcher,
+            uniform_fn=self.uniform,
+            lora_fn=self.has_lora,
+            outputs=self.outputs,
+            full_ok_fn=self.options.allow_full,
+            grow=grow,
+        )
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -193,12 +218,12 @@ class Graphified:
         fn = _boxing(layout.caller(fn))
         twin = _boxing(layout.caller(twin)) if twin is not None else None
         axes = self.axes if self.axes is not None else getattr(self.fn, "axes", None)
-        arg_axes = layout_for(self._call, layout.names, axes, args)
+        arg_axes = layout_for(self._call, layout.slot_names, axes, args)
         if not any(a.kind in ("tokens", "reqs") for a in arg_axes):
             raise ValueError(
                 f"{self._call}.capture: no argument grows with the batch; mark at least one tokens() or reqs()"
             )
-        specs = specs_for(self._call, layout.names, arg_axes, args)
+        specs = specs_for(self._call, layout.slot_names, arg_axes, args)
         device = next((s.device for s in specs if s.device is not None), None)
         try:
             backend = get_backend(self.backend, device, library)
@@ -207,6 +232,11 @@ class Graphified:
         return fn, twin, args, specs, backend, library, layout
 
     def _capture_table(self, fn, twin, args, specs, backend, library, layout, lockstep=None) -> GraphTable:
+        return capture_table(**self._session_args(fn, twin, args, specs, backend, library, layout, self.keys, lockstep))
+
+    def _session_args(self, fn, twin, args, specs, backend, library, layout, keys, lockstep=None) -> dict:
+        """What a `CaptureSession` over this function needs: ahead of time every planned
+        key, on first use a structure's."""
         opts = self.options
         modules = [m for m in [module_of(self.fn)] if m is not None]
         modules += [a for a, s in zip(args, specs) if s.axis.kind == "static" and isinstance(a, torch.nn.Module)]
@@ -220,11 +250,11 @@ class Graphified:
                 return lockstep.checked(fn, code), lockstep.checked(twin, code)
 
         capturers = mode_capturers(backend, fn, twin, self.fn if split else None, full_for)
-        return capture_table(
+        return dict(
             call=self._call,
             fn=fn,
             capturers=capturers,
-            keys=self.keys,
+            keys=keys,
             specs=specs,
             example=args,
             backend=backend,
@@ -240,6 +270,7 @@ class Graphified:
             layout=layout,
             watch=ModuleWatch(self._call, modules, full=opts.full_checks),
             examples=tuple(a.detach().clone() if s.axis.kind == "tokens" else None for a, s in zip(args, specs)),
+            uses_fft=split and any(name.startswith("aten::_fft_") for name in self.fn.op_names),
         )
 
     def release(self) -> "Graphified":
@@ -248,6 +279,8 @@ class Graphified:
         raise. The pool's free memory goes back to the device with `pool.trim()`."""
         if self._runtime is not None:
             self._runtime.release()
+        if self._first_use is not None:
+            self._first_use.release()
         return attrs.evolve(self, table=None)
 
     def static_inputs(self, num_tokens: int, num_reqs: int | None = None) -> tuple:
@@ -289,6 +322,7 @@ class Graphified:
         return (_rebuild, (fields,))
 
     # -- calls ----------------------------------------------------------------------------
+    @torch.compiler.disable  # opaque to an outer torch.compile (transformers' generate compiles __call__)
     def __call__(self, *args, **kwargs):
         if _peek_functorch() is not None:
             raise GraphifyError(
@@ -297,13 +331,20 @@ class Graphified:
                 "graphify(vmap(f)), graphify(vmap(grad(loss)))"
             )
         runtime = self._runtime
-        if runtime is None:
-            self.stats.record(Mode.NONE, _leading_rows(args) or _leading_rows(tuple(kwargs.values())), None)
-            return self.fn(*args, **kwargs)
-        args = runtime.layout.bind(args, kwargs)
+        if runtime is not None:
+            return self._run(runtime, runtime.layout.bind(args, kwargs))
+        if self._first_use is not None:
+            return self._first_use.call(args, kwargs)
+        return self._eager(args, kwargs)
+
+    def _eager(self, args: tuple, kwargs: dict):
+        self.stats.record(Mode.NONE, _leading_rows(args) or _leading_rows(tuple(kwargs.values())), None)
+        return self.fn(*args, **kwargs)
+
+    def _run(self, runtime: Runtime, slots: tuple):
         if runtime.library is not None:
-            return self._call_foreign(runtime, args)
-        return runtime.run(args, self.stats)
+            return self._call_foreign(runtime, slots)
+        return runtime.run(slots, self.stats)
 
     def _call_foreign(self, runtime: Runtime, args: Sequence[Any]):
         """A call with CuPy / NumPy arrays: torch views in, views of the outputs back. With
@@ -349,8 +390,11 @@ class Graphified:
         """
         from ._check import check_sizes, check_table
 
-        runtime = self._runtime
-        if runtime is None:
+        runtime, table = self._runtime, self.table
+        if runtime is None and self._first_use is not None and self._first_use.current() is not None:
+            runtime = self._first_use.current().runtime  # first use: the most recently used structure
+            table = runtime.table
+        if runtime is None or not len(table):
             raise ValueError(f"{self._call}.check: capture first; check compares the graphs with eager")
         if make_batch is None and runtime.req_idx:
             raise ValueError(
@@ -367,13 +411,13 @@ class Graphified:
                     return runtime.layout.bind(batch[0], batch[1])
                 return runtime.layout.bind(tuple(batch), {})
 
-        captured = {k.num_tokens for k in self.table.keys.full | self.table.keys.piecewise}
+        captured = {k.num_tokens for k in table.keys.full | table.keys.piecewise}
         if sizes is None:
             sizes = check_sizes(captured)
         else:
             top = max(captured)
             sizes = [(n, "captured" if n in captured else "above" if n > top else "between") for n in sizes]
-        return check_table(self._call, runtime, self.table.examples or (), make, sizes, rtol=rtol, atol=atol, seed=seed)
+        return check_table(self._call, runtime, table.examples or (), make, sizes, rtol=rtol, atol=atol, seed=seed)
 
 
     def explain(self, num_tokens: int, *, uniform: bool = False, has_lora: bool = False) -> str:
@@ -393,6 +437,8 @@ class Graphified:
         if self.resolution.changed:
             head += f" (requested {self.mode.value}: {'; '.join(self.resolution.reasons)})"
         if self.table is None:
+            if self._first_use is not None and self._first_use.structures:
+                return head + self._first_use.summary()
             return head + f"; not captured ({len(self.keys)} graphs planned)"
         t = self.table
         state = (
@@ -465,7 +511,10 @@ def graphify(
       `split(fn, ops)` value for piecewise modes. Calls may mix positional and keyword
       arguments, defaults and `**kwargs`, as the capture's example call did.
     - `mode`: a `Mode` or its name: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE.
-    - `sizes`: token counts to capture; default vLLM's schedule up to 512.
+    - `sizes`: token counts to capture; batches pad up to the next one. Default: `capture()`
+      captures vLLM's schedule up to 512; first use (calls before any `capture()`) captures
+      each batch size as it comes, unpadded, up to 512 tokens. An empty list only with
+      mode NONE.
     - `axes`: per argument `tokens()`, `reqs()`, `fixed()`, `persistent()` or `static()`, as a
       sequence or a mapping by parameter (or keyword) name; default: tensors `tokens()`,
       other values `static()`: plain values (None, numbers, strings, dtypes, tuples of them)
@@ -493,8 +542,15 @@ def graphify(
     - `options`: an `Options` for the rarely changed knobs (warm-ups, restoring state
       written during capture, full per-call checks, weak outputs, progress bar, capture order).
 
-    **Returns:** an uncaptured `Graphified`; call `.capture(...)` with one example call to capture.
-    Without `fn`, a decorator: `@graphify(mode="FULL", axes=...)`.
+    **Returns:** a `Graphified`. Called as it is, it captures on first use: a call structure
+    (arguments, dtypes, non-batch shapes, static values) that runs in two consecutive calls
+    gets graphs, each batch size captured by the call that first needs it (see
+    `graphify._first_use` for the policy and its bounds). `.capture(*example)` captures
+    every size ahead of time instead. Without `fn`, a decorator: `@graphify(mode="FULL", axes=...)`.
+
+    !!! example
+        >>> model.forward = graphify(model.forward)  # doctest: +SKIP
+        >>> model.generate(**inputs, cache_implementation="static")  # doctest: +SKIP
 
     !!! example
         >>> import torch
@@ -507,8 +563,6 @@ def graphify(
         options = dict(locals())
         del options["fn"]
         return lambda f: graphify(f, **options)
-    if sizes is None:
-        sizes = vllm_sizes(512)
     return Graphified(
         fn, mode, sizes, axes, out_axes, support, backend, pool, uniform_query_len, max_num_reqs,
         lora, max_padding_ratio, outputs, uniform, has_lora, group, options,

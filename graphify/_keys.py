@@ -10,7 +10,7 @@ from ._descriptor import BatchDescriptor
 from ._mode import Mode
 from ._sizes import normalize_sizes
 
-__all__ = ["KeySet", "plan_keys"]
+__all__ = ["KeySet", "plan_keys", "uniform_request_counts"]
 
 
 def _frozen_keys(keys: Iterable[BatchDescriptor]) -> frozenset[BatchDescriptor]:
@@ -58,6 +58,23 @@ class KeySet:
         return max((k.num_tokens for k in self.full | self.piecewise), default=0)
 
 
+def uniform_request_counts(sizes: Iterable[int], q: int, max_num_reqs: int | None = None) -> tuple[int, ...]:
+    """Request counts r that get a uniform FULL graph of r * q tokens: every size read as
+    a request count (while r * q stays within the largest size) and every size rounded up
+    to a multiple of q, read as tokens (vLLM's rule); at most `max_num_reqs`. Pure.
+
+    !!! example
+        >>> uniform_request_counts((1, 2, 4, 8, 16, 24), 3)
+        (1, 2, 3, 4, 6, 8)
+    """
+    sizes = normalize_sizes(sizes, allow_empty=True)
+    if not sizes:
+        return ()
+    top = sizes[-1]
+    counts = {r for r in sizes if r * q <= top} | {-(-s // q) for s in sizes}
+    return tuple(sorted(r for r in counts if max_num_reqs is None or r <= max_num_reqs))
+
+
 def plan_keys(
     mode: "Mode | str",
     sizes: Iterable[int],
@@ -76,19 +93,26 @@ def plan_keys(
     - `lora`: also capture LoRA variants of every key.
 
     **Returns:** a `KeySet`. Mixed keys: one relaxed key per size in the mixed mode.
-    Uniform keys (dual modes only): each size read as a request count `r`, a key of `r * q`
-    tokens (q = `uniform_query_len`), up to the largest size in tokens and `max_num_reqs`
-    requests. So a uniform batch pads its requests exactly as a q = 1 decode does (with two
-    speculative tokens, 1 request runs a 3-token graph, 2 a 6-token graph; vLLM also rounds
-    decode sizes up to multiples of q), instead of keeping only sizes divisible by q.
+    Uniform keys (dual modes only), r requests of q tokens each (q = `uniform_query_len`),
+    are the union of two ladders, so a uniform batch never pads further than either:
+    - each size read as a request count r: a key of r * q tokens (up to the largest size
+      in tokens), so requests pad exactly as a q = 1 decode pads them;
+    - each size rounded up to a multiple of q (vLLM's rule), so a user's token sizes keep
+      their meaning (1 request of 8 tokens with sizes 8, 16, 32, 64 runs an 8-token graph).
+    Both are capped at `max_num_reqs` requests. The union holds at most one key per size
+    more than either ladder alone (`len(sizes)` extra graphs at most, fewer where the
+    ladders share keys: with q = 1 they are the same keys).
 
     !!! example
         >>> ks = plan_keys("FULL_AND_PIECEWISE", [1, 2, 4])
         >>> sorted(k.num_tokens for k in ks.full), len(ks.piecewise)
         ([1, 2, 4], 3)
+        >>> ks = plan_keys("FULL_DECODE_ONLY", [8, 16, 32, 64], uniform_query_len=8)
+        >>> sorted(k.num_tokens for k in ks.full)
+        [8, 16, 32, 64]
     """
     mode = Mode.parse(mode)
-    sizes = normalize_sizes(sizes)
+    sizes = normalize_sizes(sizes, allow_empty=mode is Mode.NONE)
     q = uniform_query_len
     lora_cases = (False, True) if lora else (False,)
     full: set[BatchDescriptor] = set()
@@ -97,12 +121,9 @@ def plan_keys(
     if mixed is not Mode.NONE:
         target = full if mixed is Mode.FULL else piecewise
         target.update(BatchDescriptor(s, None, False, has) for s in sizes for has in lora_cases)
-    if mode.is_dual:  # sizes read as request counts: r requests of q tokens each
-        top = sizes[-1]
+    if mode.is_dual:
         full.update(
-            BatchDescriptor(r * q, r, True, has)
-            for r in sizes
-            if r * q <= top and (max_num_reqs is None or r <= max_num_reqs)
+            BatchDescriptor(r * q, r, True, has) for r in uniform_request_counts(sizes, q, max_num_reqs)
             for has in lora_cases
         )
     return KeySet(full, piecewise, q)

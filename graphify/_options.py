@@ -43,6 +43,10 @@ class Options:
       mismatch stops the ranks with a device-side assert), "host" (an all-gather on a
       CPU group per call, ~0.6 ms, a mismatch raises `DispatchMismatchError` naming each
       rank's choice and the ranks carry on), or "off". See `graphify._distributed`.
+    - `first_use`: before `capture()`, capture the graphs calls need when they first need
+      them (`graphify._first_use`). False: such calls run eagerly until `capture()`.
+      Callables with `group=` always capture ahead of time (the ranks must agree on
+      every capture).
     """
 
     warmups: int = attrs.field(default=1, validator=_non_negative)
@@ -53,3 +57,4 @@ class Options:
     largest_first: bool = True
     allow_full: Callable[..., bool] | None = None
     lockstep: str = attrs.field(default="graph", validator=attrs.validators.in_(LOCKSTEP_POLICIES))
+    first_use: bool = True

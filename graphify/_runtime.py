@@ -19,7 +19,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ._alias import alias_maker
-from ._axes import by_value, mismatch, same_static
+from ._axes import WeakStatic, by_value, mismatch, same_static
 from ._outputs import has_boxes, unbox
 from ._dispatch import Dispatcher
 from ._distributed import graph_code
@@ -56,10 +56,15 @@ class _Plan:
     padded: int
     aliases: tuple = ()  # (output index, alias maker) per tensor output, for checked views
     boxed: bool = False  # the outputs hold dataclasses to rebuild (graphify._outputs)
+    weak: tuple = ()  # indices of outputs that are weakly held static objects (a returned cache)
 
 
 def _result(plan: _Plan, outputs: list):
     """The call's return value in the function's own structure."""
+    if plan.weak:
+        outputs = list(outputs)
+        for i in plan.weak:
+            outputs[i] = outputs[i]()
     if plan.single:
         return outputs[0]
     tree = pytree.tree_unflatten(outputs, plan.out_spec)
@@ -81,8 +86,13 @@ class Runtime:
         lora_fn: Callable[..., bool] | None,
         outputs: str = "copy",
         full_ok_fn: Callable[..., bool] | None = None,
+        grow: Callable | None = None,
     ):
         self.call, self.fn, self.table, self.dispatcher = call, fn, table, dispatcher
+        # First use (graphify._first_use): `grow(decision, args)` captures the graph a call
+        # needs and returns its entry, or None where none may be captured (the call runs
+        # eagerly); `adopt` then swaps in the new table.
+        self.grow = grow
         self.uniform_fn, self.lora_fn, self.full_ok_fn = uniform_fn, lora_fn, full_ok_fn
         self.library = table.library
         self.lockstep = table.lockstep
@@ -104,8 +114,13 @@ class Runtime:
             (s.index, s.dtype, _device_index(s.device), torch.Size(s.shape)) for s in specs if s.axis.kind == "fixed"
         )
         self.persistent_checks = tuple((s.index, s.data_ptr, torch.Size(s.shape)) for s in specs if s.axis.kind == "persistent")
-        # Plain values must be equal; other objects (a cache, a module) the very object.
-        self.static_checks = tuple((s.index, s.value, by_value(s.value)) for s in specs if s.axis.kind == "static")
+        # Plain values must be equal; other objects (a cache, a module) the very object; a
+        # weakly held object (first use) the object its reference still points to.
+        self.static_checks = tuple(
+            (s.index, s.value.ref, None) if isinstance(s.value, WeakStatic) else (s.index, s.value, by_value(s.value))
+            for s in specs
+            if s.axis.kind == "static"
+        )
         self.lock = threading.Lock()
         self.plans: dict = {}
         self.fast: tuple | None = None  # (static_inputs() tuple, tokens, requests)
@@ -186,7 +201,10 @@ class Runtime:
                 self._fail(i, a)
         for i, value, equal in self.static_checks:
             a = args[i]
-            if a is not value and not (equal and same_static(a, value)):
+            if equal is None:
+                if a is not value():
+                    self._fail(i, a)
+            elif a is not value and not (equal and same_static(a, value)):
                 self._fail(i, a)
         return n, r
 
@@ -248,9 +266,15 @@ class Runtime:
         with self.lock:
             plan = self.plans.get(plan_key)
             if plan is None:
+                entry = self.table.entries.get((decision.mode, decision.key))
+                if entry is None:
+                    entry = self._missing(decision, args)
+                    if entry is None:  # first use may capture no more graphs: this call runs eagerly
+                        stats.tally(_NONE, n, None)
+                        return self.fn(*args)
                 if len(self.plans) >= MAX_PLANS:  # many distinct (tokens, requests) pairs: bound the cache
                     self.plans.clear()
-                plan = self.plans[plan_key] = self._plan(self._entry(decision), n, r_real)
+                plan = self.plans[plan_key] = self._plan(entry, n, r_real)
             dsts, srcs = [], []
             if trusted:
                 if self.simple and not self.host_agree and not (self.eager_check and decision.mode is not _FULL):
@@ -337,11 +361,19 @@ class Runtime:
             self.released = True
             return self.table.release()
 
-    def _entry(self, decision) -> Entry:
-        entry = self.table.entries.get((decision.mode, decision.key))
-        if entry is None:
+    def _missing(self, decision, args) -> Entry | None:
+        """The entry of a key this table lacks: captured now on first use, else the graphs
+        were released."""
+        if self.grow is None or self.released:
             raise self._released()
-        return entry
+        return self.grow(decision, args)
+
+    def adopt(self, table: GraphTable) -> None:
+        """Serve calls from `table` (a first-use capture's new table; the caller holds the
+        lock). Cached plans go: output axes may have been re-read across the sizes."""
+        self.table = table
+        self.plans.clear()
+        self.fast = self.fast_plan = None
 
     def _plan(self, entry: Entry, n: int, r: int) -> _Plan:
         key = entry.key
@@ -365,9 +397,10 @@ class Runtime:
         aliases = ()
         if self.hand_out == self._checked_view:
             aliases = tuple((i, alias_maker(t)) for i, t in enumerate(outputs) if isinstance(t, torch.Tensor))
+        weak = tuple(i for i, t in enumerate(outputs) if isinstance(t, WeakStatic))
         return _Plan(
             tuple(inputs), tuple(pads), replay, outputs, entry.out_spec, single, key.num_tokens, aliases,
-            has_boxes(entry.out_spec),
+            has_boxes(entry.out_spec), weak,
         )
 
     def static_inputs(self, n: int, r: int | None) -> tuple:

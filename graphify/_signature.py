@@ -19,10 +19,20 @@ from typing import Any
 
 import attrs
 import torch
+from torch.utils import _pytree as pytree
 
 from ._errors import InputMismatchError
 
 __all__ = ["CallLayout", "signature_of"]
+
+
+def _tree_of(value: Any):
+    """The pytree spec of a dict, list or tuple that holds a tensor (its leaves become slots
+    of their own); None for anything else."""
+    if not isinstance(value, (dict, list, tuple)):
+        return None
+    leaves, spec = pytree.tree_flatten(value)
+    return spec if any(isinstance(x, torch.Tensor) for x in leaves) else None
 
 _POS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _MISSING = inspect.Parameter.empty
@@ -67,6 +77,10 @@ class CallLayout:
     has_var_kw: bool
     given: frozenset[int]  # slots the example passed a tensor to (may not be left out later)
     plain: bool
+    # Per slot: None, or the pytree spec of a container (dict, list, tuple) holding tensors,
+    # which then stands for one slot per leaf, so its tensors are padded and checked like
+    # any argument (transformers passes per-layer-type attention masks as a dict).
+    trees: tuple = ()
 
     @classmethod
     def build(cls, call: str, fn: Callable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> "CallLayout":
@@ -111,8 +125,25 @@ class CallLayout:
             i for i, a in enumerate(flat)
             if isinstance(a, torch.Tensor) or (defaults[i] is not _MISSING and not same_static(a, defaults[i]))
         )
-        plain = not kwargs and num_var == 0 and len(args) == len(names) and all(k == "pos" for k in kinds)
-        return attrs.evolve(layout, given=given, plain=plain)
+        trees = tuple(_tree_of(a) for a in flat)
+        trees = trees if any(t is not None for t in trees) else ()
+        plain = not kwargs and num_var == 0 and len(args) == len(names) and all(k == "pos" for k in kinds) and not trees
+        return attrs.evolve(layout, given=given, plain=plain, trees=trees)
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        """A name per flat slot: the parameter's, or for a container's leaves the parameter
+        and the leaf's path (`attention_mask['full_attention']`)."""
+        if not self.trees:
+            return self.names
+        out = []
+        for name, tree in zip(self.names, self.trees):
+            if tree is None:
+                out.append(name)
+            else:
+                paths = pytree.tree_flatten_with_path(pytree.tree_unflatten([0] * tree.num_leaves, tree))[0]
+                out.extend(name + pytree.keystr(path) for path, _ in paths)
+        return tuple(out)
 
     # -- call -> slots --------------------------------------------------------------------
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
@@ -120,7 +151,34 @@ class CallLayout:
         call cannot fill the slots the capture saw."""
         if not kwargs and self.plain and len(args) == len(self.names):
             return tuple(args)
-        return self._bind_slow(args, kwargs, check_given=True)
+        slots = self._bind_slow(args, kwargs, check_given=True)
+        return self._flatten(slots) if self.trees else slots
+
+    def _flatten(self, slots: tuple) -> tuple:
+        out: list = []
+        for i, (value, tree) in enumerate(zip(slots, self.trees)):
+            if tree is None:
+                out.append(value)
+                continue
+            leaves, spec = pytree.tree_flatten(value)
+            if spec != tree:
+                raise InputMismatchError(
+                    f"{self.call}: argument {self.names[i]!r} has another structure than at capture "
+                    f"({spec} instead of {tree}); pass the same keys and nesting"
+                )
+            out.extend(leaves)
+        return tuple(out)
+
+    def _unflatten(self, flat: tuple) -> list:
+        out, j = [], 0
+        for tree in self.trees:
+            if tree is None:
+                out.append(flat[j])
+                j += 1
+            else:
+                out.append(pytree.tree_unflatten(list(flat[j:j + tree.num_leaves]), tree))
+                j += tree.num_leaves
+        return out
 
     def _bind_slow(self, args, kwargs, *, check_given: bool) -> tuple:
         out = list(self.defaults)
@@ -172,7 +230,17 @@ class CallLayout:
     # -- slots -> call --------------------------------------------------------------------
     def caller(self, fn: Callable) -> Callable:
         """`fn` taking the slot tuple positionally: itself when every slot is a named
-        positional parameter, else a wrapper passing keyword slots by name."""
+        positional parameter, else a wrapper passing keyword slots by name (and rebuilding
+        containers from their leaves)."""
+        if self.trees:
+            inner = attrs.evolve(self, trees=()).caller(fn)
+            unflatten = self._unflatten
+
+            def rebuild(*flat):
+                return inner(*unflatten(flat))
+
+            rebuild.__name__ = getattr(fn, "__name__", type(fn).__name__)
+            return rebuild
         if all(k == "pos" for k in self.kinds):
             return fn
         pos = tuple(i for i, k in enumerate(self.kinds) if k != "kw")

@@ -64,15 +64,16 @@ def sglang_piecewise_sizes(max_size: int = 4096) -> tuple[int, ...]:
     return tuple(s for s in sizes if s <= m)
 
 
-def normalize_sizes(sizes: Iterable[int], *, name: str = "sizes") -> tuple[int, ...]:
-    """Sorted, de-duplicated positive integers; `ValueError` naming the bad value."""
+def normalize_sizes(sizes: Iterable[int], *, name: str = "sizes", allow_empty: bool = False) -> tuple[int, ...]:
+    """Sorted, de-duplicated positive integers; `ValueError` naming the bad value. An
+    empty list is an error unless `allow_empty` (mode NONE captures nothing)."""
     out = set()
     for s in sizes:
         if isinstance(s, bool) or int(s) != s or s < 1:
             raise ValueError(f"{name}: capture sizes must be positive integers, got {s!r}")
         out.add(int(s))
-    if not out:
-        raise ValueError(f"{name}: need at least one capture size")
+    if not out and not allow_empty:
+        raise ValueError(f"{name}: need at least one capture size (an empty list is valid with mode NONE only)")
     return tuple(sorted(out))
 
 

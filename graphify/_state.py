@@ -18,12 +18,15 @@ a CUDA stream is capturing: a graph being recorded executes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ._guard import CaptureGuard
 
 __all__ = ["StateKeeper"]
 
@@ -162,10 +165,6 @@ class StateKeeper:
 
 def _first_run(fn: Callable, guard, *args):
     """`fn(*args)`, or its eager twin `guard(*args)`, under the op guard when `guard` is set."""
-    import contextlib
-
-    from .backends.sim import CaptureGuard
-
     with CaptureGuard() if guard else contextlib.nullcontext():
         return (guard if callable(guard) else fn)(*args)
 

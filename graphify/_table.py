@@ -90,13 +90,33 @@ class StaticBuffers:
         """Data pointers of the padded and fixed buffers' storages."""
         return {b.untyped_storage().data_ptr() for b in self.buffers if b is not None}
 
-    def changed(self, specs: Sequence[ArgSpec]) -> list[str]:
-        """Names of padded arguments whose buffers no longer hold only padding."""
+    def changed(self, specs: Sequence[ArgSpec], loaded: "Sequence | None" = None) -> list[str]:
+        """Names of padded arguments whose buffers no longer hold what was put there: only
+        padding, or `loaded` (per buffer, a copy of its contents; None where all padding)."""
         return [
             spec.name
-            for spec, buf, pad in zip(specs, self.buffers, self.pads)
-            if pad is not None and not torch.equal(buf, pad)
+            for i, (spec, buf, pad) in enumerate(zip(specs, self.buffers, self.pads))
+            if pad is not None and not torch.equal(buf, loaded[i] if loaded is not None and loaded[i] is not None else pad)
         ]
+
+    def load(self, specs: Sequence[ArgSpec], args: Sequence[Any], key: BatchDescriptor, dirty: list) -> list:
+        """Copy a call's padded and fixed arguments into the buffers for `key` (real rows,
+        then padding up to the key's rows), so a first-use capture warms up on the call's
+        own data. Updates `dirty` (rows past which a buffer holds padding) and returns, per
+        buffer, a copy of what it now holds (None for non-buffers)."""
+        loaded = []
+        rows = {"tokens": key.num_tokens, "reqs": key.reqs_rows}
+        for b, (spec, buf, pad, arg) in enumerate(zip(specs, self.buffers, self.pads, args)):
+            kind = spec.axis.kind
+            if kind in rows:
+                real, top = arg.shape[0], rows[kind]
+                buf[:real].copy_(arg)
+                buf[real:top].copy_(pad[real:top])
+                dirty[b] = dirty[b] if dirty[b] > top else real
+            elif kind == "fixed":
+                buf.copy_(arg)
+            loaded.append(buf.clone() if buf is not None else None)
+        return loaded
 
 
 @attrs.frozen(eq=False)
@@ -119,6 +139,7 @@ class GraphTable:
     state_tensors: int = 0  # outside tensors that capture wrote and restored
     state_bytes: int = 0  # the most snapshot memory that restoring held at once
     examples: Any = None  # per argument, the example's tokens-axis tensor (what check() draws rows like)
+    hold: Any = None  # library objects the graphs launch, kept alive with them (graphify._keepalive)
     _store: dict | None = attrs.field(default=None, repr=False, alias="store")
 
     def release(self) -> int:
@@ -127,6 +148,8 @@ class GraphTable:
         count = len(self.entries)
         if self._store is not None:
             self._store.clear()
+        if self.hold is not None:
+            self.hold.release()
         return count
 
     def __getitem__(self, pair: tuple[Mode, BatchDescriptor]) -> Entry:

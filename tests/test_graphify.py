@@ -37,6 +37,12 @@ def weights(device, d=32, seed=0):
     return torch.randn(d, 64, generator=g).to(device), torch.randn(64, d, generator=g).to(device)
 
 
+# A padded batch runs the matrix products at the padded row count, where CPU BLAS may block
+# the sum differently: real rows agree to rounding, not bit for bit (5 rows padded to 8 gave
+# 1.7e-5 once). Captured sizes are compared exactly.
+PADDED_TOL = dict(rtol=1e-4, atol=1e-4)
+
+
 def captured_mlp(backend, *, sizes=SIZES, pool=None, **kw):
     name, device = backend
     w1, w2 = weights(device)
@@ -362,7 +368,7 @@ def test_the_static_inputs_tuple_skips_checks_but_anything_else_is_checked(backe
     for _ in range(3):
         data = torch.randn(5, 32, device=backend[1])
         static[0].copy_(data)
-        torch.testing.assert_close(g(*static), mlp(data, w1, w2))
+        torch.testing.assert_close(g(*static), mlp(data, w1, w2), **PADDED_TOL)
     assert checks == []  # exactly the handed-out tuple: checked once, when it was made
     with pytest.raises(PersistentSwapError):
         g(static[0], w1.clone(), w2)  # another tensor in its place is checked as usual
@@ -370,10 +376,10 @@ def test_the_static_inputs_tuple_skips_checks_but_anything_else_is_checked(backe
     smaller = g.static_inputs(3)  # a new tuple (checked as it is made) replaces the old one
     data = torch.randn(3, 32, device=backend[1])
     smaller[0].copy_(data)
-    torch.testing.assert_close(g(*smaller), mlp(data, w1, w2))
+    torch.testing.assert_close(g(*smaller), mlp(data, w1, w2), **PADDED_TOL)
     assert checks == [1, 1]
     out = g(*static)  # the old tuple is checked again (5 rows), and computes on what its views hold
-    torch.testing.assert_close(out, mlp(static[0].clone(), w1, w2))
+    torch.testing.assert_close(out, mlp(static[0].clone(), w1, w2), **PADDED_TOL)
     assert checks == [1, 1, 1]
 
 

@@ -72,6 +72,7 @@ class Piecewise:
     symbols: Mapping[Any, str] = attrs.field(factory=dict, repr=False)
     compiled: bool = False
     out_axes: tuple = ()
+    op_names: frozenset = frozenset()  # every op the trace calls ('aten::mm', 'ns::attention', ...)
 
     is_split = True
 
@@ -238,7 +239,7 @@ def split(
                 module = torch.compile(module, dynamic=True, fullgraph=True)
                 setattr(program, node.target, module)
             pieces.append(Piece(node.target, kind, module))
-    return Piecewise(fn, names, program, tuple(pieces), axes, symbols, compile, _out_axes(gm, symbols))
+    return Piecewise(fn, names, program, tuple(pieces), axes, symbols, compile, _out_axes(gm, symbols), frozenset(found))
 
 
 def _out_axes(gm: torch.fx.GraphModule, symbols: Mapping) -> tuple:

@@ -11,8 +11,9 @@ from torch.utils import _pytree as pytree
 
 from .._alias import alias, metadata
 from .._errors import CaptureError
-from ._base import Captured
+from .._keepalive import clear_cublas_workspaces
 from .._state import eager_runs
+from ._base import Captured
 from .streams import cupy_follows_torch
 
 __all__ = ["TorchCudaBackend", "weak_alias"]
@@ -101,6 +102,11 @@ class TorchCudaBackend:
         # Not `torch.cuda.graph(...)`: its __enter__ synchronises the device and empties the
         # allocator's cache before every capture, which costs more than a small capture and
         # makes the next warm-up allocate afresh; the stream was synchronised above.
+        # cuBLAS keeps one workspace per (handle, stream) in a table of torch's that anyone may
+        # clear (torch.compile's graph trees do, around each recording): dropped here, the
+        # capture allocates its own inside the graph's pool, where a later clear cannot hand
+        # it to eager code (graphify._keepalive).
+        clear_cublas_workspaces()
         with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
             graph.capture_begin(pool=pool)
             try:
