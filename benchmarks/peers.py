@@ -57,7 +57,7 @@ def reduce_overhead_row(setup, timed) -> tuple[dict, ReduceOverhead]:
     sync()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_reserved()
-    from .serving import _percentile, run_trace
+    from .serving import _percentile, run_trace, slowest_steps
 
     compiled = ReduceOverhead(setup.step, [setup.cache, *setup.params.values()])
     t0 = time.perf_counter()
@@ -77,6 +77,7 @@ def reduce_overhead_row(setup, timed) -> tuple[dict, ReduceOverhead]:
         "padding_waste_pct": 0.0,
         "uses_graphs": "yes" if skips == 0 else f"no ({skips} skips)",
         "max_err_vs_eager": worst,
+        "slowest": slowest_steps(setup, latencies),
     }, compiled
 
 

@@ -135,6 +135,19 @@ def run_trace(setup: Setup, call, name: str, timed) -> tuple[float, list[float]]
     return worst, latencies
 
 
+def slowest_steps(setup: Setup, latencies: list[float], g=None, count: int = 3) -> list[dict]:
+    """The `count` slowest steps: what they were and (for graphify) where they ran."""
+    out = []
+    for i in sorted(range(len(latencies)), key=latencies.__getitem__, reverse=True)[:count]:
+        s, batch = setup.steps[i], setup.batches[i]
+        row = {"step": i, "ms": latencies[i], "kind": s.kind, "tokens": s.num_tokens, "reqs": len(s.request_ids)}
+        if g is not None and g.table is not None:
+            n, r = batch[0].shape[0], batch[3].shape[0]
+            row["ran_as"] = str(g._runtime.dispatcher.lookup(n, n == r).mode.value)
+        out.append(row)
+    return out
+
+
 def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tuple[dict, object]:
     name = f"graphify {mode}" + (" + inductor" if inductor else "")
     g, startup = setup.graphify(mode, inductor)
@@ -156,7 +169,35 @@ def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tupl
         "steps_none_pct": 100 * by_mode.get(Mode.NONE, 0) / calls,
         "uses_graphs": "yes" if mode != "NONE" else "no",
         "max_err_vs_eager": worst,
+        "slowest": slowest_steps(setup, latencies, g),
     }, g
+
+
+def second_process_startup(which: str, num_requests: int, seed: int) -> float | None:
+    """Start-up seconds of graphify F&P + inductor ("graphify") or reduce-overhead ("ro") in
+    a new process on this machine: torch's compile caches on disk are warm now."""
+    import json
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "benchmarks.serving", "--startup-only", which, "--requests",
+                           str(num_requests), "--seed", str(seed)], capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        print(f"second-process start-up of {which} failed: {done.stderr[-800:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1])["startup_s"]
+
+
+def startup_only(which: str, num_requests: int, seed: int) -> dict:
+    """This process's start-up for `which` (see `second_process_startup`)."""
+    setup = Setup(True, num_requests, seed)
+    if which == "graphify":
+        _, seconds = setup.graphify("FULL_AND_PIECEWISE", inductor=True)
+        return {"startup_s": seconds}
+    from .peers import reduce_overhead_row
+
+    row, _ = reduce_overhead_row(setup, step_timer(True))
+    return {"startup_s": row["startup_s"]}
 
 
 def run_peer(num_requests: int, seed: int) -> tuple[dict, dict]:
@@ -231,6 +272,9 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
         del plain, inductor, static
         peer_row, peer_decode = run_peer(num_requests, seed)
         rows.append(peer_row)
+        inductor_row = next(r for r in rows if r["config"] == "graphify FULL_AND_PIECEWISE + inductor")
+        inductor_row["startup_s_again"] = second_process_startup("graphify", num_requests, seed)
+        peer_row["startup_s_again"] = second_process_startup("ro", num_requests, seed)
         decode.insert(1, peer_decode)
         for r in decode:
             r["step_vs_reduce_overhead"] = r["step_ms"] / peer_decode["step_ms"]
@@ -247,7 +291,8 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
 
 
 COLUMNS = [("config", "configuration", "s"), ("tokens_per_s", "tokens/s", ".0f"), ("p50_ms", "p50 ms", ".3f"),
-           ("p99_ms", "p99 ms", ".3f"), ("startup_s", "start-up s", ".2f"), ("graph_mib", "graph MiB", ".1f"),
+           ("p99_ms", "p99 ms", ".3f"), ("startup_s", "start-up s", ".2f"),
+           ("startup_s_again", "start-up s, next process", ".2f"), ("graph_mib", "graph MiB", ".1f"),
            ("padding_waste_pct", "padding %", ".1f"), ("steps_full_pct", "FULL %", ".0f"),
            ("steps_piecewise_pct", "PIECEWISE %", ".0f"), ("steps_none_pct", "NONE %", ".0f"),
            ("uses_graphs", "uses graphs", "s"), ("max_err_vs_eager", "max err vs eager", ".3g")]
@@ -271,8 +316,16 @@ def render(result: dict) -> str:
         lines.append("\nBatch-8 decode step (KV length 256), step time with CUDA events over back-to-back steps; host "
                      "µs to issue one step while the device is busy (medians).\n")
         lines.append(table(result["decode"], DECODE_COLUMNS))
+    slow = [(r["config"], r["slowest"]) for r in result["rows"] if r.get("slowest")]
+    if slow:
+        lines.append("\nSlowest steps (step index, kind, tokens, requests, ms, where it ran):\n")
+        for config, steps in slow:
+            lines.append(f"- {config}: " + "; ".join(
+                f"#{s['step']} {s['kind']} {s['tokens']} tok / {s['reqs']} req {s['ms']:.2f} ms"
+                + (f" ({s['ran_as']})" if s.get("ran_as") else "") for s in steps))
     lines.append("\nStart-up: split + capture for graphify; for torch.compile its first pass over the trace "
-                 "(compile, recompiles, graph recordings) less a steady pass. Graph MiB: graphify's pool as its "
+                 "(compile, recompiles, graph recordings) less a steady pass; 'next process': the same in a new "
+                 "process on this machine, torch's compile caches on disk warm. Graph MiB: graphify's pool as its "
                  "allocator counts it; torch.compile's growth of torch.cuda.memory_reserved(). Max err: largest "
                  "|logit - eager| over every step (bf16 on the GPU; inductor rounds differently).")
     return "\n".join(lines)
@@ -282,7 +335,13 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--startup-only", choices=("graphify", "ro"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.startup_only:
+        import json
+
+        print(json.dumps(startup_only(args.startup_only, args.requests, args.seed)), flush=True)
+        return {}
     result = run(args.requests, args.seed)
     markdown = render(result)
     env = result["env"]

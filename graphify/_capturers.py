@@ -19,12 +19,16 @@ same code at another batch size, so they skip what the size cannot change:
   instead of an eager pass over the whole model.
 
 Compiled pieces (inductor) keep a warm-up at every size, since a new shape may compile,
-and so does FULL of an unsplit function (unknown code may set itself up per shape). The
-simulation backend executes what it "captures", so there every size records everything.
+and so does FULL of an unsplit function (unknown code may set itself up per shape). At the
+sizes chosen for specialisation (`Options(compile_sizes=...)`) compiled pieces run, in
+warm-ups and capture alike, a compile for the key's exact shapes (made by the warm-up, never
+inside a capture). The simulation backend executes what it "captures", so there every size
+records everything.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from ._mode import Mode
@@ -34,21 +38,39 @@ __all__ = ["mode_capturers"]
 
 def mode_capturers(
     backend, fn: Callable, twin: Callable | None, piecewise_fn=None, full_for: Callable | None = None,
+    specialise: frozenset = frozenset(),
 ) -> dict[Mode, Callable]:
     """{mode: capturer}; a capturer takes (args, *, key, pool, warmups, weak_outputs, stream,
     keeper, probe, first, sibling) and returns a `Captured`. `twin` is the eager function
     behind a compiled `fn`; `piecewise_fn` the split function for PIECEWISE keys;
     `full_for(key) -> (fn, twin)` what a FULL key records instead (tensor parallelism
-    prefixes each with the ranks' agreement check on that key's code)."""
+    prefixes each with the ranks' agreement check on that key's code). `specialise`: the
+    token counts whose captures run compiled pieces specialised to their shapes."""
     executes = backend.name != "cuda"  # the simulation runs what it captures
     split = piecewise_fn is not None
+    compiled = bool(getattr(piecewise_fn, "compiled", False))
     if full_for is None:
         def full_for(key):
             return fn, twin
 
-    def full(args, *, key, warmups, keeper, probe, first, sibling, **kw):
+    def shaped(key):
+        """The context a key's warm-ups and capture run in: compiled pieces specialised
+        to its shapes where its size is chosen."""
+        if compiled and key.num_tokens in specialise:
+            return piecewise_fn.specialised(key.num_tokens)
+        return contextlib.nullcontext()
+
+    def full(args, *, key, **kw):
+        with shaped(key):
+            return full_capture(args, key=key, **kw)
+
+    def full_capture(args, *, key, warmups, keeper, probe, first, sibling, **kw):
         fn, twin = full_for(key)
-        if not first and sibling is not None:
+        # A specialised compile for this key's request rows may not exist yet: a capture
+        # must never compile, so warm up (below) rather than take the sibling's shortcut.
+        fresh_shapes = compiled and key.num_tokens in specialise and sibling is not None \
+            and sibling.key.reqs_rows != key.reqs_rows
+        if not first and sibling is not None and not fresh_shapes:
             if sibling.key.reqs_rows != key.reqs_rows:
                 # Warm up through the same-size PIECEWISE schedule, split ops at this shape.
                 keeper.record(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
@@ -66,7 +88,6 @@ def mode_capturers(
 
     capturers = {Mode.FULL: full}
     if piecewise_fn is not None:
-        compiled = bool(getattr(piecewise_fn, "compiled", False))
 
         def piecewise(args, *, key, warmups, keeper, probe, first, sibling, **kw):
             warm = first or compiled or executes
@@ -74,9 +95,11 @@ def mode_capturers(
                 keeper.record(probe, *args)
                 keeper.restore()
             try:
-                return piecewise_fn.capture_pieces(
-                    backend, args, warmups=max(warmups, 1) if warm else 0, guard=first, keeper=keeper, record=not warm, **kw,
-                )
+                with shaped(key):
+                    return piecewise_fn.capture_pieces(
+                        backend, args, warmups=max(warmups, 1) if warm else 0, guard=first, keeper=keeper,
+                        record=not warm, **kw,
+                    )
             finally:
                 keeper.restore()
 

@@ -20,7 +20,7 @@ from ._distributed import graph_code
 from ._dispatch import Decision, Dispatcher, explain_miss
 from ._errors import CaptureError, GraphifyError
 from ._interop import ForeignFunction, foreign_library, module, to_torch, tree_from_torch
-from ._keys import KeySet, plan_keys
+from ._keys import KeySet, plan_keys, specialised_sizes
 from ._mode import Mode
 from ._pool import Pool
 from ._runtime import Runtime
@@ -249,7 +249,9 @@ class Graphified:
                 code = graph_code(full, key.num_tokens, key.reqs_rows)
                 return lockstep.checked(fn, code), lockstep.checked(twin, code)
 
-        capturers = mode_capturers(backend, fn, twin, self.fn if split else None, full_for)
+        capturers = mode_capturers(
+            backend, fn, twin, self.fn if split else None, full_for, specialised_sizes(opts.compile_sizes, keys)
+        )
         return dict(
             call=self._call,
             fn=fn,

@@ -11,6 +11,20 @@ from ._distributed import LOCKSTEP_POLICIES
 __all__ = ["Options"]
 
 
+COMPILE_SIZE_RULES = ("decode", "all", "none")
+
+
+def _compile_sizes(value):
+    if isinstance(value, str):
+        if value not in COMPILE_SIZE_RULES:
+            raise ValueError(f"Options: compile_sizes must be one of {COMPILE_SIZE_RULES} or token counts, got {value!r}")
+        return value
+    sizes = tuple(sorted({int(s) for s in value}))
+    if any(s < 1 for s in sizes):
+        raise ValueError(f"Options: compile_sizes must be positive token counts, got {value!r}")
+    return sizes
+
+
 def _non_negative(instance, attribute, value):
     if value < 0:
         raise ValueError(f"Options: {attribute.name} must be >= 0, got {value}")
@@ -43,6 +57,11 @@ class Options:
       mismatch stops the ranks with a device-side assert), "host" (an all-gather on a
       CPU group per call, ~0.6 ms, a mismatch raises `DispatchMismatchError` naming each
       rank's choice and the ranks carry on), or "off". See `graphify._distributed`.
+    - `compile_sizes`: for a split function with compiled pieces (`split(..., compile=True)`),
+      the capture sizes whose graphs record pieces compiled for that exact shape instead of
+      the dynamic-shape compile: "decode" (default: the decode graphs' sizes, see
+      `graphify._keys.specialised_sizes`), "all", "none", or token counts. Each specialised
+      size costs a compile of each distinct piece (cached on disk by inductor).
     - `first_use`: before `capture()`, capture the graphs calls need when they first need
       them (`graphify._first_use`). False: such calls run eagerly until `capture()`.
       Callables with `group=` always capture ahead of time (the ranks must agree on
@@ -58,3 +77,4 @@ class Options:
     allow_full: Callable[..., bool] | None = None
     lockstep: str = attrs.field(default="graph", validator=attrs.validators.in_(LOCKSTEP_POLICIES))
     first_use: bool = True
+    compile_sizes: "str | tuple[int, ...]" = attrs.field(default="decode", converter=_compile_sizes)

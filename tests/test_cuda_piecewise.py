@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from graphify import Pool, graphify, sglang_piecewise_sizes
+from graphify import Options, Pool, graphify, sglang_piecewise_sizes
 from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
@@ -35,7 +35,11 @@ def test_all_sizes_share_the_largest_sizes_memory():
 def test_inductor_compiled_pieces_match_eager():
     step, cache, example, pw = build(compile=True)
     assert pw.compiled
-    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(8, 16, 32)).capture(*example, cache)
+    shared = {id(p.module.shared): p.module for p in pw.pieces if p.kind == "graph"}
+    assert len(shared) == 3  # 4 layers, 5 graph pieces: the three middle ones share one compile
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(8, 16, 32),
+                 options=Options(compile_sizes=(8,))).capture(*example, cache)
+    assert all(p.static_compiles == 1 for p in shared.values())  # size 8 only, shared by the layers
     for lay in (BatchLayout((1,) * 6, (20, 3, 9, 40, 2, 7), 16, 16), BatchLayout((9, 1, 12), (0, 30, 4), 16, 16)):
         batch = lay.build(CFG, device="cuda", seed=len(lay.query_lens))
         ref_cache = cache.clone()

@@ -57,7 +57,7 @@ class Piece:
 
     name: str
     kind: str  # "graph" (captured per size) or "split" (run eagerly)
-    module: torch.fx.GraphModule = attrs.field(repr=False, eq=False)
+    module: Any = attrs.field(repr=False, eq=False)  # a GraphModule, or a CompiledPiece over one
 
 
 @attrs.frozen(eq=False)
@@ -94,6 +94,13 @@ class Piecewise:
 
     def __call__(self, *args):
         return self.program(*args)
+
+    def specialised(self, num_tokens: int | None):
+        """A context in which compiled pieces run their compile for their inputs' exact
+        shapes (graphify enters it to capture a size it specialises)."""
+        from ._compile import specialised
+
+        return specialised(num_tokens)
 
     def capture_pieces(self, backend, args: tuple, **options):
         """Capture every graph piece at the size of `args` (graphify calls this for
@@ -181,7 +188,7 @@ def split(
     ops: Iterable[Any],
     *example: Any,
     axes: "Sequence | Mapping | None" = None,
-    compile: bool = False,
+    compile: "bool | dict" = False,
 ) -> Piecewise:
     """Trace `fn` on `example` and cut it at every call of `ops`.
 
@@ -192,7 +199,10 @@ def split(
     - `example`: one call's arguments; batch axes need at least 2 tokens and 2 requests.
       Only dim 0 of token- and request-axis arguments is traced symbolically.
     - `axes`: as in `graphify` (graphify reuses them when given none itself).
-    - `compile`: compile each graph piece with torch.compile (inductor) before capture.
+    - `compile`: compile the graph pieces with inductor (True, or a dict of inductor
+      options such as `{"max_autotune": True}`): one compile per distinct piece (repeated
+      layers share it), dynamic in the batch, and per capture size a static one where
+      graphify specialises (`Options(compile_sizes=...)`); see `transforms._compile`.
 
     **Returns:** a `Piecewise`. Raises `SplitError` for an op that `fn` never calls and for
     code that cannot be traced (data-dependent control flow).
@@ -233,13 +243,20 @@ def split(
     for node in program.graph.nodes:
         if node.op == "call_module":
             index = int(node.target.rsplit("_", 1)[-1])
-            module = getattr(program, node.target)
             kind = "split" if index in split_ids else "graph"
-            if kind == "graph" and compile:
-                module = torch.compile(module, dynamic=True, fullgraph=True)
-                setattr(program, node.target, module)
-            pieces.append(Piece(node.target, kind, module))
-    return Piecewise(fn, names, program, tuple(pieces), axes, symbols, compile, _out_axes(gm, symbols), frozenset(found))
+            pieces.append(Piece(node.target, kind, getattr(program, node.target)))
+    if compile:
+        from ._compile import compile_pieces
+
+        graph = [p for p in pieces if p.kind == "graph"]
+        options = compile if isinstance(compile, dict) else None
+        compiled = dict(zip((p.name for p in graph), compile_pieces([p.module for p in graph], options)))
+        for name, piece in compiled.items():
+            object.__setattr__(program, name, piece)  # the stitching program calls it in the piece's place
+        pieces = [Piece(p.name, p.kind, compiled.get(p.name, p.module)) for p in pieces]
+    return Piecewise(
+        fn, names, program, tuple(pieces), axes, symbols, bool(compile), _out_axes(gm, symbols), frozenset(found)
+    )
 
 
 def _out_axes(gm: torch.fx.GraphModule, symbols: Mapping) -> tuple:

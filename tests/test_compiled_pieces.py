@@ -1,0 +1,102 @@
+"""Compiled pieces (transforms._compile): identical layers share one compile, a dynamic one
+serves every size, and the sizes graphify specialises (Options(compile_sizes=...)) get a
+static compile made by their warm-up. Counted with a recording stand-in for inductor
+(fast), and once with inductor itself on the CPU (the simulation backend)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transforms._compile as compile_mod
+from graphify import Options, graphify, plan_keys, vllm_sizes
+from graphify._keys import SPECIALISE_DECODE_MAX, specialised_sizes
+from models import BlockTables, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
+from transforms import split
+from transforms._compile import piece_key
+
+
+def tiny(layers: int):
+    cfg = DecoderConfig.tiny(max_seq_len=256, layers=layers)
+    step = varlen_step(cfg, init_params(cfg, seed=0, device="cpu"), "unified")
+    cache = new_paged_cache(cfg, 64, 16, device="cpu", seed=1)
+    tables = BlockTables(64, 16, 16)
+    example = tables.batch(cfg, (0, 1, 2), (3, 1, 2), (3, 5, 6), device="cpu", seed=0)
+    return cfg, step, cache, tables, example
+
+
+def test_identical_layers_have_one_key():
+    _, step, cache, _, example = tiny(layers=4)
+    pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
+    keys = [piece_key(p.module) for p in pw.pieces if p.kind == "graph"]
+    assert len(keys) == 5 and len(set(keys)) == 3  # embed + layer 0, three identical middles, last + head
+    assert keys[1] == keys[2] == keys[3]
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """inductor replaced by a recorder that returns the piece itself (eager)."""
+    calls = []
+
+    def fake(gm, inputs, shapes, options):
+        traced = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+        rows = next(t.shape[0] for t, v in zip(inputs, traced)  # an input whose dim 0 the trace made symbolic
+                    if isinstance(v, torch.Tensor) and v.dim() and isinstance(v.shape[0], torch.SymInt))
+        calls.append((id(gm), shapes, rows))
+        return gm
+
+    monkeypatch.setattr(compile_mod, "_compile", fake)
+    return calls
+
+
+@pytest.mark.parametrize("rule, static_rows", [
+    ("decode", {s for s in (1, 2, 4, 8, 64) if s <= SPECIALISE_DECODE_MAX}), ("none", {1}), ("all", {1, 2, 4, 8, 64}),
+    ((4, 64), {1, 4, 64}),
+])
+def test_specialised_sizes_get_static_compiles_made_by_warm_ups(recorded, rule, static_rows):
+    _, step, cache, tables, example = tiny(layers=4)
+    pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=True)
+    distinct = {id(p.module.shared.gm) for p in pw.pieces if p.kind == "graph"}
+    assert len(distinct) == 3
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(1, 2, 4, 8, 64), backend="sim",
+                 options=Options(compile_sizes=rule)).capture(*example, cache)
+    dynamic = [c for c in recorded if c[1] == "from_graph"]
+    static = [c for c in recorded if c[1] == "from_example_inputs"]
+    # one dynamic compile per distinct piece, made when a size that is not specialised first needs it
+    assert sorted(c[0] for c in dynamic) == ([] if rule == "all" else sorted(distinct))
+    assert {rows for _, _, rows in static} == static_rows  # size 1 always: the dynamic compile assumes >= 2
+    assert len(static) == 3 * len(static_rows)  # once per distinct piece and size, shared by the layers
+    cfg = DecoderConfig.tiny(max_seq_len=256, layers=4)
+    big = ((40, 40), (0, 0))  # above the largest size: the program runs eagerly, on the dynamic compile
+    for q, ctx in (((1,) * 8, (30,) * 8), ((2, 1, 3), (0, 9, 20)), big):  # a decode batch (FULL), a mixed one
+        batch = tables.batch(cfg, tuple(range(10, 10 + len(q))), q, ctx, device="cpu", seed=len(q))
+        ref = cache.clone()
+        torch.testing.assert_close(g(*batch, cache), step(*batch, ref), rtol=1e-5, atol=1e-5)
+    assert sorted(c[0] for c in recorded if c[1] == "from_graph") == sorted(distinct)
+
+
+def test_specialised_sizes_rules():
+    keys = plan_keys("FULL_AND_PIECEWISE", vllm_sizes(512))
+    assert specialised_sizes("decode", keys) == frozenset(s for s in vllm_sizes(512) if s <= SPECIALISE_DECODE_MAX)
+    assert specialised_sizes("all", keys) == frozenset(vllm_sizes(512))
+    assert specialised_sizes("none", keys) == frozenset()
+    assert specialised_sizes((8, 9, 512), keys) == frozenset({8, 512})  # only captured sizes
+    assert specialised_sizes("decode", plan_keys("PIECEWISE", (4, 8, 64))) == frozenset({4, 8})  # no decode keys
+    with pytest.raises(ValueError, match="compile_sizes"):
+        Options(compile_sizes="some")
+    with pytest.raises(ValueError, match="positive"):
+        Options(compile_sizes=(0, 4))
+
+
+def test_inductor_pieces_on_the_cpu_equal_eager():
+    pytest.importorskip("torch._inductor")
+    cfg, step, cache, tables, example = tiny(layers=3)
+    pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=True)
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(2, 4), backend="sim",
+                 options=Options(compile_sizes=(2,))).capture(*example, cache)
+    shared = {id(p.module.shared): p.module for p in pw.pieces if p.kind == "graph"}
+    assert len(shared) == 3 and all(p.static_compiles >= 1 for p in shared.values())
+    for q, ctx in (((1, 1), (7, 30)), ((2, 1, 1), (0, 9, 20))):
+        batch = tables.batch(cfg, tuple(range(10, 10 + len(q))), q, ctx, device="cpu", seed=len(q))
+        ref = cache.clone()
+        torch.testing.assert_close(g(*batch, cache), step(*batch, ref), rtol=1e-4, atol=1e-4)
