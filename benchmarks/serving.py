@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from graphify import Mode, freeze_gc, graphify, sglang_piecewise_sizes
+from graphify import Mode, Options, freeze_gc, graphify, sglang_piecewise_sizes
 from models import BlockTables, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
@@ -34,6 +34,7 @@ from ._report import RESULTS, device_slug, environment, host_pipelined_us, publi
 from .trace import schedule, synthetic_requests
 
 ATTENTION = "unified"
+SPECIALISE_FROM = 256  # tokens: inductor + specialised sizes compile their pieces for these exact sizes
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
@@ -104,8 +105,12 @@ class Setup:
         fn = self.step
         if mode != "NONE":
             fn = split(self.step, split_ops(ATTENTION), *self.example, self.cache, axes=varlen_axes(), compile=inductor)
-        g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(self.max_tokens), axes=varlen_axes(), outputs="view",
-                     support=model_support(ATTENTION), uniform_query_len=1)
+        sizes = sglang_piecewise_sizes(self.max_tokens)
+        # Specialised compiles where they pay: the large sizes (2.7% at 512 tokens on the H100,
+        # nothing measurable at decode sizes: benchmarks/results/compile-sizes-*.md).
+        options = Options(compile_sizes=tuple(s for s in sizes if s >= SPECIALISE_FROM)) if inductor else None
+        g = graphify(fn, mode=mode, sizes=sizes, axes=varlen_axes(), outputs="view", support=model_support(ATTENTION),
+                     uniform_query_len=1, options=options)
         if mode != "NONE":
             g = g.capture(*self.example, self.cache)
         sync()
@@ -149,7 +154,7 @@ def slowest_steps(setup: Setup, latencies: list[float], g=None, count: int = 3) 
 
 
 def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tuple[dict, object]:
-    name = f"graphify {mode}" + (" + inductor" if inductor else "")
+    name = f"graphify {mode}" + (" + inductor (specialised)" if inductor else "")
     g, startup = setup.graphify(mode, inductor)
     g.stats.reset()
     worst, latencies = run_trace(setup, g, name, timed)
@@ -272,7 +277,7 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
         del plain, inductor, static
         peer_row, peer_decode = run_peer(num_requests, seed)
         rows.append(peer_row)
-        inductor_row = next(r for r in rows if r["config"] == "graphify FULL_AND_PIECEWISE + inductor")
+        inductor_row = next(r for r in rows if r["config"].startswith("graphify FULL_AND_PIECEWISE + inductor"))
         inductor_row["startup_s_again"] = second_process_startup("graphify", num_requests, seed)
         peer_row["startup_s_again"] = second_process_startup("ro", num_requests, seed)
         decode.insert(1, peer_decode)

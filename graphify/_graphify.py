@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import is_
 from typing import Any
 
 import attrs
@@ -324,20 +325,31 @@ class Graphified:
         return (_rebuild, (fields,))
 
     # -- calls ----------------------------------------------------------------------------
-    @torch.compiler.disable  # opaque to an outer torch.compile (transformers' generate compiles __call__)
     def __call__(self, *args, **kwargs):
-        if _peek_functorch() is not None:
-            raise GraphifyError(
-                f"{self._call} was called inside a torch.func transform (vmap, grad, jacrev, jvp, ...): a graph "
-                "replays fixed kernels on real tensors and cannot be transformed. Put the transform inside: "
-                "graphify(vmap(f)), graphify(vmap(grad(loss)))"
-            )
-        runtime = self._runtime
-        if runtime is not None:
-            return self._run(runtime, runtime.layout.bind(args, kwargs))
-        if self._first_use is not None:
-            return self._first_use.call(args, kwargs)
-        return self._eager(args, kwargs)
+        # Opaque to an outer torch.compile (transformers' generate() compiles the module's
+        # __call__ around this forward): dynamo will not inline this function (see
+        # `_opaque_to_dynamo` below), and frames it runs (the user's function, eagerly or
+        # under capture) run as written, not compiled by that outer callback. Cheaper than
+        # torch.compiler.disable's wrapper, which cost ~13 us a call on the H100 host.
+        prior = _set_eval_frame(None)
+        try:
+            if _peek_functorch() is not None:
+                raise GraphifyError(
+                    f"{self._call} was called inside a torch.func transform (vmap, grad, jacrev, jvp, ...): a graph "
+                    "replays fixed kernels on real tensors and cannot be transformed. Put the transform inside: "
+                    "graphify(vmap(f)), graphify(vmap(grad(loss)))"
+                )
+            runtime = self._runtime
+            if runtime is not None:
+                fast = runtime.fast
+                if fast is not None and not kwargs and len(args) == len(fast[0]) and all(map(is_, args, fast[0])):
+                    return runtime.run_trusted(self.stats)  # static_inputs()'s very tuple
+                return self._run(runtime, runtime.layout.bind(args, kwargs))
+            if self._first_use is not None:
+                return self._first_use.call(args, kwargs)
+            return self._eager(args, kwargs)
+        finally:
+            _set_eval_frame(prior)
 
     def _eager(self, args: tuple, kwargs: dict):
         self.stats.record(Mode.NONE, _leading_rows(args) or _leading_rows(tuple(kwargs.values())), None)
@@ -463,6 +475,20 @@ def _eager_twin(fn: Callable) -> Callable | None:
 
 
 _peek_functorch = torch._C._functorch.peek_interpreter_stack
+_set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
+
+
+def _opaque_to_dynamo(fn):
+    """Mark `fn` so dynamo neither inlines it while tracing a caller (a graph break, as for
+    torch.compiler.disable'd functions) nor compiles its frame; no wrapper, no per-call cost."""
+    from torch._dynamo.eval_frame import skip_code
+
+    skip_code(fn.__code__)
+    fn._torchdynamo_disable = True
+    return fn
+
+
+_opaque_to_dynamo(Graphified.__call__)
 
 
 def _rebuild(fields: dict) -> Graphified:

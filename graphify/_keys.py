@@ -10,9 +10,7 @@ from ._descriptor import BatchDescriptor
 from ._mode import Mode
 from ._sizes import normalize_sizes
 
-__all__ = ["KeySet", "plan_keys", "uniform_request_counts", "specialised_sizes", "SPECIALISE_DECODE_MAX"]
-
-SPECIALISE_DECODE_MAX = 8  # "decode": specialise graphs of at most this many tokens
+__all__ = ["KeySet", "plan_keys", "uniform_request_counts", "specialised_sizes"]
 
 
 def _frozen_keys(keys: Iterable[BatchDescriptor]) -> frozenset[BatchDescriptor]:
@@ -133,21 +131,16 @@ def plan_keys(
 
 def specialised_sizes(rule: "str | tuple[int, ...]", keys: KeySet) -> frozenset[int]:
     """The token counts whose graphs record shape-specialised compiled pieces
-    (`Options(compile_sizes=rule)`), among the sizes `keys` captures. Pure.
-
-    "decode": the uniform (decode) FULL graphs' sizes up to `SPECIALISE_DECODE_MAX` tokens,
-    or, without uniform keys, every size up to it; "all"; "none"; or the given counts.
+    (`Options(compile_sizes=rule)`) among the sizes `keys` captures: "all", "none", or the
+    given counts. Pure.
 
     !!! example
-        >>> sorted(specialised_sizes("decode", plan_keys("FULL_AND_PIECEWISE", [1, 2, 4, 8, 64])))
-        [1, 2, 4, 8]
+        >>> sorted(specialised_sizes((8, 9, 64), plan_keys("FULL_AND_PIECEWISE", [1, 2, 4, 8, 64])))
+        [8, 64]
     """
     sizes = {k.num_tokens for k in keys.full | keys.piecewise}
     if rule == "all":
         return frozenset(sizes)
     if rule == "none":
         return frozenset()
-    if rule == "decode":
-        uniform = {k.num_tokens for k in keys.full if k.uniform}
-        return frozenset(n for n in (uniform or sizes) if n <= SPECIALISE_DECODE_MAX)
     return frozenset(sizes & set(rule))

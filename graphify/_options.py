@@ -11,7 +11,7 @@ from ._distributed import LOCKSTEP_POLICIES
 __all__ = ["Options"]
 
 
-COMPILE_SIZE_RULES = ("decode", "all", "none")
+COMPILE_SIZE_RULES = ("none", "all")
 
 
 def _compile_sizes(value):
@@ -59,9 +59,11 @@ class Options:
       rank's choice and the ranks carry on), or "off". See `graphify._distributed`.
     - `compile_sizes`: for a split function with compiled pieces (`split(..., compile=True)`),
       the capture sizes whose graphs record pieces compiled for that exact shape instead of
-      the dynamic-shape compile: "decode" (default: the decode graphs' sizes, see
-      `graphify._keys.specialised_sizes`), "all", "none", or token counts. Each specialised
-      size costs a compile of each distinct piece (cached on disk by inductor).
+      the dynamic-shape one: "none" (default; size 1 is always specialised), "all", or token
+      counts. Each size costs a compile of every distinct piece: 3-4 s cold, 0.1-0.25 s
+      from inductor's cache, for the 0.5B model on the H100, which ran 0.5% faster or slower
+      at 1-128 tokens and 2.7% faster at 512 (`benchmarks/results/compile-sizes-*.md`); so
+      none by default, large sizes for long-running prefill-heavy servers.
     - `first_use`: before `capture()`, capture the graphs calls need when they first need
       them (`graphify._first_use`). False: such calls run eagerly until `capture()`.
       Callables with `group=` always capture ahead of time (the ranks must agree on
@@ -77,4 +79,4 @@ class Options:
     allow_full: Callable[..., bool] | None = None
     lockstep: str = attrs.field(default="graph", validator=attrs.validators.in_(LOCKSTEP_POLICIES))
     first_use: bool = True
-    compile_sizes: "str | tuple[int, ...]" = attrs.field(default="decode", converter=_compile_sizes)
+    compile_sizes: "str | tuple[int, ...]" = attrs.field(default="none", converter=_compile_sizes)

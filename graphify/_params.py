@@ -69,10 +69,11 @@ class ModuleWatch:
 
     def check(self) -> None:
         """Cheap unless something changed; raises `StateChangedError` naming the tensor."""
-        if self.full or _generation[0] != self.generation or any(
-            t.data_ptr() != p for t, p in zip(self.ends, self.end_ptrs)
-        ):
-            self._check_all()
+        if self.full or _generation[0] != self.generation:
+            return self._check_all()
+        for t, p in zip(self.ends, self.end_ptrs):  # a loop, not any(genexpr): this runs on every call
+            if t.data_ptr() != p:
+                return self._check_all()
 
     def _check_all(self) -> None:
         now = dict(self._named())

@@ -124,6 +124,7 @@ class Runtime:
         self.lock = threading.Lock()
         self.plans: dict = {}
         self.fast: tuple | None = None  # (static_inputs() tuple, tokens, requests)
+        self.fast_clean = False  # no other call since the last one with that tuple
         self.fast_plan: tuple | None = None  # (plan, mode, tokens) of calls with exactly that tuple
         # No per-call predicates: a call's graph follows from its shapes alone.
         self.simple = uniform_fn is None and lora_fn is None and full_ok_fn is None
@@ -209,6 +210,31 @@ class Runtime:
         return n, r
 
     # -- the call -------------------------------------------------------------------------
+    def run_trusted(self, stats: Stats):
+        """A call with exactly `static_inputs()`'s tuple (the caller checked identity): our
+        own buffers, checked when the tuple was made. With no per-call predicates the same
+        plan serves every such call: only padding a larger batch left (when another call
+        ran since), the replay, the tally and the outputs remain."""
+        watch = self.watch
+        if watch is not None:
+            watch.check()
+            if watch.requires_grad and torch.is_grad_enabled():
+                watch.warn_grad(self.fast[0])
+        fast_plan = self.fast_plan
+        if fast_plan is None:  # learnt on the first such call (or released: run says so)
+            return self.run(self.fast[0], stats)
+        plan, mode, n = fast_plan
+        with self.lock:
+            if self.fast_plan is None:  # released meanwhile
+                raise self._released()
+            if not self.fast_clean:  # another call ran since: it may have left rows past ours
+                self._restore_padding(plan, [], [])
+                self.fast_clean = True
+            plan.replay()
+            stats.tally(mode, n, plan.padded)
+            outputs = self.hand_out(plan)
+        return outputs[0] if plan.single and not plan.weak else _result(plan, outputs)
+
     def run(self, args: Sequence[Any], stats: Stats):
         watch = self.watch
         fast = self.fast
@@ -219,17 +245,8 @@ class Runtime:
             if (watch.requires_grad or not trusted) and torch.is_grad_enabled():
                 watch.warn_grad(args)
         if trusted and self.fast_plan is not None:
-            # static_inputs()'s own tuple again, no per-call predicates: the same graph and
-            # plan as last time; only padding left by a larger batch and the replay remain.
-            plan, mode, n = self.fast_plan
-            with self.lock:
-                if self.fast_plan is None:  # released meanwhile
-                    raise self._released()
-                self._restore_padding(plan, [], [])
-                plan.replay()
-                stats.tally(mode, n, plan.padded)
-                outputs = self.hand_out(plan)
-            return _result(plan, outputs)
+            return self.run_trusted(stats)
+        self.fast_clean = False  # this call may write rows past the static tuple's
         if trusted:  # exactly the tuple static_inputs() handed out: our own views, checked then
             n, r = fast[1], fast[2]
         else:
@@ -374,6 +391,7 @@ class Runtime:
         self.table = table
         self.plans.clear()
         self.fast = self.fast_plan = None
+        self.fast_clean = False
 
     def _plan(self, entry: Entry, n: int, r: int) -> _Plan:
         key = entry.key
@@ -427,4 +445,5 @@ class Runtime:
         with self.lock:
             self.fast = (out, tokens_rows, reqs_rows)  # calls with exactly these skip checks and copies
             self.fast_plan = None  # learnt again on the first call with them
+            self.fast_clean = False
         return out

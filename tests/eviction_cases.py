@@ -97,7 +97,14 @@ def cublas_workspace_cleared() -> None:
     g = graphify(fn, mode="FULL", sizes=[8, 16, 32]).capture(torch.randn(16, 8192, device="cuda", dtype=torch.bfloat16))
     torch.cuda.synchronize()
     torch._C._cuda_clearCublasWorkspaces()  # what reduce-overhead does at each recording
-    fillers = [torch.full((8 << 20,), float(i), device="cuda") for i in range(16)]  # takes the freed blocks back
+    # The caching allocator hands a freed block only to allocations on the stream that freed
+    # it: the workspace belonged to graphify's capture stream, so allocate there (any eager
+    # work on that stream, graphify's own warm-ups of another table included, would).
+    from graphify.backends.torch_cuda import TorchCudaBackend
+
+    with torch.cuda.stream(TorchCudaBackend().new_stream(torch.device("cuda", 0))):
+        fillers = [torch.full((1 << 20,), float(i), device="cuda") for i in range(64)]  # 4 MiB each
+    torch.cuda.synchronize()
     for _ in range(5):
         for n in (5, 8, 16, 32):
             x = torch.randn(n, 8192, device="cuda", dtype=torch.bfloat16)

@@ -10,7 +10,7 @@ import torch
 
 import transforms._compile as compile_mod
 from graphify import Options, graphify, plan_keys, vllm_sizes
-from graphify._keys import SPECIALISE_DECODE_MAX, specialised_sizes
+from graphify._keys import specialised_sizes
 from models import BlockTables, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 from transforms._compile import piece_key
@@ -49,10 +49,7 @@ def recorded(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("rule, static_rows", [
-    ("decode", {s for s in (1, 2, 4, 8, 64) if s <= SPECIALISE_DECODE_MAX}), ("none", {1}), ("all", {1, 2, 4, 8, 64}),
-    ((4, 64), {1, 4, 64}),
-])
+@pytest.mark.parametrize("rule, static_rows", [("none", {1}), ("all", {1, 2, 4, 8, 64}), ((4, 64), {1, 4, 64})])
 def test_specialised_sizes_get_static_compiles_made_by_warm_ups(recorded, rule, static_rows):
     _, step, cache, tables, example = tiny(layers=4)
     pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=True)
@@ -77,13 +74,12 @@ def test_specialised_sizes_get_static_compiles_made_by_warm_ups(recorded, rule, 
 
 def test_specialised_sizes_rules():
     keys = plan_keys("FULL_AND_PIECEWISE", vllm_sizes(512))
-    assert specialised_sizes("decode", keys) == frozenset(s for s in vllm_sizes(512) if s <= SPECIALISE_DECODE_MAX)
     assert specialised_sizes("all", keys) == frozenset(vllm_sizes(512))
     assert specialised_sizes("none", keys) == frozenset()
     assert specialised_sizes((8, 9, 512), keys) == frozenset({8, 512})  # only captured sizes
-    assert specialised_sizes("decode", plan_keys("PIECEWISE", (4, 8, 64))) == frozenset({4, 8})  # no decode keys
+    assert Options().compile_sizes == "none" and Options(compile_sizes=[64, 8, 8]).compile_sizes == (8, 64)
     with pytest.raises(ValueError, match="compile_sizes"):
-        Options(compile_sizes="some")
+        Options(compile_sizes="decode")
     with pytest.raises(ValueError, match="positive"):
         Options(compile_sizes=(0, 4))
 

@@ -29,8 +29,9 @@ def test_weak_outputs_use_less_pool_memory_and_stay_correct():
     weak = capture(True, w)
     kept, shared = strong.pool.report(), weak.pool.report()
     out = 512 * 16384 * 4
+    workspace = 32 << 20  # cuBLAS's, allocated inside each pool (graphify._keepalive): at most 32 MiB on Hopper
     assert kept.reserved_bytes >= out * 1.8  # 512 + 256 + 128 + 64 rows of output kept
-    assert shared.reserved_bytes <= out * 1.2  # one block, reused by every size
+    assert shared.reserved_bytes <= out * 1.2 + workspace  # one block, reused by every size
     print(f"weak outputs: pool {shared.reserved_bytes / 2**20:.0f} MiB vs {kept.reserved_bytes / 2**20:.0f} MiB")
     for n in (64, 128, 256, 512):  # replays of every size still see their own outputs
         x = torch.randn(n, 256, device="cuda")
@@ -42,7 +43,7 @@ def test_weak_outputs_use_less_pool_memory_and_stay_correct():
 
 def test_memory_returns_after_the_callable_is_dropped():
     w = torch.randn(256, 4096, device="cuda")
-    capture(True, w)  # first capture on this device: cuBLAS's workspace for the capture stream stays
+    capture(True, w)  # first capture on this device: CUDA and cuBLAS set themselves up
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_reserved()
