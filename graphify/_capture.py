@@ -9,7 +9,6 @@ import logging
 import re
 import time
 import traceback
-import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,12 +16,9 @@ import attrs
 import torch
 from torch.utils import _pytree as pytree
 
-from ._axes import PADDED, ArgSpec, by_value
+from ._axes import PADDED, ArgSpec
 from ._errors import CaptureError, UnsupportedOpError
-from ._keys import KeySet
-from ._mode import Mode
-from ._state import StateKeeper, python_state, python_state_change, restore_python_state
-from ._table import Entry, GraphTable, StaticBuffers
+from ._table import Entry
 
 __all__ = ["freeze_gc", "consistent_out_axes", "infer_out_axes"]
 

@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 from ._state import StateKeeper
 from ._stats import Stats
 
-__all__ = ["CheckRow", "CheckReport", "check_table", "check_sizes"]
+__all__ = ["CheckRow", "CheckReport", "check_table", "check_sizes", "check_callable"]
 
 
 @attrs.frozen
@@ -142,3 +142,36 @@ def check_table(
         if len(got_flat) != len(want_flat):
             rows.append(CheckRow(n, where, mode, padded, len(want_flat), float("inf"), False))
     return CheckReport(call, tuple(rows))
+
+
+def check_callable(g, make_batch, sizes, *, rtol: float, atol: float, seed: int) -> CheckReport:
+    """`Graphified.check` (see there): the table of a captured callable, or on first use
+    the most recently used structure's."""
+    runtime, table = g._runtime, g.table
+    if runtime is None and g._first_use is not None and g._first_use.current() is not None:
+        runtime = g._first_use.current().runtime  # first use: the most recently used structure
+        table = runtime.table
+    if runtime is None or not len(table):
+        raise ValueError(f"{g._call}.check: capture first; check compares the graphs with eager")
+    if make_batch is None and runtime.req_idx:
+        raise ValueError(
+            f"{g._call}.check: request-axis arguments must agree with the token ones, which random rows "
+            "cannot guess: pass make_batch(num_tokens) returning a call's arguments"
+        )
+    make = None
+    if make_batch is not None:
+        def make(n):
+            batch = make_batch(n)
+            if isinstance(batch, dict):
+                return runtime.layout.bind((), batch)
+            if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], dict):
+                return runtime.layout.bind(batch[0], batch[1])
+            return runtime.layout.bind(tuple(batch), {})
+
+    captured = {k.num_tokens for k in table.keys.full | table.keys.piecewise}
+    if sizes is None:
+        sizes = check_sizes(captured)
+    else:
+        top = max(captured)
+        sizes = [(n, "captured" if n in captured else "above" if n > top else "between") for n in sizes]
+    return check_table(g._call, runtime, table.examples or (), make, sizes, rtol=rtol, atol=atol, seed=seed)

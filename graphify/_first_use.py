@@ -43,7 +43,6 @@ from ._axes import mismatch
 from ._dispatch import Dispatcher
 from ._errors import GraphifyError, InputMismatchError
 from ._keys import KeySet, plan_keys
-from ._mode import Mode
 from ._runtime import Runtime
 from ._session import CaptureSession
 

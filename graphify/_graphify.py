@@ -10,18 +10,14 @@ from typing import Any
 import attrs
 import torch
 
-from ._axes import layout_for, specs_for
 from ._options import Options
-from ._outputs import box
-from ._params import ModuleWatch
-from ._signature import CallLayout, module_of
+from ._prepare import prepare, session_args
 from ._session import capture_table
-from ._capturers import mode_capturers
-from ._distributed import graph_code
+from ._check import CheckReport
 from ._dispatch import Decision, Dispatcher, explain_miss
 from ._errors import CaptureError, GraphifyError
-from ._interop import ForeignFunction, foreign_library, module, to_torch, tree_from_torch
-from ._keys import KeySet, plan_keys, specialised_sizes
+from ._interop import ForeignFunction, module, to_torch, tree_from_torch
+from ._keys import KeySet, plan_keys
 from ._mode import Mode
 from ._pool import Pool
 from ._runtime import Runtime
@@ -29,7 +25,7 @@ from ._sizes import normalize_sizes, vllm_sizes
 from ._stats import Stats
 from ._support import Resolution, Support, resolve_mode, weakest
 from ._table import GraphTable
-from .backends import BACKENDS, get_backend
+from .backends import BACKENDS
 
 __all__ = ["graphify", "Graphified"]
 
@@ -206,75 +202,13 @@ class Graphified:
         return attrs.evolve(self, table=table)
 
     def _prepare(self, example_args, example_kwargs) -> tuple:
-        """Bind the example call and pick the backend:
-        (fn, eager twin, slot args, specs, backend, library, layout)."""
-        layout = CallLayout.build(self._call, self.fn, example_args, example_kwargs)
-        args = layout.bind(example_args, example_kwargs)
-        library = foreign_library(self._call, args)
-        fn, twin = self.fn, _eager_twin(self.fn)
-        if library is not None:  # CuPy / NumPy arrays: capture a torch-facing view of fn
-            if getattr(fn, "is_split", False):
-                raise ValueError(f"{self._call}.capture: split functions take torch tensors, not {library} arrays")
-            fn, args = ForeignFunction(fn, library), tuple(map(to_torch, args))
-        fn = _boxing(layout.caller(fn))
-        twin = _boxing(layout.caller(twin)) if twin is not None else None
-        axes = self.axes if self.axes is not None else getattr(self.fn, "axes", None)
-        arg_axes = layout_for(self._call, layout.slot_names, axes, args)
-        if not any(a.kind in ("tokens", "reqs") for a in arg_axes):
-            raise ValueError(
-                f"{self._call}.capture: no argument grows with the batch; mark at least one tokens() or reqs()"
-            )
-        specs = specs_for(self._call, layout.slot_names, arg_axes, args)
-        device = next((s.device for s in specs if s.device is not None), None)
-        try:
-            backend = get_backend(self.backend, device, library)
-        except ValueError as exc:
-            raise ValueError(f"{self._call}.capture: {exc}") from None
-        return fn, twin, args, specs, backend, library, layout
+        return prepare(self, example_args, example_kwargs)
 
     def _capture_table(self, fn, twin, args, specs, backend, library, layout, lockstep=None) -> GraphTable:
-        return capture_table(**self._session_args(fn, twin, args, specs, backend, library, layout, self.keys, lockstep))
+        return capture_table(**session_args(self, fn, twin, args, specs, backend, library, layout, self.keys, lockstep))
 
     def _session_args(self, fn, twin, args, specs, backend, library, layout, keys, lockstep=None) -> dict:
-        """What a `CaptureSession` over this function needs: ahead of time every planned
-        key, on first use a structure's."""
-        opts = self.options
-        modules = [m for m in [module_of(self.fn)] if m is not None]
-        modules += [a for a, s in zip(args, specs) if s.axis.kind == "static" and isinstance(a, torch.nn.Module)]
-        split = getattr(self.fn, "is_split", False)
-        full_for = None
-        if lockstep is not None and lockstep.in_graph:  # each FULL graph records the ranks' check on its code
-            full = tuple(Mode).index(Mode.FULL)
-
-            def full_for(key):
-                code = graph_code(full, key.num_tokens, key.reqs_rows)
-                return lockstep.checked(fn, code), lockstep.checked(twin, code)
-
-        capturers = mode_capturers(
-            backend, fn, twin, self.fn if split else None, full_for, specialised_sizes(opts.compile_sizes, keys)
-        )
-        return dict(
-            call=self._call,
-            fn=fn,
-            capturers=capturers,
-            keys=keys,
-            specs=specs,
-            example=args,
-            backend=backend,
-            pool=self.pool if self.pool is not None else Pool(f"{_fn_name(self.fn)}"),
-            warmups=opts.warmups,
-            weak_outputs=opts.weak_outputs and backend.name == "cuda",
-            out_axes=self.out_axes if self.out_axes is not None else (getattr(self.fn, "out_axes", None) or None),
-            progress=opts.progress,
-            largest_first=opts.largest_first,
-            library=library,
-            restore_state=opts.restore_state,
-            probe=layout.caller(self.fn.fn) if split else None,
-            layout=layout,
-            watch=ModuleWatch(self._call, modules, full=opts.full_checks),
-            examples=tuple(a.detach().clone() if s.axis.kind == "tokens" else None for a, s in zip(args, specs)),
-            uses_fft=split and any(name.startswith("aten::_fft_") for name in self.fn.op_names),
-        )
+        return session_args(self, fn, twin, args, specs, backend, library, layout, keys, lockstep)
 
     def release(self) -> "Graphified":
         """Free this callable's graphs now instead of when it is dropped; returns the
@@ -383,7 +317,7 @@ class Graphified:
         rtol: float = 1e-5,
         atol: float = 1e-5,
         seed: int = 0,
-    ) -> "CheckReport":
+    ) -> CheckReport:
         """Compare the captured callable with eager on fresh random batches: at every
         captured size, between sizes (padded) and above the largest. Run it first after
         capture: it shows whether padding changes real rows (a function that mixes rows
@@ -402,37 +336,9 @@ class Graphified:
         `report.ok` is True when every real row matched. Outside state the eager runs
         write is put back, and `stats` is not counted.
         """
-        from ._check import check_sizes, check_table
+        from ._check import check_callable
 
-        runtime, table = self._runtime, self.table
-        if runtime is None and self._first_use is not None and self._first_use.current() is not None:
-            runtime = self._first_use.current().runtime  # first use: the most recently used structure
-            table = runtime.table
-        if runtime is None or not len(table):
-            raise ValueError(f"{self._call}.check: capture first; check compares the graphs with eager")
-        if make_batch is None and runtime.req_idx:
-            raise ValueError(
-                f"{self._call}.check: request-axis arguments must agree with the token ones, which random rows "
-                "cannot guess: pass make_batch(num_tokens) returning a call's arguments"
-            )
-        make = None
-        if make_batch is not None:
-            def make(n):
-                batch = make_batch(n)
-                if isinstance(batch, dict):
-                    return runtime.layout.bind((), batch)
-                if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], dict):
-                    return runtime.layout.bind(batch[0], batch[1])
-                return runtime.layout.bind(tuple(batch), {})
-
-        captured = {k.num_tokens for k in table.keys.full | table.keys.piecewise}
-        if sizes is None:
-            sizes = check_sizes(captured)
-        else:
-            top = max(captured)
-            sizes = [(n, "captured" if n in captured else "above" if n > top else "between") for n in sizes]
-        return check_table(self._call, runtime, table.examples or (), make, sizes, rtol=rtol, atol=atol, seed=seed)
-
+        return check_callable(self, make_batch, sizes, rtol=rtol, atol=atol, seed=seed)
 
     def explain(self, num_tokens: int, *, uniform: bool = False, has_lora: bool = False) -> str:
         """Which graph a batch of `num_tokens` would replay, and why (or why none)."""
@@ -466,14 +372,6 @@ class Graphified:
         )
 
 
-def _eager_twin(fn: Callable) -> Callable | None:
-    """The uncompiled function behind a torch.compile'd one (or behind a split function
-    with compiled pieces), to run under the op guard; None for uncompiled functions."""
-    if getattr(fn, "is_split", False):
-        return fn.fn if getattr(fn, "compiled", False) else None
-    return getattr(fn, "_torchdynamo_orig_callable", None)
-
-
 _peek_functorch = torch._C._functorch.peek_interpreter_stack
 _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 
@@ -493,15 +391,6 @@ _opaque_to_dynamo(Graphified.__call__)
 
 def _rebuild(fields: dict) -> Graphified:
     return Graphified(**fields)
-
-
-def _boxing(fn: Callable) -> Callable:
-    """`fn` with unregistered dataclasses in its outputs boxed, so they flatten."""
-
-    def boxed(*args):
-        return box(fn(*args))
-
-    return boxed
 
 
 def _leading_rows(args: Sequence[Any]) -> int:

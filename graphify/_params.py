@@ -4,8 +4,10 @@ Graphs read the storage their modules' tensors had at capture. `load_state_dict(
 assign=True)`, a replaced Parameter or buffer, or `.to()` / `.half()` (which swap each
 parameter's `.data`) leave the graphs reading stale memory. `ModuleWatch` notices:
 
-- registrations of parameters, buffers or submodules anywhere (torch's global
-  registration hooks bump one counter; a call compares one integer), and
+- registrations of parameters, buffers or submodules onto a watched module (torch's global
+  registration hooks bump one counter; a call compares one integer; registrations on
+  other modules, such as the ModuleList transformers makes by slicing its layers on every
+  forward, are ignored, and a compiled trace never sees the hook count), and
 - the storage of the first and last parameter (what `.to()` and `.half()` change),
 
 and then checks every tensor of the watched modules. `Options(full_checks=True)`
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+import weakref
 from collections.abc import Iterable
 
 import torch
@@ -27,10 +30,14 @@ __all__ = ["ModuleWatch"]
 
 _generation = [0]
 _hooked = [False]
+_watched: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # every module a watch covers
 
 
-def _bump(*_args, **_kwargs):
-    _generation[0] += 1
+def _bump(module, *_args, **_kwargs):
+    if torch.compiler.is_compiling():  # traced code: the hook is gone from the compiled graph, keep no guard on it
+        return
+    if module in _watched:
+        _generation[0] += 1
 
 
 def _install_hooks() -> None:
@@ -52,6 +59,8 @@ class ModuleWatch:
         self.call = call
         self.full = full
         self.modules = tuple(dict.fromkeys(modules))
+        for module in self.modules:
+            _watched.update(module.modules())
         self.tensors = tuple(self._named())
         self.ptrs = tuple(t.data_ptr() for _, t in self.tensors)
         self.generation = _generation[0]

@@ -98,9 +98,13 @@ def test_sliding_window_caches_keep_python_state_and_are_refused():
     assert [getattr(layer, "cumulative_length_int", None) for layer in cache.layers] == counters
 
 
-def test_the_readme_example_runs_as_written():
+def test_the_readme_examples_run_as_written():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    start = text.index("import torch, transformers")
-    exec(compile(text[start:text.index("```", start)], "README.md", "exec"), {})
+    start, ran = text.find("import torch, transformers"), 0
+    while start >= 0:  # every transformers example: the one line, then the hand-built loop
+        exec(compile(text[start:text.index("```", start)], "README.md", "exec"), {})
+        ran += 1
+        start = text.find("import torch, transformers", start + 1)
+    assert ran == 2

@@ -126,3 +126,40 @@ def test_sliding_window_caches_are_refused_naming_the_layer(name):
     model.forward = graphify(model.forward)
     with pytest.raises(CaptureError, match=r"layers\[\d+\]\.cumulative_length_int.*without sliding windows"):
         generate(model, prompt(2, 5, "cpu"), 8, do_sample=False)
+
+
+def test_one_line_over_a_compiled_forward_does_not_recompile_per_call():
+    """graphify(torch.compile(model.forward, fullgraph=True)): transformers slices its layers
+    into a new ModuleList on every forward; graphify's registration hook must not turn that
+    into a guard that fails on every call (it did: a recompile storm, then fullgraph's error)."""
+    from torch._dynamo.utils import counters
+
+    model = make(FAMILIES, "Llama", "cpu")
+    ids = prompt(2, 5, "cpu")
+    want, _ = generate(model, ids, 5, do_sample=False, disable_compile=True)
+    counters.clear()
+    model.forward = graphify(torch.compile(model.forward, fullgraph=True))
+    for _ in range(3):
+        got, _ = generate(model, ids, 5, do_sample=False)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert counters["stats"]["unique_graphs"] <= 6  # prefill and decode shapes, and each new cache object
+    assert model.forward.stats.by_mode()[2].calls >= 6  # decode steps replayed
+
+
+def test_registrations_elsewhere_do_not_trigger_the_full_parameter_check(monkeypatch):
+    from graphify._params import ModuleWatch
+
+    full = []
+    real = ModuleWatch._check_all
+    monkeypatch.setattr(ModuleWatch, "_check_all", lambda self: (full.append(1), real(self))[1])
+    model = make(FAMILIES, "Llama", "cpu")
+    model.forward = graphify(model.forward)
+    generate(model, prompt(2, 5, "cpu"), 8, do_sample=False)  # each forward slices its layers: a new ModuleList
+    torch.nn.ModuleList([torch.nn.Linear(2, 2)])  # a registration on a module nobody watches
+    watch = model.forward._first_use.current().runtime.watch
+    watch.check()
+    assert full == []
+    model.model.extra = torch.nn.Linear(2, 2)  # a registration on the watched model does count
+    with pytest.raises(Exception, match="was added since capture"):
+        watch.check()
+    assert full == [1]
