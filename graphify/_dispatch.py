@@ -80,10 +80,13 @@ def dispatch(
     return Decision(Mode.NONE, None, _why_none(keys, num_tokens, has_lora, max_padding_ratio))
 
 
-def _why_none(keys: KeySet, num_tokens: int, has_lora: bool, ratio: float | None) -> str:
+def _why_none(keys: KeySet, num_tokens: int, has_lora: bool, ratio: float | None, sizes=None) -> str:
+    """Why a batch runs eagerly; `sizes`: every captured size with this LoRA flag, sorted
+    (the `Dispatcher` passes them, computed once)."""
     if not len(keys):
         return "no graphs captured"
-    sizes = sorted({k.num_tokens for k in keys.full | keys.piecewise if k.has_lora == has_lora})
+    if sizes is None:
+        sizes = sorted({k.num_tokens for k in keys.full | keys.piecewise if k.has_lora == has_lora})
     if not sizes:
         return f"no graphs captured with has_lora={has_lora}"
     if num_tokens > sizes[-1]:
@@ -175,19 +178,7 @@ class Dispatcher:
         keys = self.keys
         if not full_ok and keys.full and not keys.piecewise:
             return Decision(Mode.NONE, None, "the batch may not use FULL graphs and no PIECEWISE graphs were captured")
-        return self._none(n, has_lora, ratio, every)
-
-    def _none(self, n, has_lora, ratio, sizes) -> Decision:
-        """`_why_none`'s decision; `sizes`: every captured size with this LoRA flag, sorted."""
-        if not len(self.keys):
-            return Decision(Mode.NONE, None, "no graphs captured")
-        if not sizes:
-            return Decision(Mode.NONE, None, f"no graphs captured with has_lora={has_lora}")
-        if n > sizes[-1]:
-            return Decision(Mode.NONE, None, f"num_tokens={n} is above the largest captured size {sizes[-1]}")
-        if ratio is not None:
-            return Decision(Mode.NONE, None, f"padding num_tokens={n} would exceed max_padding_ratio={ratio}")
-        return Decision(Mode.NONE, None, f"no graph serves num_tokens={n}")  # pragma: no cover
+        return Decision(Mode.NONE, None, _why_none(keys, n, has_lora, ratio, every))
 
     def lookup(self, num_tokens: int, uniform: bool = False, has_lora: bool = False, full_ok: bool = True) -> Decision:
         table = self._tables[uniform, has_lora, full_ok]

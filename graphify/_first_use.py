@@ -43,6 +43,7 @@ from ._axes import mismatch
 from ._dispatch import Dispatcher
 from ._errors import GraphifyError, InputMismatchError
 from ._keys import KeySet, plan_keys
+from ._prepare import prepare, session_args
 from ._runtime import Runtime
 from ._session import CaptureSession
 
@@ -114,7 +115,7 @@ class FirstUse:
     def _new_structure(self, args: tuple, kwargs: dict):
         owner = self.owner
         try:
-            prepared = owner._prepare(args, kwargs)
+            prepared = prepare(owner, args, kwargs)
         except (ValueError, TypeError, InputMismatchError):  # nothing to graph (no batch axis, ...)
             self.pending = None
             return owner._eager(args, kwargs)
@@ -161,7 +162,7 @@ class FirstUse:
         exact = owner.sizes is None
         keys = owner.keys if not exact else _exact_keys(owner)
         session = CaptureSession(
-            **owner._session_args(fn, twin, slots, specs, backend, library, layout, keys), weak_statics=True
+            **session_args(owner, fn, twin, slots, specs, backend, library, layout, keys), weak_statics=True
         )
         table = session.table()
         structure = None

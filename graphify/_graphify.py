@@ -176,7 +176,7 @@ class Graphified:
 
             lockstep = Lockstep(self.group, self._call, self.options.lockstep)
         try:
-            fn, twin, args, specs, backend, library, layout = self._prepare(example_args, example_kwargs)
+            fn, twin, args, specs, backend, library, layout = prepare(self, example_args, example_kwargs)
         except Exception as exc:
             if lockstep is not None:  # the other ranks must hear of it, or they wait forever
                 lockstep.agree_plan(None, exc)
@@ -187,7 +187,9 @@ class Graphified:
                 + [f"{m.value} {k}" for m, k in self.keys.pairs(self.options.largest_first)]
             )
         try:
-            table = self._capture_table(fn, twin, args, specs, backend, library, layout, lockstep)
+            table = capture_table(
+                **session_args(self, fn, twin, args, specs, backend, library, layout, self.keys, lockstep)
+            )
         except BaseException as exc:
             if lockstep is not None:
                 lockstep.agree_outcome(exc)
@@ -200,15 +202,6 @@ class Graphified:
                 raise
             table = attrs.evolve(table, lockstep=lockstep)
         return attrs.evolve(self, table=table)
-
-    def _prepare(self, example_args, example_kwargs) -> tuple:
-        return prepare(self, example_args, example_kwargs)
-
-    def _capture_table(self, fn, twin, args, specs, backend, library, layout, lockstep=None) -> GraphTable:
-        return capture_table(**session_args(self, fn, twin, args, specs, backend, library, layout, self.keys, lockstep))
-
-    def _session_args(self, fn, twin, args, specs, backend, library, layout, keys, lockstep=None) -> dict:
-        return session_args(self, fn, twin, args, specs, backend, library, layout, keys, lockstep)
 
     def release(self) -> "Graphified":
         """Free this callable's graphs now instead of when it is dropped; returns the

@@ -220,32 +220,35 @@ class Runtime:
             watch.check()
             if watch.requires_grad and torch.is_grad_enabled():
                 watch.warn_grad(self.fast[0])
-        fast_plan = self.fast_plan
-        if fast_plan is None:  # learnt on the first such call (or released: run says so)
-            return self.run(self.fast[0], stats)
-        plan, mode, n = fast_plan
+        if self.fast_plan is None:  # learnt on the first such call (or released: run says so)
+            return self.run(self.fast[0], stats, checked=True)
+        return self._replay_fast(stats)
+
+    def _replay_fast(self, stats: Stats):
         with self.lock:
             if self.fast_plan is None:  # released meanwhile
                 raise self._released()
+            plan, mode, n = self.fast_plan
             if not self.fast_clean:  # another call ran since: it may have left rows past ours
                 self._restore_padding(plan, [], [])
                 self.fast_clean = True
             plan.replay()
             stats.tally(mode, n, plan.padded)
             outputs = self.hand_out(plan)
-        return outputs[0] if plan.single and not plan.weak else _result(plan, outputs)
+        return _result(plan, outputs)
 
-    def run(self, args: Sequence[Any], stats: Stats):
+    def run(self, args: Sequence[Any], stats: Stats, checked: bool = False):
+        """A call's bound arguments; `checked`: the module watch already ran for it."""
         watch = self.watch
         fast = self.fast
         trusted = fast is not None and len(args) == len(fast[0]) and all(map(is_, args, fast[0]))
-        if watch is not None:
+        if watch is not None and not checked:
             watch.check()
             # static_inputs()'s tuple holds graphify's own buffers, which never require grad
             if (watch.requires_grad or not trusted) and torch.is_grad_enabled():
                 watch.warn_grad(args)
         if trusted and self.fast_plan is not None:
-            return self.run_trusted(stats)
+            return self._replay_fast(stats)
         self.fast_clean = False  # this call may write rows past the static tuple's
         if trusted:  # exactly the tuple static_inputs() handed out: our own views, checked then
             n, r = fast[1], fast[2]

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from graphify import CaptureError, GraphifyError, Mode, Options, graphify, persistent, tokens
+from graphify import CaptureError, GraphifyError, InputMismatchError, Mode, Options, graphify, persistent, tokens
 from graphify._first_use import MAX_EXACT_GRAPHS, MAX_STRUCTURES
 
 
@@ -193,3 +193,19 @@ def test_mode_none_with_no_sizes_is_valid(backend):
     assert torch.equal(g(x), x + 1) and torch.equal(g.capture(x)(x), x + 1)
     with pytest.raises(ValueError, match="sizes is empty"):
         graphify(lambda x: x, mode="FULL", sizes=[])
+
+
+def test_a_dict_argument_stands_for_its_tensors_and_its_keys_are_checked(backend):
+    device = backend[1]
+
+    def masked(x, masks):
+        return x * masks["full"] + masks["window"]
+
+    x = torch.randn(4, 3, device=device)
+    masks = {"full": torch.randn(4, 3, device=device), "window": torch.randn(4, 3, device=device)}
+    g = graphify(masked, sizes=[4, 8], backend=backend[0]).capture(x, masks)
+    y = torch.randn(6, 3, device=device)
+    other = {"full": torch.randn(6, 3, device=device), "window": torch.randn(6, 3, device=device)}
+    torch.testing.assert_close(g(y, other), masked(y, other))  # the dict's tensors are padded like arguments
+    with pytest.raises(InputMismatchError, match="'masks' has another structure than at capture"):
+        g(y, {"full": other["full"]})

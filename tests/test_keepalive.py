@@ -109,6 +109,8 @@ def test_a_window_that_ran_cufft_keeps_torchs_cache_pinned(fake_torch_cufft, cap
         assert state["max"] == keepalive._PIN_SIZE  # nothing is evicted between a warm-up and its capture
         state["size"] += 3  # the captures made plans
     assert hold.cufft_device == 0 and pinned_cufft_devices() == {0: 1}
+    with pytest.raises(RuntimeError, match="non-negative int"):
+        cache.max_size = -1  # still validated while pinned
     cache.max_size = 1  # the user's word is kept for later
     cache.clear()  # skipped: the graphs' plans are in it
     assert state["max"] == keepalive._PIN_SIZE and state["clears"] == 0

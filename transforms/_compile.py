@@ -73,19 +73,20 @@ class _Shared:
 
     def __init__(self, gm: torch.fx.GraphModule, options: dict):
         self.gm, self.options = gm, options
+        self.traced = tuple(n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder")
         self.dynamic: Callable | None = None
         self.static: dict = {}
         self.lock = threading.Lock()
 
     def run(self, inputs: Sequence[Any]):
         tokens = getattr(_local, "tokens", None)
-        if tokens is not None or _has_unit_batch(self.gm, inputs):
+        if tokens is not None or _has_unit_batch(self.traced, inputs):
             return self._static(inputs)(*inputs)
         fn = self.dynamic
         if fn is None:
             with self.lock:
                 if self.dynamic is None:
-                    self.dynamic = _compile(self.gm, inputs, "from_graph", self.options)
+                    self.dynamic = _compile(self.gm, self.traced, "from_graph", self.options)
                 fn = self.dynamic
         return fn(*inputs)
 
@@ -127,11 +128,10 @@ def compile_pieces(modules: Sequence[torch.fx.GraphModule], options: dict | None
     return out
 
 
-def _has_unit_batch(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> bool:
+def _has_unit_batch(traced_inputs: Sequence[Any], inputs: Sequence[Any]) -> bool:
     """Whether a traced-symbolic dimension of an input is 1 now (the dynamic compile
     assumes at least 2)."""
-    for node, value in zip((n for n in gm.graph.nodes if n.op == "placeholder"), inputs):
-        traced = node.meta.get("val")
+    for traced, value in zip(traced_inputs, inputs):
         if isinstance(traced, torch.SymInt):
             if value == 1:
                 return True
@@ -142,13 +142,12 @@ def _has_unit_batch(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> bool:
 
 
 def _compile(gm: torch.fx.GraphModule, inputs: Sequence[Any], shapes: str, options: dict) -> Callable:
-    """inductor over `gm`: "from_graph" (dynamic as traced) or "from_example_inputs" (the
-    inputs' exact shapes), through standalone_compile; torch.compile where that fails."""
+    """inductor over `gm`: "from_graph" (dynamic as traced: `inputs` are the traced fake
+    values, only the batch dimensions symbolic) or "from_example_inputs" (the inputs' exact
+    shapes), through standalone_compile; torch.compile where that fails."""
     try:
         from torch._inductor import standalone_compile
 
-        if shapes == "from_graph":  # the traced fake values: only the batch dimensions are symbolic
-            inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
         return standalone_compile(gm, list(inputs), dynamic_shapes=shapes, options={"config_patches": options})
     except Exception as exc:  # an older torch, or a graph standalone compilation refuses
         log.warning("graphify: inductor's standalone compile failed (%s: %s); using torch.compile",
