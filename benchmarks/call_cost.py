@@ -1,6 +1,9 @@
 """Where a graphify call's host time goes, beside a bare `CUDAGraph.replay()` of the same
 graph: every variant timed interleaved (each call after a synchronize, the order rotating),
-and the launch inside graphify's call timed from within it.
+and the launch inside graphify's call timed from within it. Also what the check of tensors
+read through a static object costs (`graphify._reach`, run before every replay): the same
+step with its KV cache held by an object, and the check alone over a 24-layer transformers
+StaticCache (the Qwen2.5-0.5B shape).
 
     python -m benchmarks.call_cost [--batch-sizes 1 8]
 """
@@ -14,6 +17,7 @@ import attrs
 import torch
 
 from graphify import graphify, persistent, tokens, vllm_sizes
+from graphify import static as static_axis
 from models import DecoderConfig, decode_step, init_params, new_kv_cache
 
 from ._report import environment, host_costs_us, publish, table
@@ -31,6 +35,9 @@ def run(batch_sizes=(1, 8)) -> dict:
                torch.ones(1, dtype=torch.long, device=device), cache)
     views = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes, outputs="view").capture(*example)
     copies = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes).capture(*example)
+    holder = _Holder(cache)
+    held = graphify(_step_over(step), mode="FULL", sizes=vllm_sizes(max(batch_sizes)),
+                    axes=(tokens(), tokens(), tokens(), static_axis())).capture(*example[:3], holder)
     rows = []
     with torch.inference_mode():
         for b in batch_sizes:
@@ -68,6 +75,7 @@ def run(batch_sizes=(1, 8)) -> dict:
                 "static + view, launch timed inside": with_plan(attrs.evolve(plan, replay=timed_replay)),
                 "copies inputs, view": lambda i: views(ids, pos, rows_, cache),
                 "copies in and out (default)": lambda i: copies(ids, pos, rows_, cache),
+                "copies in and out, cache held by an object (checked)": lambda i: held(ids, pos, rows_, holder),
             }
             if runtime.hand_out == runtime._checked_view:
                 saved = runtime.hand_out
@@ -77,7 +85,47 @@ def run(batch_sizes=(1, 8)) -> dict:
             costs["launch inside the call"] = sorted(inside)[len(inside) // 2] if inside else float("nan")
             for name, us in costs.items():
                 rows.append({"batch": b, "what": name, "us": us, "vs_replay": us / costs["replay"]})
+    check = reach_check_us()
+    if check is not None:
+        rows.append({"batch": 0, "what": "reach check alone: 24-layer transformers StaticCache", "us": check,
+                     "vs_replay": float("nan")})
     return {"env": env, "rows": rows}
+
+
+class _Holder:
+    """A static object holding the KV cache, as a transformers cache holds its tensors."""
+
+    def __init__(self, kv):
+        self.kv = kv
+
+
+def _step_over(step):
+    def step_held(ids, pos, rows, holder):
+        return step(ids, pos, rows, holder.kv)
+
+    return step_held
+
+
+def reach_check_us(reps: int = 20000) -> float | None:
+    """Median µs of one `Reach.changed()` over a Qwen2.5-0.5B-shaped StaticCache (72 tensors)."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    from graphify._reach import Reach
+
+    cfg = transformers.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2, vocab_size=1000)
+    cache = transformers.StaticCache(config=cfg, max_cache_len=64)
+    cache.early_initialization(1, 2, 64, torch.float32, torch.device("cpu"))
+    reach = Reach.record({"past_key_values": cache}).freeze()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(reps // 5):
+            reach.changed()
+        samples.append((time.perf_counter() - t0) / (reps // 5) * 1e6)
+    return sorted(samples)[2]
 
 
 def main(argv=None) -> dict:

@@ -24,6 +24,7 @@ from graphify import graphify, persistent, tokens, vllm_sizes
 from models import DecoderConfig, decode_step, init_params, new_kv_cache
 
 from . import dispatch as dispatch_bench
+from ._floor import HandWrittenGraph
 from ._report import environment, host_costs_us, host_pipelined_us, publish, sync, table, time_per_call
 
 INPUT_SETS = 8
@@ -39,30 +40,6 @@ def make_inputs(cfg: DecoderConfig, b: int, device, seed: int) -> list[tuple]:
         rows = torch.arange(1, b + 1, device=device)
         out.append((ids, pos, rows))
     return out
-
-
-class HandWrittenGraph:
-    """The floor: what a careful engineer writes by hand for one batch size."""
-
-    def __init__(self, step, example: tuple, cache: torch.Tensor):
-        self.static = [t.clone() for t in example]
-        self.cache = cache
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                step(*self.static, cache)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=stream):
-            self.out = step(*self.static, cache)
-
-    def __call__(self, ids, pos, rows):
-        self.static[0].copy_(ids)
-        self.static[1].copy_(pos)
-        self.static[2].copy_(rows)
-        self.graph.replay()
-        return self.out
 
 
 def own_cost_us(g, static_args: tuple) -> float:

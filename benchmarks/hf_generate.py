@@ -1,22 +1,23 @@
-"""transformers `model.generate()` as users call it, side by side: eager, transformers'
-torch.compile recipe, and graphify's one line over the eager forward and over a compiled one.
+"""transformers `model.generate()` as users call it, side by side with what transformers does
+by itself.
 
-    eager       model.generate(..., cache_implementation="static", disable_compile=True)
-    recipe      model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    graphify    model.forward = graphify(model.forward)
-    graphify+c  model.forward = graphify(torch.compile(model.forward, fullgraph=True))
+    eager        generate(..., cache_implementation="static", disable_compile=True)
+    hf_compile   generate(..., cache_implementation="static"): transformers' own compile of the
+                 decode step (inductor, CUDA graphs), what a user gets with no line at all
+    graphify     model.forward = graphify(model.forward); then generate() unchanged
+    graphify_compiled   model.forward = graphify(torch.compile(model.forward, fullgraph=True))
 
-then `model.generate(input_ids, attention_mask, max_new_tokens=N, min_new_tokens=N,
-cache_implementation="static")` unchanged (greedy). Random-weight models from configs (no
-downloads): the Qwen2.5-0.5B and Llama-3-8B shapes, bf16. Per configuration and batch: the
-first generate() in the process (compile and capture included), time to the first token
-and ms per new token (medians after that first call), and the largest logit difference to
-eager over the first decode steps (random weights make near-ties, so token agreement says
-little; logits say how close the arithmetic is).
+Random-weight models from configs (no downloads): the Qwen2.5-0.5B and Llama-3-8B shapes,
+bf16, greedy. Per configuration and batch, in a process of its own: the first generate()
+(compile and capture included), ms per new token in a 64-token generate() (median after
+the first call; prefill excluded), steady ms per token (a 192-token call minus a 64-token
+call; the first 192-token call is timed apart, since transformers recompiles for a longer
+cache), and the largest logit difference to eager over the first decode steps. Then the
+chat-like workload, in a fresh process: 20 seeded generate() calls (batch 1-8, prompts
+16-256 tokens, 16-256 new tokens), total wall time with every compile and capture.
 
-Each configuration runs in a process of its own (compiled code and CUDA graphs of several
-compiles in one process do not mix). On a machine without a GPU: a tiny config on the CPU
-simulation backend, labelled as not GPU timings.
+On a machine without a GPU: a tiny config on the CPU simulation backend, labelled as not
+GPU timings.
 
     python -m benchmarks.hf_generate [--models qwen0.5b llama8b] [--batches 1 8 32] [--configs ...]
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -47,11 +49,14 @@ SHAPES = {
 }
 CONFIGS = {
     "eager": "eager generate() (transformers' compile off)",
-    "recipe": "transformers' recipe: torch.compile(forward, reduce-overhead)",
+    "hf_compile": "transformers' own compile (no line)",
     "graphify": "graphify(model.forward)",
     "graphify_compiled": "graphify(torch.compile(model.forward))",
+    "graphify_nocompile": "graphify(model.forward), generate(disable_compile=True)",
 }
+PEER = "hf_compile"
 LOGIT_STEPS = 4  # decode steps whose logits are compared with eager's
+CHAT_CALLS = 20
 
 
 def build(shape: str, device: str):
@@ -66,10 +71,8 @@ def build(shape: str, device: str):
 
 
 def one_line(name: str, model) -> None:
-    """What a user writes for configuration `name` (eager: nothing)."""
-    if name == "recipe":
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    elif name == "graphify":
+    """What a user writes for configuration `name` (eager and hf_compile: nothing)."""
+    if name in ("graphify", "graphify_nocompile"):
         from graphify import graphify
 
         model.forward = graphify(model.forward)
@@ -80,7 +83,8 @@ def one_line(name: str, model) -> None:
 
 
 def generate(model, name: str, ids: torch.Tensor, new: int, **kw):
-    extra = {"disable_compile": True} if name == "eager" else {}
+    # the one lines: generate() as users call it (transformers' own compile then wraps __call__)
+    extra = {"disable_compile": True} if name in ("eager", "graphify_nocompile") else {}
     return model.generate(
         input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False,
         cache_implementation="static", pad_token_id=0, **extra, **kw,
@@ -95,6 +99,14 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def chat_calls(vocab: int, gpu: bool) -> list[tuple[int, int, int]]:
+    """(batch, prompt length, new tokens) of the chat-like workload, seeded."""
+    rng = random.Random(26)
+    if not gpu:
+        return [(rng.randint(1, 3), rng.randint(4, 12), rng.randint(3, 8)) for _ in range(6)]
+    return [(rng.randint(1, 8), rng.randint(16, 256), rng.randint(16, 256)) for _ in range(CHAT_CALLS)]
+
+
 def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: int, ref_dir: str) -> list[dict]:
     """One configuration at every batch size, in this process."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -105,60 +117,110 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
         ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
         ids = ids.to(device)
         first = timed(lambda: generate(model, name, ids, new))  # noqa: B023 - called at once
-        ttft = statistics.median(timed(lambda: generate(model, name, ids, 1)) for _ in range(reps))  # noqa: B023
-        total = statistics.median(timed(lambda: generate(model, name, ids, new)) for _ in range(reps))  # noqa: B023
+        prefill = statistics.median(timed(lambda: generate(model, name, ids, 1)) for _ in range(reps))  # noqa: B023
+        call = statistics.median(timed(lambda: generate(model, name, ids, new)) for _ in range(reps))  # noqa: B023
+        row = {"model": shape, "config": CONFIGS[name], "key": name, "batch": batch, "first_generate_s": first,
+               "ms_per_token": (call - prefill) * 1e3 / (new - 1)}
+        if name != "eager":
+            longer = 3 * new
+            row["first_longer_ms_per_token"] = (timed(lambda: generate(model, name, ids, longer)) - call) * 1e3 / (longer - new)  # noqa: B023
+            call_long = statistics.median(timed(lambda: generate(model, name, ids, longer)) for _ in range(reps))  # noqa: B023
+            row["steady_ms_per_token"] = (call_long - call) * 1e3 / (longer - new)
         out = generate(model, name, ids, LOGIT_STEPS + 1, output_logits=True, return_dict_in_generate=True)
         logits = torch.stack(out.logits[1:], 1).float().cpu()  # the decode steps' logits
         ref_path = Path(ref_dir) / f"{shape}-{batch}.pt"
-        row = {"model": shape, "config": CONFIGS[name], "key": name, "batch": batch, "first_generate_s": first,
-               "ttft_ms": ttft * 1e3, "ms_per_token": (total - ttft) * 1e3 / (new - 1)}
         if name == "eager":
             torch.save(logits, ref_path)
         elif ref_path.exists():
             row["max_logit_diff"] = (logits - torch.load(ref_path)).abs().max().item()
+        if name.startswith("graphify"):  # against eager in this very process (same kernels chosen)
+            graphed = model.forward
+            model.forward = graphed.fn
+            try:
+                ref = generate(model, "eager", ids, LOGIT_STEPS + 1, output_logits=True, return_dict_in_generate=True)
+            finally:
+                model.forward = graphed
+            row["max_logit_diff_same_process"] = (logits - torch.stack(ref.logits[1:], 1).float().cpu()).abs().max().item()
         forward = getattr(model, "forward", None)
         if hasattr(forward, "stats"):
             modes = {r.mode.value: r.calls for r in forward.stats.by_mode()}
             row["replayed_share"] = modes.get("FULL", 0) / max(sum(modes.values()), 1)
         rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
+def run_chat(name: str, shape: str) -> list[dict]:
+    """The chat-like workload from a fresh process: total wall time, first call included."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build(shape, device)
+    one_line(name, model)
+    calls = chat_calls(model.config.vocab_size, device == "cuda")
+    gen = torch.Generator().manual_seed(7)
+    sync()
+    start = time.perf_counter()
+    per_call = []
+    for batch, length, new in calls:
+        ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=gen).to(device)
+        per_call.append(timed(lambda: generate(model, name, ids, new)))  # noqa: B023
+    total = time.perf_counter() - start
+    tokens = sum(b * n for b, _, n in calls)
+    return [{"model": shape, "key": name, "config": CONFIGS[name], "chat_total_s": total, "chat_calls": len(calls),
+             "chat_new_tokens": tokens, "chat_slowest_call_s": max(per_call)}]
+
+
 def worker(args) -> None:
-    rows = run_config(args.worker, args.models[0], args.batches, args.new_tokens, args.prompt_len, args.reps, args.ref)
+    if args.chat:
+        rows = run_chat(args.worker, args.models[0])
+    else:
+        rows = run_config(args.worker, args.models[0], args.batches, args.new_tokens, args.prompt_len, args.reps, args.ref)
     with open(args.out, "a") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
 
 
-def spawn(config: str, shape: str, args, ref: str, out: str) -> str | None:
+def spawn(config: str, shape: str, args, ref: str, out: str, chat: bool = False) -> str | None:
     cmd = [sys.executable, "-m", "benchmarks.hf_generate", "--worker", config, "--models", shape,
            "--batches", *map(str, args.batches), "--new-tokens", str(args.new_tokens),
            "--prompt-len", str(args.prompt_len), "--reps", str(args.reps), "--ref", ref, "--out", out]
+    if chat:
+        cmd.append("--chat")
     try:
         done = subprocess.run(cmd, timeout=args.timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
-        return f"{config} on {shape}: timed out after {args.timeout} s"
+        return f"{config}{' chat' if chat else ''} on {shape}: timed out after {args.timeout} s"
     if done.returncode != 0:
-        return f"{config} on {shape}: exit {done.returncode}: {done.stderr.strip()[-600:]}"
+        return f"{config}{' chat' if chat else ''} on {shape}: exit {done.returncode}: {done.stderr.strip()[-600:]}"
     return None
 
 
 COLUMNS = [
     ("model", "model", ""), ("batch", "B", "d"), ("config", "configuration", ""),
-    ("ms_per_token", "ms / new token", ".3f"), ("vs_recipe", "÷ recipe", ".3f"), ("ttft_ms", "time to 1st token ms", ".1f"),
-    ("first_generate_s", "first generate() s", ".1f"), ("first_vs_recipe", "÷ recipe", ".2f"),
+    ("ms_per_token", "ms/token, 64-token call", ".2f"), ("vs_peer", "÷ peer", ".2f"),
+    ("steady_ms_per_token", "steady ms/token", ".2f"), ("steady_vs_peer", "÷ peer", ".2f"),
+    ("first_longer_ms_per_token", "first 192-token call, ms/extra token", ".1f"),
+    ("first_generate_s", "first generate() s", ".1f"), ("first_vs_peer", "÷ peer", ".2f"),
     ("replayed_share", "calls replayed", ".2f"), ("max_logit_diff", f"max |logit - eager|, {LOGIT_STEPS} steps", ".3g"),
+    ("max_logit_diff_same_process", "same, eager in this process", ".3g"),
+]
+CHAT_COLUMNS = [
+    ("model", "model", ""), ("config", "configuration", ""), ("chat_total_s", "chat-like total s", ".1f"),
+    ("chat_vs_peer", "÷ peer", ".2f"), ("chat_slowest_call_s", "slowest call s", ".1f"),
+    ("chat_new_tokens", "new tokens", "d"),
 ]
 
 
 def add_ratios(rows: list[dict]) -> None:
-    index = {(r["model"], r["batch"], r["key"]): r for r in rows}
+    """Each row's ratios to the peer (transformers' own compile) at the same model and batch."""
+    index = {(r["model"], r.get("batch"), r["key"], "chat_total_s" in r): r for r in rows}
     for r in rows:
-        ref = index.get((r["model"], r["batch"], "recipe"))
-        if ref:
-            r["vs_recipe"] = r["ms_per_token"] / ref["ms_per_token"]
-            r["first_vs_recipe"] = r["first_generate_s"] / ref["first_generate_s"]
+        ref = index.get((r["model"], r.get("batch"), PEER, "chat_total_s" in r))
+        if ref is None:
+            continue
+        for key, out in (("ms_per_token", "vs_peer"), ("steady_ms_per_token", "steady_vs_peer"),
+                         ("first_generate_s", "first_vs_peer"), ("chat_total_s", "chat_vs_peer")):
+            if key in r and key in ref and ref[key] > 0:
+                r[out] = r[key] / ref[key]
 
 
 def main(argv=None) -> None:
@@ -167,30 +229,37 @@ def main(argv=None) -> None:
     parser.add_argument("--models", nargs="+", default=["qwen0.5b", "llama8b"] if gpu else ["tiny-qwen"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32] if gpu else [1, 3])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS) if gpu else ["eager", "graphify"])
+    parser.add_argument("--chat-configs", nargs="*", default=[PEER, "graphify"] if gpu else ["graphify"])
     parser.add_argument("--new-tokens", type=int, default=64 if gpu else 8)
     parser.add_argument("--prompt-len", type=int, default=128 if gpu else 8)
     parser.add_argument("--reps", type=int, default=3 if gpu else 1)
     parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--tag", default="", help="a suffix for the result files (a second run: 'run2')")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ref", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
     env = environment()
+    import transformers
+
+    env["transformers"] = transformers.__version__
     failures: list[str] = []
     configs = ["eager"] + [c for c in args.configs if c != "eager"]  # eager first: the logit reference
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.jsonl")
         for shape in args.models:
-            for config in configs:
-                print(f"{shape}: {config} ...", flush=True)
-                err = spawn(config, shape, args, tmp, out)
+            jobs = [(c, False) for c in configs] + [(c, True) for c in args.chat_configs]
+            for config, chat in jobs:
+                print(f"{shape}: {config}{' chat' if chat else ''} ...", flush=True)
+                err = spawn(config, shape, args, tmp, out, chat)
                 if err:
                     failures.append(err)
                     print("  " + err, flush=True)
                 rows = [json.loads(line) for line in Path(out).read_text().splitlines()] if os.path.exists(out) else []
-                report(env, rows, failures, args)  # after every configuration: a cut run still leaves its results
+                report(env, rows, failures, args)  # after every job: a cut run still leaves its results
 
 
 def report(env: dict, rows: list[dict], failures: list[str], args) -> None:
@@ -199,8 +268,15 @@ def report(env: dict, rows: list[dict], failures: list[str], args) -> None:
     rows = [dict(r) for r in rows]
     add_ratios(rows)
     note = "" if env["gpu"] else "\n\nCPU simulation backend, tiny config: not GPU timings.\n"
-    md = table(rows, COLUMNS) + note + "".join(f"\n- failed: {f}" for f in failures)
-    publish("hf-generate", {"env": dict(env), "rows": rows, "failures": failures, "args": vars(args)}, md)
+    md = (f"transformers {env.get('transformers')}; peer: {CONFIGS[PEER]}. Prompt {args.prompt_len} tokens, "
+          f"{args.new_tokens} new tokens, greedy, bf16.\n\n")
+    md += table([r for r in rows if "chat_total_s" not in r], COLUMNS)
+    chat = [r for r in rows if "chat_total_s" in r]
+    if chat:
+        md += f"\n\nChat-like workload ({chat[0]['chat_calls']} seeded generate() calls, fresh process):\n\n" + table(chat, CHAT_COLUMNS)
+    md += note + "".join(f"\n- failed: {f}" for f in failures)
+    publish("hf-generate" + (f"-{args.tag}" if args.tag else ""), {"env": dict(env), "rows": rows, "failures": failures,
+                                                                   "args": vars(args)}, md)
 
 
 if __name__ == "__main__":

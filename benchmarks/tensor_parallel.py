@@ -1,80 +1,440 @@
-"""Tensor-parallel decode: the 0.5B-shaped varlen model split over the ranks of torchrun,
-eager vs graphify FULL (NCCL all-reduces inside the graphs), plus the outputs' largest
-difference to the single-GPU model.
+"""Tensor parallelism over the ranks of torchrun: decode steps of the 0.5B- and
+Llama-3-8B-shaped varlen models (random bf16 weights) at TP=1 and TP=world, and the main
+job's serving trace at TP=1 and TP=world.
 
-    torchrun --nproc-per-node 2 -m benchmarks.tensor_parallel
+Decode (`--what decode`, the default), B = 1, 8, 64 at KV length 256, per model:
+- TP=1: the single-GPU model in graphify FULL graphs (every rank runs its own copy);
+- TP=world: eager; graphify FULL with `group=` (NCCL all-reduces inside the graphs, each
+  graph checking that every rank replays the same one); and the floor, a hand-written loop
+  of one `torch.cuda.CUDAGraph` per batch size of the same step (inputs copied into static
+  buffers, no checks of any kind).
+Serving (`--what serving`): the trace of `benchmarks/serving.py` through graphify
+FULL_AND_PIECEWISE at TP=1 and TP=world (collectives inside FULL graphs and in PIECEWISE
+pieces): tokens/s and step latency p50/p99.
 
-NVLink multicast (NVLS) stays off (NCCL_NVLS_ENABLE=0) as the lent machines require.
-Rank 0 prints the table and writes benchmarks/results/tensor-parallel-*.{json,md}.
+    torchrun --nproc-per-node 2 -m benchmarks.tensor_parallel [--model 0.5b 8b] [--what decode|serving|all]
+    torchrun --nproc-per-node 2 -m benchmarks.tensor_parallel --smoke --cpu --what all   # tiny, gloo, simulation
+
+Every rank ends by itself (`ExitTogether`): a rank that fails prints its traceback, tells
+the others through the process group's store and leaves at once; the others leave when
+they hear of it, even while waiting on a collective inside a graph (which no NCCL timeout
+sees). NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends), as the lent machines
+require. Rank 0 prints the tables and writes benchmarks/results/<name>[-serving]-*.{json,md}.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+for _key, _value in NO_MULTICAST.items():
+    os.environ.setdefault(_key, _value)
+if "--cpu" in sys.argv[1:]:  # gloo and the simulation: no CUDA, so the timers read the host clock
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from datetime import timedelta  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from graphify import Options, graphify, vllm_sizes  # noqa: E402
+from graphify import Mode, Options, freeze_gc, graphify, sglang_piecewise_sizes, vllm_sizes  # noqa: E402
 from models import (  # noqa: E402
     BlockTables,
     DecoderConfig,
     init_params,
+    model_support,
     new_paged_cache,
     shard_config,
     shard_paged_cache,
+    split_ops,
     tp_varlen_step,
     varlen_axes,
     varlen_step,
 )
+from transforms import split  # noqa: E402
 
-from ._report import environment, host_pipelined_us, publish, table, time_per_call  # noqa: E402
+from ._floor import HandWrittenGraph  # noqa: E402
+from ._report import environment, host_pipelined_us, publish, sync, table, time_per_call  # noqa: E402
 
 BATCHES = (1, 8, 64)
+BLOCK = 16
+MODELS = {  # name -> (config, label, KV length)
+    "0.5b": (lambda: DecoderConfig.qwen2_5_0_5b(max_seq_len=1024), "qwen2.5-0.5b-shape", 256),
+    "8b": (lambda: DecoderConfig.llama3_8b(max_seq_len=1024), "llama-3-8b-shape", 256),
+}
+TIMING = {  # time_per_call arguments per model: graphs, eager; host_pipelined_us repetitions
+    "0.5b": ({"calls": 10, "reps": 30, "warmup": 5}, {"calls": 4, "reps": 6, "warmup": 2}, 50),
+    "8b": ({"calls": 5, "reps": 20, "warmup": 3}, {"calls": 2, "reps": 4, "warmup": 1}, 15),
+    "tiny": ({"calls": 2, "reps": 3, "warmup": 1}, {"calls": 2, "reps": 3, "warmup": 1}, 3),
+}
+TARGET_VS_HAND = 1.05  # graphify TP step ÷ the hand-written TP loop's, at every batch
+TARGET_8B_B1 = 0.6  # 8B at B=1: TP step ÷ TP=1 step
+ABORT_KEY = "benchmarks.tensor_parallel/failed-rank"
 
 
-def main() -> dict | None:
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    cfg = DecoderConfig.qwen2_5_0_5b(max_seq_len=1024)
-    tcfg = shard_config(cfg, world)
+# -- every rank ends by itself ------------------------------------------------------------
+
+def _leave(code: int, message: str) -> None:
+    """Print `message` and end the process now: no teardown that could wait on other ranks
+    (destroy_process_group, graphify's release at exit, a device sync)."""
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
+
+
+class ExitTogether:
+    """When one rank fails, every rank ends. The failing rank (`fail`) prints its traceback,
+    posts its rank in the process group's store and leaves; a thread on every rank polls the
+    store and leaves when another rank posted, or when the store is gone (its host rank
+    died). torchrun also ends the others once one exits non-zero; this covers plain
+    launches and ranks stuck on a device waiting for a collective inside a graph."""
+
+    def __init__(self, rank: int, poll_s: float = 1.0):
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        self.rank, self.poll_s = rank, poll_s
+        self.store = _get_default_store()
+        self.done = threading.Event()
+        threading.Thread(target=self._watch, name="exit-together", daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self.done.wait(self.poll_s):
+            try:
+                why = f"rank {self.store.get(ABORT_KEY).decode()} failed" if self.store.check([ABORT_KEY]) else None
+            except Exception as exc:  # the store's host is gone: a rank died
+                why = f"the store is unreachable ({type(exc).__name__}): its host rank died"
+            if why is not None and not self.done.is_set():
+                _leave(1, f"[rank {self.rank}] stopping: {why}")
+
+    def stop(self) -> None:
+        """Every rank is past the last collective: from here on a rank leaving is the end."""
+        self.done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        """Report `exc`, tell the other ranks, leave (never returns)."""
+        self.done.set()
+        print(f"[rank {self.rank}] failed:", file=sys.stderr)
+        traceback.print_exception(exc)
+        poster = threading.Thread(target=self.store.set, args=(ABORT_KEY, str(self.rank)), daemon=True)
+        poster.start()
+        poster.join(5)  # a dead store host must not keep this rank alive
+        _leave(1, f"[rank {self.rank}] the other ranks were told to stop")
+
+
+def init(cpu: bool, timeout_s: float) -> tuple[int, int, torch.device]:
+    """Join the process group (torchrun's environment): gloo on the CPU, else NCCL on GPU
+    LOCAL_RANK; collectives give up after `timeout_s`. Returns (rank, world, device)."""
+    timeout = timedelta(seconds=timeout_s)
+    if cpu:
+        dist.init_process_group("gloo", timeout=timeout)
+        return dist.get_rank(), dist.get_world_size(), torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def maybe_fail(args, rank: int, stage: str) -> None:
+    """The failure `--fail-rank/--fail-at` asks for (tests: one rank fails, all must end).
+    At "stuck" the other ranks wait forever instead, as a rank does on a device whose
+    collective's peer is gone: only `ExitTogether` can end them."""
+    if args.fail_at != stage or args.fail_rank is None:
+        return
+    if args.fail_rank == rank:
+        raise RuntimeError(f"injected failure on rank {rank} at {stage} (--fail-rank {rank} --fail-at {stage})")
+    while stage == "stuck":
+        time.sleep(1)
+
+
+# -- decode ---------------------------------------------------------------------------------
+
+def model_setup(name: str, device: torch.device) -> tuple[DecoderConfig, str, int]:
+    """(config, label, KV length) of model `name` ("tiny": the smoke test's)."""
+    if name == "tiny":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        return DecoderConfig.tiny(max_seq_len=128, hidden=128, heads=4, kv_heads=2, ffn=96, dtype=dtype), "tiny", 24
+    make, label, kv_len = MODELS[name]
+    return make(), label, kv_len
+
+
+def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def decode_rows(name: str, args, rank: int, world: int, device: torch.device) -> list[dict]:
+    """One model's rows (one per batch size): TP=1 graphs, then TP=world eager, graphify
+    and the hand-written floor, each timed the same way."""
+    cfg, label, kv_len = model_setup(name, device)
+    try:
+        tcfg = shard_config(cfg, world)
+    except ValueError as exc:  # the model's heads or MLP do not split over this many ranks
+        return [{"model": label, "batch": None, "skipped": str(exc)}]
+    graph_timing, eager_timing, host_reps = TIMING[name]
+    batch_sizes = tuple(args.batches)
+    max_blocks = -(-(kv_len + 1) // BLOCK)
+    num_blocks = 1 + max(batch_sizes) * max_blocks
     full = init_params(cfg, seed=0, device=device)
-    full_cache = new_paged_cache(cfg, 1 + 64 * 17, 16, device=device, seed=1)
-    cache = shard_paged_cache(tcfg, full_cache, rank)
-    step = tp_varlen_step(tcfg, full, rank)
+    full_cache = new_paged_cache(cfg, num_blocks, BLOCK, device=device, seed=1)
+    tables = BlockTables(num_blocks, BLOCK, max_blocks)
+    batches = {b: tables.batch(cfg, tuple(range(b)), (1,) * b, (kv_len,) * b, device=device, seed=b)
+               for b in batch_sizes}
     single = varlen_step(cfg, full)
-    tables = BlockTables(1 + 64 * 17, 16, 64)
-    batches = {b: tables.batch(cfg, tuple(range(b)), (1,) * b, (256,) * b, device=device, seed=b) for b in BATCHES}
-    g = graphify(step, mode="FULL", sizes=vllm_sizes(max(BATCHES)), axes=varlen_axes(), outputs="view",
-                 options=Options(progress=rank == 0), group=dist.group.WORLD).capture(*batches[8], cache)
-    rows = []
+    options = Options(progress=rank == 0 and not args.smoke)
+    sizes = vllm_sizes(max(batch_sizes))
+    rows = {b: {"model": label, "batch": b} for b in batch_sizes}
+
+    g1 = graphify(single, mode="FULL", sizes=sizes, axes=varlen_axes(), outputs="view", options=options)
+    g1 = g1.capture(*batches[batch_sizes[0]], full_cache)
     with torch.inference_mode():
         for b, batch in batches.items():
-            ref = single(*batch, full_cache.clone()).float()
-            err = (g(*batch, cache).float() - ref).abs().max().item()
-            eager_ms = time_per_call(lambda i: step(*batch, cache))  # noqa: B023
-            graph_ms = time_per_call(lambda i: g(*batch, cache))  # noqa: B023
-            rows.append({"batch": b, "eager_ms": eager_ms, "graphify_ms": graph_ms, "speedup": eager_ms / graph_ms,
-                         "graphify_host_us": host_pipelined_us(lambda i: g(*batch, cache)),  # noqa: B023
-                         "max_err_vs_single_gpu": err})
-    dist.barrier()
-    result = None
-    if rank == 0:
-        result = {"env": {**environment(), "world": world}, "rows": rows,
-                  "config": {"model": "qwen2.5-0.5b-shape", "tp": world, "kv_len": 256, "dtype": str(cfg.dtype)}}
-        md = (f"TP={world} decode, 0.5B shape (bf16), KV length 256; graphify FULL with NCCL all-reduces in the "
-              "graphs, checked on every call for the same graph on every rank.\n\n")
-        md += table(rows, [("batch", "B", "d"), ("eager_ms", "eager ms", ".3f"), ("graphify_ms", "graphify ms", ".3f"),
-                           ("speedup", "speedup", ".2f"), ("graphify_host_us", "host µs/step", ".1f"),
-                           ("max_err_vs_single_gpu", "max err vs 1 GPU", ".3g")])
-        publish("tensor-parallel", result, md)
-    dist.barrier()
-    dist.destroy_process_group()
-    return result
+            rows[b]["tp1_ms"] = time_per_call(lambda i: g1(*batch, full_cache), **graph_timing)  # noqa: B023
+    g1.release()
+    del g1
+
+    maybe_fail(args, rank, "capture")
+    cache = shard_paged_cache(tcfg, full_cache, rank)
+    step = tp_varlen_step(tcfg, full, rank)
+    g = graphify(step, mode="FULL", sizes=sizes, axes=varlen_axes(), outputs="view", options=options,
+                 group=dist.group.WORLD).capture(*batches[batch_sizes[0]], cache)
+    floors = {b: HandWrittenGraph(step, batch, cache) for b, batch in batches.items()} if device.type == "cuda" else {}
+    with torch.inference_mode():
+        for b, batch in batches.items():
+            row = rows[b]
+            ref = single(*batch, full_cache.clone())
+            row["max_err_vs_single_gpu"] = _max_err(g(*batch, cache), ref)
+            row["eager_ms"] = time_per_call(lambda i: step(*batch, cache), **eager_timing)  # noqa: B023
+            maybe_fail(args, rank, "timing")
+            row["graphify_ms"] = time_per_call(lambda i: g(*batch, cache), **graph_timing)  # noqa: B023
+            if floors:
+                floor = floors[b]
+                row["hand_max_err"] = _max_err(floor(*batch), ref)
+                row["hand_ms"] = time_per_call(lambda i: floor(*batch), **graph_timing)  # noqa: B023
+            row["graphify_host_us"] = host_pipelined_us(lambda i: g(*batch, cache), reps=host_reps)  # noqa: B023
+            row["graphify_vs_hand"] = _ratio(row["graphify_ms"], row.get("hand_ms"))
+            row["tp_vs_tp1"] = _ratio(row["graphify_ms"], row["tp1_ms"])
+            row["speedup_vs_eager"] = _ratio(row["eager_ms"], row["graphify_ms"])
+            del ref
+    g.release()
+    del g, floors, full, full_cache, cache
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return list(rows.values())
+
+
+def targets(rows: list[dict]) -> dict:
+    """The issue's targets, from one run's rows."""
+    timed = [r for r in rows if r.get("graphify_vs_hand") is not None]
+    worst = max(timed, key=lambda r: r["graphify_vs_hand"], default=None)
+    b1 = next((r for r in rows if r["model"] == MODELS["8b"][1] and r.get("batch") == 1), None)
+    return {
+        "graphify_vs_hand_worst": None if worst is None else worst["graphify_vs_hand"],
+        "graphify_vs_hand_worst_at": None if worst is None else f"{worst['model']} B={worst['batch']}",
+        "graphify_vs_hand_met": None if worst is None else worst["graphify_vs_hand"] <= TARGET_VS_HAND,
+        "8b_b1_tp_vs_tp1": None if b1 is None else b1["tp_vs_tp1"],
+        "8b_b1_met": None if b1 is None else b1["tp_vs_tp1"] <= TARGET_8B_B1,
+    }
+
+
+DECODE_COLUMNS = [("model", "model", "s"), ("batch", "B", "d"), ("tp1_ms", "TP=1 ms", ".3f"),
+                  ("eager_ms", "eager TP ms", ".3f"), ("graphify_ms", "graphify TP ms", ".3f"),
+                  ("hand_ms", "hand TP ms", ".3f"), ("graphify_vs_hand", "graphify ÷ hand", ".3f"),
+                  ("tp_vs_tp1", "TP ÷ TP=1", ".3f"), ("speedup_vs_eager", "speedup vs eager", ".1f"),
+                  ("graphify_host_us", "host µs/step", ".1f"), ("max_err_vs_single_gpu", "max err vs 1 GPU", ".3g"),
+                  ("hand_max_err", "hand max err", ".3g")]
+
+
+def _verdict(met) -> str:
+    return "not measured" if met is None else "met" if met else "NOT met"
+
+
+def render_decode(result: dict) -> str:
+    world, t = result["world"], result["targets"]
+    lines = []
+    if not result["env"]["gpu"]:
+        lines.append("**CPU smoke run: tiny model, gloo, simulation backend. These timings are not GPU timings.**\n")
+    lines.append(
+        f"TP={world} decode at KV length {result['kv_len']}, random weights ({result['dtype']}). TP=1: the single-GPU "
+        f"model in graphify FULL graphs. TP={world}: eager; graphify FULL with `group=` (NCCL all-reduces inside the "
+        "graphs, each graph checking that every rank replays the same one); hand: one `torch.cuda.CUDAGraph` per batch "
+        "size of the same step, inputs copied into static buffers, no checks (the floor). Step times: CUDA events over "
+        "back-to-back calls, medians, rank 0. Host µs: graphify TP calls issued back to back.\n")
+    lines.append(table([r for r in result["rows"] if r.get("batch") is not None], DECODE_COLUMNS))
+    for r in result["rows"]:
+        if r.get("skipped"):
+            lines.append(f"\n{r['model']}: skipped ({r['skipped']}).")
+    worst = t["graphify_vs_hand_worst"]
+    lines.append(f"\nTargets: graphify TP ÷ hand TP <= {TARGET_VS_HAND} at every batch: "
+                 + _verdict(t["graphify_vs_hand_met"])
+                 + ("" if worst is None else f" (worst {worst:.3f}, {t['graphify_vs_hand_worst_at']})")
+                 + f". 8B at B=1, TP ÷ TP=1 <= {TARGET_8B_B1}: {_verdict(t['8b_b1_met'])}"
+                 + ("" if t["8b_b1_tp_vs_tp1"] is None else f" ({t['8b_b1_tp_vs_tp1']:.3f})") + ".")
+    return "\n".join(lines)
+
+
+def run_decode(args, rank: int, world: int, device: torch.device) -> dict:
+    rows = []
+    for name in args.model:
+        rows += decode_rows(name, args, rank, world, device)
+        dist.barrier()
+    cfg, _, kv_len = model_setup(args.model[0], device)
+    return {"env": {**environment(), "world": world}, "world": world, "kv_len": kv_len, "dtype": str(cfg.dtype),
+            "batches": list(args.batches), "rows": rows, "targets": targets(rows)}
+
+
+# -- serving --------------------------------------------------------------------------------
+
+def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startup: float, timed) -> dict:
+    """Check `g` step by step against the single-GPU eager model (its own copy of the
+    starting cache), then time every step of the trace."""
+    from .serving import _percentile
+
+    ref_cache = initial.clone()
+    g.stats.reset()
+    worst = 0.0
+    with torch.inference_mode():
+        for batch in setup.batches:
+            worst = max(worst, _max_err(g(*batch, cache), setup.step(*batch, ref_cache)))
+        del ref_cache
+        with freeze_gc():
+            latencies = [timed(lambda: g(*batch, cache))[1] for batch in setup.batches]  # noqa: B023
+    calls = len(setup.batches)
+    by_mode = {r.mode: r.calls / 2 for r in g.stats.by_mode()}  # checked once, timed once
+    return {"config": name, "tp": tp, "tokens_per_s": setup.tokens / (sum(latencies) / 1e3),
+            "p50_ms": statistics.median(latencies), "p99_ms": _percentile(latencies, 0.99), "startup_s": startup,
+            "steps_full_pct": 100 * by_mode.get(Mode.FULL, 0) / calls,
+            "steps_piecewise_pct": 100 * by_mode.get(Mode.PIECEWISE, 0) / calls,
+            "steps_none_pct": 100 * by_mode.get(Mode.NONE, 0) / calls, "max_err_vs_single_gpu": worst}
+
+
+def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
+    """The main job's trace (benchmarks/serving.py) through graphify FULL_AND_PIECEWISE at
+    TP=1 (each rank its own single-GPU model) and TP=world (`group=`)."""
+    from .serving import ATTENTION, Setup, step_timer
+
+    gpu = device.type == "cuda"
+    setup = Setup(gpu, args.requests, args.seed)
+    timed = step_timer(gpu)
+    initial = setup.cache.clone()
+    g1, startup = setup.graphify("FULL_AND_PIECEWISE")
+    rows = [trace_row(setup, g1, setup.cache, initial, "TP=1 graphify FULL_AND_PIECEWISE", 1, startup, timed)]
+    g1.release()
+    del g1
+    tcfg = shard_config(setup.cfg, world)
+    cache = shard_paged_cache(tcfg, initial, rank)
+    step = tp_varlen_step(tcfg, setup.params, rank, attention=ATTENTION)
+    sync()
+    t0 = time.perf_counter()
+    fn = split(step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes())
+    g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=sglang_piecewise_sizes(setup.max_tokens), axes=varlen_axes(),
+                 outputs="view", support=model_support(ATTENTION), uniform_query_len=1, group=dist.group.WORLD,
+                 options=Options(progress=rank == 0 and not args.smoke)).capture(*setup.example, cache)
+    sync()
+    startup = time.perf_counter() - t0
+    rows.append(trace_row(setup, g, cache, initial, f"TP={world} graphify FULL_AND_PIECEWISE", world, startup, timed))
+    g.release()
+    one, tp = rows
+    kinds = {k: sum(s.kind == k for s in setup.steps) for k in ("prefill", "mixed", "decode", "spec")}
+    return {"env": {**environment(), "world": world}, "world": world, "rows": rows,
+            "ratios": {"tokens_per_s": tp["tokens_per_s"] / one["tokens_per_s"], "p99": tp["p99_ms"] / one["p99_ms"]},
+            "trace": {"requests": args.requests, "seed": args.seed, "steps": len(setup.steps), "tokens": setup.tokens,
+                      "step_kinds": kinds, "max_batch_tokens": setup.max_tokens},
+            "config": {"model": "qwen2.5-0.5b-shape" if gpu else "tiny", "dtype": str(setup.cfg.dtype),
+                       "attention": ATTENTION}}
+
+
+SERVING_COLUMNS = [("config", "configuration", "s"), ("tokens_per_s", "tokens/s", ".0f"), ("p50_ms", "p50 ms", ".3f"),
+                   ("p99_ms", "p99 ms", ".3f"), ("startup_s", "start-up s", ".2f"), ("steps_full_pct", "FULL %", ".0f"),
+                   ("steps_piecewise_pct", "PIECEWISE %", ".0f"), ("steps_none_pct", "NONE %", ".0f"),
+                   ("max_err_vs_single_gpu", "max err vs 1 GPU", ".3g")]
+
+
+def render_serving(result: dict) -> str:
+    t, r, world = result["trace"], result["ratios"], result["world"]
+    lines = []
+    if not result["env"]["gpu"]:
+        lines.append("**CPU smoke run: tiny model, gloo, simulation backend. These timings are not GPU timings.**\n")
+    config = result["config"]
+    lines.append(f"The main job's trace ({config['model']}, {config['dtype']}): {t['requests']} requests (seed "
+                 f"{t['seed']}), {t['steps']} steps, {t['tokens']} tokens, at most {t['max_batch_tokens']} tokens a "
+                 f"step; step kinds {t['step_kinds']}. graphify FULL_AND_PIECEWISE over `split` at TP=1 and TP={world} "
+                 "(all-reduces inside FULL graphs and inside PIECEWISE pieces). Step latency: CUDA events, rank 0; "
+                 "max err: largest |logit - single-GPU eager| over every step.\n")
+    lines.append(table(result["rows"], SERVING_COLUMNS))
+    lines.append(f"\nTP={world} ÷ TP=1: tokens/s {r['tokens_per_s']:.2f}x, p99 {r['p99']:.2f}x.")
+    return "\n".join(lines)
+
+
+# -- main -------------------------------------------------------------------------------------
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", nargs="+", choices=sorted(MODELS), default=["0.5b", "8b"])
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--what", choices=("decode", "serving", "all"), default="decode")
+    parser.add_argument("--requests", type=int, default=48, help="serving trace: requests")
+    parser.add_argument("--seed", type=int, default=0, help="serving trace: seed")
+    parser.add_argument("--name", default="tensor-parallel", help="result files' name (a second run: ...-again)")
+    parser.add_argument("--smoke", action="store_true", help="the tiny model, light timing, no result files")
+    parser.add_argument("--cpu", action="store_true", help="gloo and the simulation backend on the CPU")
+    parser.add_argument("--out", help="rank 0 also writes the results as JSON here")
+    parser.add_argument("--timeout", type=float, default=180, help="seconds a collective waits before giving up")
+    parser.add_argument("--fail-rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--fail-at", choices=("start", "stuck", "capture", "timing"), default="timing",
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.model = ["tiny"]
+    return args
+
+
+def run(args, rank: int, world: int, device: torch.device) -> dict:
+    """The parts asked for; rank 0 publishes each (or only prints it, in a smoke run)."""
+    results = {}
+    parts = (("decode", run_decode, render_decode, args.name),
+             ("serving", run_serving, render_serving, f"{args.name}-serving"))
+    for part, fn, render, name in parts:
+        if args.what not in (part, "all"):
+            continue
+        result = fn(args, rank, world, device)
+        if rank == 0:
+            markdown = render(result)
+            if args.smoke:
+                print(markdown, flush=True)
+            else:
+                publish(name, dict(result), markdown)
+        results[part] = result
+        dist.barrier()
+    return results
+
+
+def main(argv=None) -> dict | None:
+    args = parse(argv)
+    rank, world, device = init(args.cpu, args.timeout)
+    together = ExitTogether(rank)
+    try:
+        maybe_fail(args, rank, "start")
+        maybe_fail(args, rank, "stuck")
+        results = run(args, rank, world, device)
+        if rank == 0 and args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=2, default=str)
+        dist.barrier()
+    except BaseException as exc:  # noqa: BLE001 - any failure must end every rank
+        together.fail(exc)
+    together.stop()
+    dist.destroy_process_group()  # graphify releases graphs holding the group's collectives first
+    return results if rank == 0 else None
 
 
 if __name__ == "__main__":

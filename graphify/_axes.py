@@ -245,7 +245,13 @@ def mismatch(call: str, spec: ArgSpec, arg: Any) -> Exception | None:
                 f"{call}: persistent argument {spec.name!r} changed: got {got}, captured {spec.describe()}; "
                 "pass the same tensor that was captured (update it in place) or capture again"
             )
-        return InputMismatchError(f"{call}: argument {spec.name!r} got {got}; captured {spec.describe()}")
+        fix = ""
+        if arg.dtype != spec.dtype:
+            fix = (
+                f"; cast it to the captured dtype ({spec.name}.to({spec.dtype})) or capture again with {arg.dtype} "
+                "(a callable that captures on first use, without capture(), captures a new structure by itself)"
+            )
+        return InputMismatchError(f"{call}: argument {spec.name!r} got {got}; captured {spec.describe()}{fix}")
     if kind in PADDED and arg.dim() == 0:
         return InputMismatchError(f"{call}: argument {spec.name!r} is 0-d; captured {spec.describe()}")
     if kind == "persistent" and arg.data_ptr() != spec.data_ptr:

@@ -27,11 +27,14 @@ MiB = 1 << 20
 
 
 @contextlib.contextmanager
-def freeze_gc():
-    """Collect once, then keep the GC from running (and from scanning old objects) while
-    graphs are captured: a collection mid-capture costs time and can free memory the
-    capture is using (vLLM's and SGLang's `freeze_gc`)."""
-    gc.collect()
+def freeze_gc(collect: bool = True):
+    """Collect once (unless `collect` is False), then keep the GC from running (and from
+    scanning old objects) while graphs are captured: a collection mid-capture costs time
+    and can free memory the capture is using (vLLM's and SGLang's `freeze_gc`). A full
+    collection in a process holding a model costs ~0.3 s, so first-use captures after the
+    first one skip it."""
+    if collect:
+        gc.collect()
     was_enabled = gc.isenabled()
     gc.freeze()
     gc.disable()
@@ -163,26 +166,27 @@ def consistent_out_axes(call: str, entries: dict) -> dict:
 
 def _capture_one(
     call, capturer, mode, key, specs, static, example, handle, stream, warmups, weak_outputs, out_rule, keeper, probe,
-    first, sibling, loaded=None,
+    first, sibling, loaded=None, quick=False,
 ):
     """Capture one key. `first`: the first key of its mode in this table, which alone
     checks for in-place writes to arguments; the capturer decides what else it skips at
     later keys (`graphify._capturers`). `sibling`: the PIECEWISE entry of the same token
     count, already captured, whose schedule warms a FULL capture up cheaply. `loaded`: what
     a first-use capture copied into the static buffers (the call's own rows), which the
-    function must leave as they are; None: all padding."""
+    function must leave as they are; None: all padding. `quick`: no warm-up, no op guard
+    (first use, code whose kin was captured before; see `graphify._capturers`)."""
     args = static.args_for(specs, key, example)
     t0 = time.perf_counter()
     try:
         captured = capturer(
             args, key=key, pool=handle, warmups=warmups, weak_outputs=weak_outputs, stream=stream, keeper=keeper,
-            probe=probe if keeper.enabled else None, first=first, sibling=sibling,
+            probe=probe if keeper.enabled else None, first=first, sibling=sibling, quick=quick,
         )
         keeper.forget()
     except Exception as exc:
         exc.graphify_key = (mode, key)
         raise
-    changed = static.changed(specs, loaded) if first else None
+    changed = static.changed(specs, loaded) if first and not quick else None
     if changed:
         raise CaptureError(
             f"{call}: the function writes to argument(s) {changed} in place; graphify copies padded "
@@ -223,13 +227,18 @@ def _as_capture_error(call: str, exc: Exception, done: int, total: int) -> Captu
 _LIBRARY_REFUSED = re.compile(r"calling (cu[A-Za-z]+) API during stream capture is currently unsupported")
 
 
+_LIBRARY_PACKAGES = frozenset({"graphify", "torch", "cupy", "cupyx", "cupy_backends"})
+
+
 def _user_frame(exc: BaseException) -> str:
     """'file:line in function' of the innermost frame outside torch, CuPy and graphify:
     the user's call that raised."""
+    # by module, not by folder name: a user's checkout may sit in a folder named graphify
     found = "the function"
     for frame, line in traceback.walk_tb(exc.__traceback__):
         path = frame.f_code.co_filename
-        if not any(part in path for part in ("/cupy", "/cupyx", "/torch/", "/graphify/", "<frozen")):
+        module = frame.f_globals.get("__name__") or ""
+        if module.split(".", 1)[0] not in _LIBRARY_PACKAGES and not path.startswith("<frozen"):
             found = f"{path.rsplit('/', 1)[-1]}:{line} in {frame.f_code.co_name}"
     return found
 

@@ -41,7 +41,7 @@ def mode_capturers(
     specialise: frozenset = frozenset(),
 ) -> dict[Mode, Callable]:
     """{mode: capturer}; a capturer takes (args, *, key, pool, warmups, weak_outputs, stream,
-    keeper, probe, first, sibling) and returns a `Captured`. `twin` is the eager function
+    keeper, probe, first, sibling, quick) and returns a `Captured`. `twin` is the eager function
     behind a compiled `fn`; `piecewise_fn` the split function for PIECEWISE keys;
     `full_for(key) -> (fn, twin)` what a FULL key records instead (tensor parallelism
     prefixes each with the ranks' agreement check on that key's code). `specialise`: the
@@ -64,8 +64,13 @@ def mode_capturers(
         with shaped(key):
             return full_capture(args, key=key, **kw)
 
-    def full_capture(args, *, key, warmups, keeper, probe, first, sibling, **kw):
+    def full_capture(args, *, key, warmups, keeper, probe, first, sibling, quick=False, **kw):
         fn, twin = full_for(key)
+        if quick and twin is None:
+            # First use, a structure whose kin (the same code at other static shapes, such as
+            # a new transformers cache length) captured before: capture straight away. A
+            # capture executes nothing on CUDA, so nothing to record or undo there.
+            return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
         # A specialised compile for this key's request rows may not exist yet: a capture
         # must never compile, so warm up (below) rather than take the sibling's shortcut.
         fresh_shapes = compiled and key.num_tokens in specialise and sibling is not None \
@@ -89,7 +94,7 @@ def mode_capturers(
     capturers = {Mode.FULL: full}
     if piecewise_fn is not None:
 
-        def piecewise(args, *, key, warmups, keeper, probe, first, sibling, **kw):
+        def piecewise(args, *, key, warmups, keeper, probe, first, sibling, quick=False, **kw):
             warm = first or compiled or executes
             if warm and probe is not None:  # the pass runs pieces eagerly: learn the writes first
                 keeper.record(probe, *args)

@@ -172,7 +172,10 @@ class Lockstep:
         device = self.device
         both = torch.full((2,), code, dtype=torch.int64, device=device)
         both[1:].neg_()
-        self.dist.all_reduce(both, op=self.dist.ReduceOp.MAX, group=self.group)
+        # the functional collective and its wait are ops of their own: a CUDA graph and the
+        # simulation's tape both record the pair (c10d's in-place all_reduce waits in Python)
+        functional = torch.ops._c10d_functional
+        both = functional.wait_tensor(functional.all_reduce(both, "max", self.group.group_name))
         if device.type == "cuda":
             torch._assert_async(
                 both.sum() == 0,
@@ -180,19 +183,9 @@ class Lockstep:
                 "with the same batch. Options(lockstep='host') names each rank's choice",
             )
             return
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with _disable_current_modes():  # a CPU read, not a device sync: no guard needs to see it
-            high, low = int(both[0]), -int(both[1])
-        if high != low:
-            mine = "the highest" if code == high else "the lowest" if code == low else "another"
-            choice, lowest, highest = (describe_choice(*decode_code(c)) for c in (code, low, high))
-            raise DispatchMismatchError(
-                f"{self.call}: ranks chose different graphs for this call (rank {self.rank} chose {choice}, "
-                f"{mine} choice among the ranks; they range from {lowest} to {highest}); "
-                "every rank must call with the same batch (num_tokens and num_reqs), or their collectives would not "
-                "pair up. Options(lockstep='host') names each rank's choice"
-            )
+        # On the CPU, one op that compares and raises: the simulation's tape records it, so
+        # a replayed graph carries the check as a CUDA graph carries its assert.
+        _agree_op(both, code, self.rank, self.call)
 
     def _gather(self, obj) -> list:
         out = [None] * self.world
@@ -244,3 +237,19 @@ class Lockstep:
                 f"{self.call}: ranks chose different graphs for this call ({choices}); every rank must call with "
                 "the same batch (num_tokens and num_reqs), or their collectives would not pair up"
             )
+
+
+@torch.library.custom_op("graphify::lockstep_agree", mutates_args=())
+def _agree_op(both: torch.Tensor, code: int, rank: int, call: str) -> None:
+    """The CPU check: `both` is the group's MAX of [code, -code]; raise unless every rank
+    passed `code` (a CPU read, not a device sync)."""
+    high, low = int(both[0]), -int(both[1])
+    if high != low:
+        mine = "the highest" if code == high else "the lowest" if code == low else "another"
+        choice, lowest, highest = (describe_choice(*decode_code(c)) for c in (code, low, high))
+        raise DispatchMismatchError(
+            f"{call}: ranks chose different graphs for this call (rank {rank} chose {choice}, "
+            f"{mine} choice among the ranks; they range from {lowest} to {highest}); "
+            "every rank must call with the same batch (num_tokens and num_reqs), or their collectives would not "
+            "pair up. Options(lockstep='host') names each rank's choice"
+        )

@@ -34,3 +34,19 @@ class DispatchMismatchError(GraphifyError):
 
 class StateChangedError(GraphifyError):
     """A parameter or buffer the graphs read was rebound after capture."""
+
+
+class StateReplacedError(CaptureError):
+    """Each call changes what a static object or the closure holds: a Python value (a
+    counter) or, with `replaced` set, a tensor replaced by a new one (transformers'
+    DynamicCache grows with torch.cat). No graph can follow it; first-use capture runs calls
+    that replace tensors eagerly, with one warning."""
+
+    def __init__(self, message: str, replaced: bool = False):
+        super().__init__(message)
+        self.replaced = replaced
+
+
+class StaleReachError(StateChangedError):
+    """A tensor or value a graph reads through a static object or the closure was replaced
+    after capture (graphify._reach); the graph would read the old one."""

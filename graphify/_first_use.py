@@ -23,6 +23,21 @@ The policy, and its bounds:
   when the next structure is made.
 - Captured tables stay immutable values; a structure's runtime swaps in its new table
   under its lock, so concurrent calls see the old table or the new one, never a mix.
+- What a graph reads through a static object or the closure (`graphify._reach`) is checked
+  before every replay. A call that replaces such a tensor (transformers' DynamicCache grows
+  with torch.cat) runs eagerly, with one warning saying what to do; a structure whose
+  objects changed between calls is dropped and its calls start over.
+
+New objects of known shapes (transformers makes a new StaticCache in every generate()):
+- A structure whose static objects are gone stays *idle* (at most `MAX_IDLE`, the most
+  recently used). A call whose new object has exactly the shapes, types and plain values
+  of an idle structure's (`Reach.skeleton`) takes it over: the new object's tensors are
+  copied into the memory the graphs read and the object is pointed at that memory, values
+  unchanged. No capture, no warm-up: one copy of the cache.
+- A new structure *kin* to one captured before (the same call with other static shapes, a
+  cache of another length) is captured by its first call, at batch sizes its kin captured,
+  with no warm-up and no op guard (the same code at other shapes); a capture that fails
+  that way is made again with the whole protocol.
 
 What first use costs the call that captures: a warm-up and the capture, about two eager
 runs of the function (plus inductor compilation if `fn` is compiled). `capture(*example)`
@@ -34,26 +49,30 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from ._axes import mismatch
+from ._axes import by_value, mismatch
 from ._dispatch import Dispatcher
-from ._errors import GraphifyError, InputMismatchError
+from ._errors import CaptureError, GraphifyError, InputMismatchError, StaleReachError, StateReplacedError
 from ._keys import KeySet, plan_keys
 from ._prepare import prepare, session_args
+from ._reach import Reach
 from ._runtime import Runtime
 from ._session import CaptureSession
 
-__all__ = ["FirstUse", "MAX_STRUCTURES", "MAX_EXACT_GRAPHS", "EXACT_MAX_TOKENS"]
+__all__ = ["FirstUse", "MAX_STRUCTURES", "MAX_EXACT_GRAPHS", "EXACT_MAX_TOKENS", "MAX_IDLE"]
 
 log = logging.getLogger("graphify")
 
 MAX_STRUCTURES = 8
 MAX_EXACT_GRAPHS = 64
 EXACT_MAX_TOKENS = 512
+MAX_IDLE = 2  # structures whose objects are gone, kept for a new object of the same shapes
+MAX_STALE = 3  # structures of one kind dropped because their objects changed, before its calls run eagerly
 
 
 @attrs.define(eq=False)
@@ -65,8 +84,20 @@ class _Structure:
     runtime: Runtime
     session: CaptureSession
     exact: bool
+    family: tuple = ()  # what kin share (`_family`)
+    signature: tuple = ()  # the family plus every shape and plain value: what a new object must match
+    kin_keys: frozenset = frozenset()  # (mode, key) its kin captured: captured here with no warm-up
     graphs: int = 0
     full: bool = False  # exact sizes only: the graph bound is reached
+
+    def alive(self) -> bool:
+        return self.session.statics_alive()
+
+    def settle(self) -> None:
+        """Count the references to the objects' tensors now that the tables moved on (the
+        baseline `Reach.adoptable` compares with)."""
+        if self.session.reach:
+            self.session.owners = self.session.reach[0].owners()
 
 
 @attrs.define(eq=False)
@@ -87,8 +118,12 @@ class FirstUse:
         self.structures: list[_Structure] = []
         self.pending: _Pending | None = None
         self.refused: list[_Pending] = []  # structures whose calls a graph cannot take as they are
+        self.stale: dict = {}  # family -> structures dropped because their objects changed
+        self.refused_families: list[tuple] = []  # kinds of calls that run eagerly (state a graph cannot follow)
         self.released = False
         self.warned = False
+        self.warned_replaced = False
+        self.collected = False  # the GC runs before the first capture only
 
     # -- the call ---------------------------------------------------------------------------
     def call(self, args: tuple, kwargs: dict):
@@ -103,8 +138,15 @@ class FirstUse:
                 out = self.owner._run(structure.runtime, slots)
             except InputMismatchError:
                 continue  # not this structure
+            except StaleReachError:  # its objects hold other tensors or values now: start over
+                self._stale(structure)
+                continue
+            except StateReplacedError as exc:
+                if not exc.replaced:
+                    raise
+                return self._refuse(structure, exc, args, kwargs)
             self.pending = None
-            if self.structures[0] is not structure:
+            if self.structures and self.structures[0] is not structure:
                 with self.lock:
                     if structure in self.structures:
                         self.structures.remove(structure)
@@ -122,11 +164,21 @@ class FirstUse:
         fn, twin, slots, specs, backend, library, layout = prepared
         if any(_fits(r, layout, slots) for r in self.refused):
             return owner._eager(args, kwargs)
-        previous, self.pending = self.pending, _Pending(layout, specs, owner._call)
-        if previous is None or not _fits(previous, layout, slots):
-            return owner._eager(args, kwargs)  # a first sighting: its warm-up
+        family = _family(layout, specs)
+        if family in self.refused_families:
+            return owner._eager(args, kwargs)
         with self.lock:
             self._purge()
+            adopter = self._adopter(family, _signature(layout, specs), specs, slots)
+        if adopter is not None:
+            return self.call(args, kwargs)  # served by the structure that took the new objects over
+        # kin: the same call with new static objects (a new cache, maybe of another length)
+        objects = any(s.axis.kind == "static" and not by_value(s.value) for s in specs)
+        kin = next((s for s in self.structures if s.family == family and s.graphs), None) if objects else None
+        previous, self.pending = self.pending, _Pending(layout, specs, owner._call)
+        if kin is None and (previous is None or not _fits(previous, layout, slots)):
+            return owner._eager(args, kwargs)  # a first sighting: its warm-up
+        with self.lock:
             found = _fitting(self.structures, args, kwargs)  # another thread may have made it meanwhile
             if found is not None:
                 return owner._run(*found)
@@ -139,23 +191,22 @@ class FirstUse:
                         owner._call, MAX_STRUCTURES,
                     )
                 return owner._eager(args, kwargs)
-            structure = self._open(prepared)
+            structure = self._open(prepared, family, _signature(layout, specs), kin)
             self.structures.insert(0, structure)
         refused, self.pending = self.pending, None
         try:
             return owner._run(structure.runtime, slots)
         except InputMismatchError as exc:  # e.g. weights passed as tokens-axis arguments (default axes)
-            with self.lock:
-                if structure in self.structures:
-                    self.structures.remove(structure)
-                if len(self.refused) < MAX_STRUCTURES:
-                    self.refused.append(refused)
-            structure.runtime.release()
-            structure.session.abort()
+            self._drop(structure, refused)
             log.warning("%s: these calls cannot be graphed as they are (%s); they run eagerly", owner._call, exc)
             return owner._eager(args, kwargs)
+        except StateReplacedError as exc:
+            if not exc.replaced:
+                self._drop(structure)
+                raise
+            return self._refuse(structure, exc, args, kwargs)
 
-    def _open(self, prepared) -> _Structure:
+    def _open(self, prepared, family: tuple, signature: tuple, kin: "_Structure | None") -> _Structure:
         """A structure with an open session and an empty table; graphs come on first use."""
         owner = self.owner
         fn, twin, slots, specs, backend, library, layout = prepared
@@ -171,7 +222,8 @@ class FirstUse:
             return self._grow(structure, decision, call_args)
 
         runtime = owner._runtime_for(table, Dispatcher(keys, owner.max_padding_ratio), grow=grow)
-        structure = _Structure(layout, runtime, session, exact)
+        kin_keys = frozenset(kin.runtime.table.entries) | kin.kin_keys if kin is not None else frozenset()
+        structure = _Structure(layout, runtime, session, exact, family, signature, kin_keys)
         return structure
 
     def _grow(self, structure: _Structure, decision, call_args: Sequence[Any]):
@@ -185,20 +237,92 @@ class FirstUse:
                     self.owner._call, MAX_EXACT_GRAPHS,
                 )
             return None
-        runtime = structure.runtime
-        table = structure.session.capture(((decision.mode, decision.key),), call_args=call_args, dirty=runtime.dirty)
+        runtime, session = structure.runtime, structure.session
+        pairs = ((decision.mode, decision.key),)
+        collect, self.collected = not self.collected, True
+        if (decision.mode, decision.key) in structure.kin_keys:
+            try:
+                table = session.capture(pairs, call_args=call_args, dirty=runtime.dirty, quick=True, collect=collect)
+            except StateReplacedError:
+                raise
+            except CaptureError as exc:  # the quick way failed: the whole protocol decides
+                log.info("%s: a capture without warm-up failed (%s); capturing with one", self.owner._call, exc)
+                table = session.capture(pairs, call_args=call_args, dirty=runtime.dirty)
+        else:
+            table = session.capture(pairs, call_args=call_args, dirty=runtime.dirty, collect=collect)
         runtime.adopt(table)
         structure.graphs += 1
+        structure.settle()
         return table.entries[decision.mode, decision.key]
 
+    def _adopter(self, family: tuple, signature: tuple, specs, slots) -> "_Structure | None":
+        """An idle structure that took over this call's new static objects (lock held)."""
+        objects = {s.name: slots[s.index] for s in specs if s.axis.kind == "static" and not by_value(slots[s.index])}
+        if not objects:
+            return None
+        for structure in self.structures:
+            if structure.signature != signature or structure.alive() or not structure.session.reach:
+                continue
+            new = Reach.record(objects, snapshots=False)
+            home = structure.session.reach[0]
+            if not home.adoptable(structure.session.owners, new):
+                continue
+            home.adopt(new)
+            del new, home
+            session = structure.session
+            session.rebind(objects)
+            with structure.runtime.lock:
+                structure.runtime.adopt(session.table())
+            structure.settle()
+            self.structures.remove(structure)
+            self.structures.insert(0, structure)
+            return structure
+        return None
+
     def _purge(self) -> None:
-        """Release structures whose static objects are gone (a transformers cache that
-        generate() dropped): no call can match them again (lock held)."""
-        dead = [s for s in self.structures if not s.session.statics_alive()]
-        for s in dead:
+        """Keep the `MAX_IDLE` most recently used structures whose static objects are gone
+        (a transformers cache that generate() dropped), at the end; release the rest (lock
+        held)."""
+        idle = [s for s in self.structures if not s.alive()]
+        for s in idle[MAX_IDLE:]:
             self.structures.remove(s)
             s.runtime.release()
             s.session.abort()
+        for s in idle[:MAX_IDLE]:  # behind the live ones: calls try those first
+            self.structures.remove(s)
+            self.structures.append(s)
+
+    def _drop(self, structure: _Structure, refused: "_Pending | None" = None) -> None:
+        """Release `structure`; with `refused`, later calls of its kind run eagerly."""
+        with self.lock:
+            if structure in self.structures:
+                self.structures.remove(structure)
+            if refused is not None and len(self.refused) < MAX_STRUCTURES:
+                self.refused.append(refused)
+        structure.runtime.release()
+        structure.session.abort()
+
+    def _stale(self, structure: _Structure) -> None:
+        """A structure whose objects changed between calls: dropped; a kind that keeps
+        changing (`MAX_STALE` times) runs eagerly from then on."""
+        count = self.stale[structure.family] = self.stale.get(structure.family, 0) + 1
+        self._drop(structure)
+        if count >= MAX_STALE:
+            self.refused_families.append(structure.family)
+            log.warning(
+                "%s: what the graphs read through a static argument or the closure changed between calls %d "
+                "times; these calls run eagerly from now on", self.owner._call, count,
+            )
+
+    def _refuse(self, structure: _Structure, exc: StateReplacedError, args: tuple, kwargs: dict):
+        """Calls of this kind replace what their graphs would read: they run eagerly from
+        now on, with one warning."""
+        self._drop(structure)
+        self.refused_families.append(structure.family)
+        if not self.warned_replaced:
+            self.warned_replaced = True
+            warnings.warn(f"{exc} (these calls run eagerly, without graphs)", stacklevel=4)
+        return self.owner._eager(args, kwargs)
 
     # -- the callable's other verbs ---------------------------------------------------------
     def current(self) -> _Structure | None:
@@ -224,6 +348,25 @@ class FirstUse:
             f"; first use: {graphs} graphs over {len(structures)} call structure(s) in {seconds:.2f} s, "
             f"{mib:.1f} MiB reserved"
         )
+
+
+def _family(layout, specs) -> tuple:
+    """What calls of one kind share apart from shapes and object identity: the call's
+    layout, each argument's axis, dtype, device and rank, plain static values, and the
+    types of static objects."""
+    return (layout.names, layout.kinds, layout.trees) + tuple(
+        (s.axis.kind, s.value if by_value(s.value) else type(s.value)) if s.axis.kind == "static"
+        else (s.axis.kind, s.dtype, s.device, len(s.shape))
+        for s in specs
+    )
+
+
+def _signature(layout, specs) -> tuple:
+    """`_family` plus every non-batch shape and persistent address: a call with this
+    signature and objects of the same skeleton can replay a structure's graphs."""
+    return _family(layout, specs) + tuple(
+        (s.trailing, s.data_ptr) for s in specs if s.axis.kind != "static"
+    )
 
 
 def _exact_keys(owner) -> KeySet:

@@ -108,6 +108,16 @@ class Graphified:
         )
         if resolution.changed and self.table is None:  # once, when built; not again per capture
             log.warning("%s: %s", call, "; ".join(resolution.reasons))
+            if self.mode is Mode.PIECEWISE and resolution.mode is Mode.NONE and not getattr(self.fn, "is_split", False):
+                import warnings
+
+                warnings.warn(
+                    f"{call}: the function is not split, so PIECEWISE has no pieces to capture and it runs "
+                    "eagerly (mode NONE, no graphs); wrap it with split(fn, ops) from transforms.split to capture "
+                    "the pieces between its graph-unsafe ops, or use mode='FULL' for one graph of the whole function",
+                    UserWarning,
+                    stacklevel=4,
+                )
         keys = plan_keys(
             resolution.mode,
             self.sizes if self.sizes is not None else DEFAULT_SIZES,

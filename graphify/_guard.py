@@ -61,7 +61,24 @@ class CaptureGuard(TorchDispatchMode):
             why = "copies a CUDA tensor to the host (.cpu(), .tolist(), .numpy())"
         if why is not None:
             raise UnsupportedOpError(
-                f"op {name} {why}, which a CUDA graph cannot capture; keep it out of the graphified "
+                f"op {name} {why}{_caller()}, which a CUDA graph cannot capture; keep it out of the graphified "
                 "function, or make it a split op (split(fn, ops)) so it runs eagerly"
             )
         return func(*args, **(kwargs or {}))
+
+
+_LIBRARY_MODULES = ("torch", "graphify", "cupy", "cupyx", "numpy")
+
+
+def _caller() -> str:
+    """' at file:line in function' of the innermost frame outside torch and graphify: the
+    code that made the call (a model's forward), found by module name."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "") or ""
+        if module.split(".", 1)[0] not in _LIBRARY_MODULES:
+            return f" at {frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return ""

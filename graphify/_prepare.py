@@ -16,6 +16,7 @@ from ._keys import specialised_sizes
 from ._mode import Mode
 from ._outputs import box
 from ._params import ModuleWatch
+from ._reach import function_roots
 from ._pool import Pool
 from ._signature import CallLayout, module_of
 from .backends import get_backend
@@ -93,6 +94,8 @@ def session_args(g, fn, twin, args, specs, backend, library, layout, keys, locks
         watch=ModuleWatch(g._call, modules, full=opts.full_checks),
         examples=tuple(a.detach().clone() if s.axis.kind == "tokens" else None for a, s in zip(args, specs)),
         uses_fft=split and any(name.startswith("aten::_fft_") for name in g.fn.op_names),
+        # a split function's pieces are traced ATen graphs: what its closure held is baked in
+        fn_roots={} if split else function_roots(g.fn, _fn_name(g.fn)),
     )
 
 

@@ -23,7 +23,7 @@ from ._axes import WeakStatic, by_value, mismatch, same_static
 from ._outputs import has_boxes, unbox
 from ._dispatch import Dispatcher
 from ._distributed import graph_code
-from ._errors import GraphifyError, InputMismatchError
+from ._errors import GraphifyError, InputMismatchError, StaleReachError
 from ._mode import Mode
 from ._stats import Stats
 from ._table import Entry, GraphTable
@@ -71,6 +71,17 @@ def _result(plan: _Plan, outputs: list):
     return unbox(tree) if plan.boxed else tree
 
 
+def _static_checks(specs) -> tuple:
+    """(index, value, compare) per static argument: plain values must be equal (True),
+    other objects the very object (False), a weakly held one (first use) the object its
+    reference still points to (None: `value` is the reference)."""
+    return tuple(
+        (s.index, s.value.ref, None) if isinstance(s.value, WeakStatic) else (s.index, s.value, by_value(s.value))
+        for s in specs
+        if s.axis.kind == "static"
+    )
+
+
 class Runtime:
     """Per-table call machinery. Calls are serialised by a lock: static buffers and
     outputs are shared, so two threads must never interleave copy and replay."""
@@ -95,6 +106,7 @@ class Runtime:
         self.grow = grow
         self.uniform_fn, self.lora_fn, self.full_ok_fn = uniform_fn, lora_fn, full_ok_fn
         self.library = table.library
+        self.reach = table.reach  # checked before every replay: what graphs read without a copy
         self.lockstep = table.lockstep
         self.layout = table.layout
         self.watch = table.watch
@@ -114,13 +126,7 @@ class Runtime:
             (s.index, s.dtype, _device_index(s.device), torch.Size(s.shape)) for s in specs if s.axis.kind == "fixed"
         )
         self.persistent_checks = tuple((s.index, s.data_ptr, torch.Size(s.shape)) for s in specs if s.axis.kind == "persistent")
-        # Plain values must be equal; other objects (a cache, a module) the very object; a
-        # weakly held object (first use) the object its reference still points to.
-        self.static_checks = tuple(
-            (s.index, s.value.ref, None) if isinstance(s.value, WeakStatic) else (s.index, s.value, by_value(s.value))
-            for s in specs
-            if s.axis.kind == "static"
-        )
+        self.static_checks = _static_checks(specs)
         self.lock = threading.Lock()
         self.plans: dict = {}
         self.fast: tuple | None = None  # (static_inputs() tuple, tokens, requests)
@@ -153,8 +159,11 @@ class Runtime:
 
     # -- checks ---------------------------------------------------------------------------
     def _fail(self, index: int, arg: Any) -> None:
-        err = mismatch(self.call, self.table.specs[index], arg)
-        raise err if err is not None else InputMismatchError(f"{self.call}: argument {index} does not match")
+        # no local names the error: its traceback would hold this frame, a cycle that keeps the
+        # call's arguments (a transformers cache) alive until the next garbage collection
+        raise mismatch(self.call, self.table.specs[index], arg) or InputMismatchError(
+            f"{self.call}: argument {index} does not match"
+        )
 
     def _disagree(self, idx: tuple[int, ...], i: int, first: int, got: int) -> None:
         what = "reqs" if idx is self.req_idx else "tokens"
@@ -229,6 +238,8 @@ class Runtime:
             if self.fast_plan is None:  # released meanwhile
                 raise self._released()
             plan, mode, n = self.fast_plan
+            if self.reach and any(r.changed() for r in self.reach):
+                raise self._stale()
             if not self.fast_clean:  # another call ran since: it may have left rows past ours
                 self._restore_padding(plan, [], [])
                 self.fast_clean = True
@@ -281,6 +292,8 @@ class Runtime:
             with self.lock:
                 stats.tally(_NONE, n, None)
             return self.fn(*args)
+        if self.reach and any(r.changed() for r in self.reach):
+            raise self._stale()  # never replay a graph over memory its objects no longer hold
         r_real = n if r < 0 else r
         plan_key = (id(decision), n, r_real)  # decisions are unique objects of the dispatcher
         with self.lock:
@@ -327,6 +340,14 @@ class Runtime:
                     torch._foreach_copy_(dsts, srcs)
             else:
                 torch._foreach_copy_(dsts, srcs)
+
+    def _stale(self) -> StaleReachError:
+        what = next((d for d in (r.describe() for r in self.reach) if d is not None), "something it reads")
+        return StaleReachError(
+            f"{self.call}: {what} since capture. The graphs read what was captured (tensors by address, numbers "
+            "baked into kernels), so this call cannot replay them: update tensors in place (copy_) instead of "
+            "replacing them, keep numbers the function reads fixed, or capture again"
+        )
 
     def forget(self) -> None:
         """Drop every cached plan (the graphs are being released)."""
@@ -392,6 +413,8 @@ class Runtime:
         """Serve calls from `table` (a first-use capture's new table; the caller holds the
         lock). Cached plans go: output axes may have been re-read across the sizes."""
         self.table = table
+        self.reach = table.reach
+        self.static_checks = _static_checks(table.specs)
         self.plans.clear()
         self.fast = self.fast_plan = None
         self.fast_clean = False

@@ -38,11 +38,12 @@ from ._capture import (
     freeze_gc,
     infer_out_axes,
 )
-from ._errors import CaptureError
+from ._errors import CaptureError, StateReplacedError
 from ._keepalive import LibraryHold, holding
 from ._keys import KeySet
 from ._mode import Mode
-from ._state import StateKeeper, python_state, python_state_change, restore_python_state
+from ._reach import Reach
+from ._state import StateKeeper
 from ._table import GraphTable, StaticBuffers
 
 __all__ = ["CaptureSession", "capture_table"]
@@ -59,7 +60,8 @@ class CaptureSession:
         self, *, call: str, fn: Callable, capturers: dict[Mode, Callable], keys: KeySet, specs: tuple,
         example: Sequence[Any], backend, pool, warmups: int, weak_outputs: bool, out_axes, progress: bool,
         largest_first: bool = True, library: str | None = None, restore_state: bool = True,
-        probe: Callable | None = None, uses_fft: bool = False, weak_statics: bool = False, **table_fields,
+        probe: Callable | None = None, uses_fft: bool = False, weak_statics: bool = False,
+        fn_roots: dict | None = None, **table_fields,
     ):
         try:
             self.device = _device_of(specs)
@@ -71,6 +73,9 @@ class CaptureSession:
         self.warmups, self.weak_outputs, self.out_axes = warmups, weak_outputs, out_axes
         self.progress, self.largest_first, self.probe, self.uses_fft = progress, largest_first, probe, uses_fft
         self.table_fields = table_fields
+        self.fn_roots = fn_roots or {}  # what the function reads besides its arguments (closure, globals)
+        self.reach: tuple[Reach, ...] = ()  # (static objects', function's), as the graphs read them
+        self.owners: tuple[int, ...] = ()  # references to the static objects' tensors after the last capture
         self.entries: dict = {}
         self.seen: set = set()  # modes whose first key is captured (it alone runs the full protocol)
         self.seconds = 0.0
@@ -96,10 +101,16 @@ class CaptureSession:
         return {s.name: a for s, a in zip(self.specs, args) if s.axis.kind == "static" and not by_value(a)}
 
     # -- capture ----------------------------------------------------------------------------
-    def capture(self, pairs, *, call_args: Sequence[Any] | None = None, dirty: list | None = None) -> GraphTable:
+    def capture(
+        self, pairs, *, call_args: Sequence[Any] | None = None, dirty: list | None = None, quick: bool = False,
+        collect: bool = True,
+    ) -> GraphTable:
         """Capture `pairs` ((mode, key) in order) and return the table of every entry so far.
         With `call_args` (first use: one key), the call's own rows are copied into the static
-        buffers first and the warm-ups run on them; `dirty` is the runtime's padding record."""
+        buffers first and the warm-ups run on them; `dirty` is the runtime's padding record.
+        `quick`: capture with no warm-up and no op guard (first use, for a structure whose kin
+        was captured before: the same code at other shapes). `collect`: run the garbage
+        collector once before capturing."""
         start = time.perf_counter()
         done_before = len(self.entries)
         new: dict = {}
@@ -114,32 +125,26 @@ class CaptureSession:
                 elif self.weak_statics:
                     raise ValueError(f"{self.call}: a first-use session captures for a call (call_args)")
                 objects = self._objects(example)
-                state_before = python_state(objects)
-                with freeze_gc():
+                reach = (Reach.record(objects), Reach.record(self.fn_roots, lengths=False))
+                with freeze_gc(collect=collect):
                     for mode, key in _progress(pairs, self.call, self.progress and call_args is None):
                         first = mode not in self.seen
                         sibling = self.entries.get((Mode.PIECEWISE, key.relaxed())) or new.get((Mode.PIECEWISE, key.relaxed()))
                         entry = _capture_one(
                             self.call, self.capturers[mode], mode, key, self.specs, self.static, example,
                             self.handle, self.stream, self.warmups, self.weak_outputs, self.out_rule, self.keeper,
-                            self.probe, first, sibling, loaded,
+                            self.probe, first, sibling, loaded, quick,
                         )
                         new[mode, key] = self._weak_outputs(entry, objects) if self.weak_statics else entry
                         self.seen.add(mode)
-                        change = python_state_change(state_before, python_state(objects))
-                        if change is not None:
-                            restore_python_state(state_before)
-                            raise CaptureError(
-                                f"{self.call}: each call changes Python state of a static argument ({change}); a graph "
-                                "replays kernels, not Python, so that state would stop changing and the graphs would "
-                                "go stale. Keep such state in tensors updated in place (a transformers StaticCache's "
-                                "full-attention layers do; its sliding-window layers keep a Python counter, so give such "
-                                "a model a config without sliding windows), or leave this function ungraphified"
-                            )
+                        self._unchanged(reach)
             entries = {**self.entries, **new}
             if self.out_axes is None:
                 entries = consistent_out_axes(self.call, entries)
         except BaseException as exc:
+            if self.device is not None and self.device.type == "cuda":  # warm-ups may still run on the side stream
+                with contextlib.suppress(Exception):
+                    torch.cuda.synchronize(self.device)
             with contextlib.suppress(Exception):  # a failure between a run and its restore: undo what it wrote
                 self.keeper.restore()
             self.keeper.forget()
@@ -154,13 +159,40 @@ class CaptureSession:
         self.entries = entries
         for entry in entries.values():
             self.pool.track(entry, f"{self.call} {entry.label}", entry.nbytes)
+        self.reach = tuple(r.freeze() for r in reach)
+        del reach, objects, example
+        self.owners = self.reach[0].owners()
         self.seconds += time.perf_counter() - start
         return self.table()
 
+    def _unchanged(self, reach: tuple[Reach, ...]) -> None:
+        """Raise if the run changed what the static objects or the closure hold (after
+        putting it back): a graph cannot follow Python state or replaced tensors."""
+        for r in reach:
+            change = r.first_change()
+            if change is None:
+                continue
+            r.restore()
+            what, replaced = change
+            if replaced:
+                raise StateReplacedError(
+                    f"{self.call}: each call replaces a tensor it reads through a static argument or the closure "
+                    f"({what}); a graph reads the memory it captured and would go on reading the old tensor. "
+                    + _REPLACED_ADVICE, replaced=True,
+                )
+            raise StateReplacedError(
+                f"{self.call}: each call changes Python state of a static argument ({what}); a graph "
+                "replays kernels, not Python, so that state would stop changing and the graphs would "
+                "go stale. Keep such state in tensors updated in place (a transformers StaticCache's "
+                "full-attention layers do; its sliding-window layers keep a Python counter, so give such "
+                "a model a config without sliding windows), or leave this function ungraphified"
+            )
+
     def _weak_outputs(self, entry, objects: dict):
         """`entry` with the static objects it returns (a model returning its cache) held
-        weakly, as the specs hold them."""
-        held = {id(o): weaken(o) for o in objects.values()}
+        weakly by the very references the specs hold (so `rebind` can swap both)."""
+        held = {id(o): s.value for s in self.specs for o in objects.values()
+                if isinstance(s.value, WeakStatic) and s.value() is o}
         if not any(id(t) in held for t in entry.flat_outputs):
             return entry
         return attrs.evolve(entry, flat_outputs=tuple(held.get(id(t), t) for t in entry.flat_outputs))
@@ -168,6 +200,31 @@ class CaptureSession:
     def statics_alive(self) -> bool:
         """Whether every weakly held static object still exists (a call can still match)."""
         return all(s.value() is not None for s in self.specs if isinstance(s.value, WeakStatic))
+
+    def rebind(self, objects: dict) -> None:
+        """Hold `objects` ({argument name: new object}) in place of the static objects the
+        graphs were captured with (first use adopted a new cache into their memory)."""
+        held = {}
+        specs = []
+        for s in self.specs:
+            if s.name in objects:
+                held[id(s.value)] = weaken(objects[s.name])
+                s = attrs.evolve(s, value=held[id(s.value)] if self.weak_statics else objects[s.name])
+            specs.append(s)
+        self.specs = tuple(specs)
+        self.example = tuple(
+            (weaken(objects[s.name]) if self.weak_statics else objects[s.name]) if s.name in objects else a
+            for s, a in zip(self.specs, self.example)
+        )
+        self.entries = {
+            k: attrs.evolve(e, flat_outputs=tuple(held.get(id(t), t) for t in e.flat_outputs))
+            if any(id(t) in held for t in e.flat_outputs) else e
+            for k, e in self.entries.items()
+        }
+        current = {s.name: objects[s.name] for s in self.specs if s.name in objects}
+        self.reach = (Reach.record(current).freeze(), self.reach[1] if len(self.reach) > 1 else Reach())
+        del current, objects
+        self.owners = self.reach[0].owners()
 
     def table(self) -> GraphTable:
         """The table of every entry captured so far (a new immutable value). Its `release()`
@@ -177,7 +234,7 @@ class CaptureSession:
             types.MappingProxyType(own), _captured_keys(own, self.keys), self.specs, self.static,
             self.backend, self.pool, self.device, self.seconds, self.library, store=own,
             state_tensors=len(self.keeper.restored), state_bytes=self.keeper.peak_bytes, hold=self.hold,
-            **self.table_fields,
+            reach=tuple(r for r in self.reach if r), **self.table_fields,
         )
 
     def abort(self) -> None:
@@ -188,6 +245,13 @@ class CaptureSession:
         self.hold.release()
         if self.device is not None and self.device.type == "cuda":
             self.pool.trim()
+
+
+_REPLACED_ADVICE = (
+    "transformers' DynamicCache (generate()'s default) grows this way: pass cache_implementation=\"static\" "
+    "to generate() (or a StaticCache as past_key_values), whose tensors are updated in place. Otherwise keep "
+    "such state in tensors written in place, or leave this function ungraphified"
+)
 
 
 def _captured_keys(entries: dict, planned: KeySet) -> KeySet:

@@ -25,10 +25,14 @@ def _check_max(name: str, max_size: int) -> int:
 def vllm_sizes(max_size: int = 512) -> tuple[int, ...]:
     """vLLM's default schedule: 1, 2, 4, then steps of 8 below 256, then steps of 16.
 
+    `max_size=0` gives no sizes, as vLLM's `max_cudagraph_capture_size = 0` (mode NONE).
+
     !!! example
-        >>> len(vllm_sizes(512)), vllm_sizes(20)
-        (51, (1, 2, 4, 8, 16))
+        >>> len(vllm_sizes(512)), vllm_sizes(20), vllm_sizes(0)
+        (51, (1, 2, 4, 8, 16), ())
     """
+    if max_size == 0 and not isinstance(max_size, bool):
+        return ()  # vLLM: max_cudagraph_capture_size = 0 means no capture (mode NONE)
     m = _check_max("vllm_sizes", max_size)
     sizes = [s for s in (1, 2, 4) if s <= m]
     sizes += range(8, min(m + 1, 256), 8)

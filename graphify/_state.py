@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass, is_traceable_wrapper_subclass_type
 
 from ._guard import CaptureGuard
 
@@ -73,6 +73,8 @@ class _Recorder(TorchDispatchMode):
         self.created: set[int] = set()  # storages allocated during this run
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t is not torch.Tensor and is_traceable_wrapper_subclass_type(t) for t in types):
+            return NotImplemented  # a tensor subclass (DTensor) dispatches itself: see the plain ops it issues
         kwargs = kwargs or {}
         written, aliases = _facts(func)
         if written and not _capturing():
@@ -85,7 +87,7 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if not written and not aliases:  # views share their base's storage: not new
             for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor) and t.numel():
+                if isinstance(t, torch.Tensor) and t.numel() and not is_traceable_wrapper_subclass(t):  # no storage
                     self.created.add(t.untyped_storage().data_ptr())
         return out
 
@@ -169,17 +171,22 @@ def _first_run(fn: Callable, guard, *args):
         return (guard if callable(guard) else fn)(*args)
 
 
-def eager_runs(fn: Callable, args: tuple, *, keeper: "StateKeeper | None", guard, count: int, finish=None):
+def eager_runs(
+    fn: Callable, args: tuple, *, keeper: "StateKeeper | None", guard, count: int, finish=None, record: bool = True,
+):
     """Run `fn(*args)` eagerly `count` times, the state restored after each run.
 
-    The first run is recorded by `keeper` and runs under the op guard (when `guard` is
-    set; a callable `guard` is the eager twin of a compiled `fn` and runs in its place).
+    The first run is recorded by `keeper` (unless `record` is False: an earlier run of the
+    same call was, and its record serves this one) and runs under the op guard (when
+    `guard` is set; a callable `guard` is the eager twin of a compiled `fn` and runs in
+    its place).
     `finish(out)` sees the last run's result before its writes are undone (the
     simulation clones its outputs there); returns what it returns."""
     result = None
     for i in range(count):
         if i == 0:  # module-level helper, not a closure: a kept traceback must not pin `args`
-            out = keeper.record(_first_run, fn, guard, *args) if keeper is not None else _first_run(fn, guard, *args)
+            recorded = keeper is not None and record
+            out = keeper.record(_first_run, fn, guard, *args) if recorded else _first_run(fn, guard, *args)
         else:
             out = fn(*args)
         if i == count - 1 and finish is not None:

@@ -140,6 +140,7 @@ class GraphTable:
     state_bytes: int = 0  # the most snapshot memory that restoring held at once
     examples: Any = None  # per argument, the example's tokens-axis tensor (what check() draws rows like)
     hold: Any = None  # library objects the graphs launch, kept alive with them (graphify._keepalive)
+    reach: tuple = ()  # what the graphs read through static objects and the closure (graphify._reach)
     _store: dict | None = attrs.field(default=None, repr=False, alias="store")
 
     def release(self) -> int:

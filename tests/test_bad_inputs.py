@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphify import GraphifyError, Options, Pool, graphify, persistent, static, tokens
+from graphify import GraphifyError, Options, Pool, fixed, graphify, persistent, reqs, static, tokens
 from graphify._errors import InputMismatchError
 
 CALL = "graphify(mlp, mode='FULL')"
@@ -39,7 +39,8 @@ def bad_call(g, w):
 
 # case -> (error type, the argument it must name, words of advice it must give)
 CALL_CASES = {
-    "dtype": (InputMismatchError, "'x'", "captured tokens tensor"),
+    "dtype": (InputMismatchError, "'x'", "captured tokens tensor of shape (num_tokens, 8), dtype torch.float32, "
+              "device cpu; cast it to the captured dtype (x.to(torch.float32)) or capture again with torch.float64"),
     "trailing shape": (InputMismatchError, "'x'", "captured tokens tensor"),
     "not a tensor": (InputMismatchError, "'x'", "must be a tensor"),
     "argument count": (InputMismatchError, "missing argument 'scale'", "pass it"),
@@ -48,6 +49,22 @@ CALL_CASES = {
     "static changed": (InputMismatchError, "'scale'", "capture again with the new value"),
     "unknown keyword": (InputMismatchError, "bogus", "unexpected keyword"),
 }
+
+
+@pytest.mark.parametrize("axis", [tokens(), reqs(), fixed()])
+def test_a_dtype_mismatch_says_what_to_do(axis):
+    rows = lambda n: 3 if axis.kind == "fixed" else n  # noqa: E731
+    g = graphify(lambda x, y: x * 2 + y.sum(), mode="FULL", sizes=(2, 4), axes=(tokens(), axis), backend="sim")
+    g = g.capture(torch.randn(2, 8), torch.randn(rows(2), 8))
+    with pytest.raises(InputMismatchError) as info:
+        g(torch.randn(4, 8), torch.randn(rows(4), 8, dtype=torch.float16))
+    msg = str(info.value)
+    assert msg.startswith("graphify(<lambda>, mode='FULL'): argument 'y' got dtype torch.float16"), msg
+    assert "cast it to the captured dtype (y.to(torch.float32)) or capture again with torch.float16" in msg, msg
+    assert "captures a new structure by itself" in msg, msg
+    with pytest.raises(InputMismatchError) as info:  # a shape mismatch has no dtype to cast to
+        g(torch.randn(4, 8), torch.randn(rows(4), 5))
+    assert "cast it" not in str(info.value)
 
 
 @pytest.mark.parametrize("case", sorted(CALL_CASES))

@@ -118,3 +118,27 @@ def test_a_library_cupy_refuses_during_capture_is_named_with_what_to_do():
 
     with pytest.raises(UnsupportedOpError, match=r"test_compose.py:\d+ in uses_cusolver calls cuSOLVER.*out of the graphified"):
         graphify(uses_cusolver, mode="FULL", sizes=SIZES, backend="sim").capture(torch.randn(3, 4))
+
+
+def test_a_user_file_under_a_folder_named_graphify_is_still_named(tmp_path):
+    # a checkout cloned into a folder named graphify: the user's own frames are not the library's
+    import importlib.util
+
+    from graphify import UnsupportedOpError
+    from graphify._capture import _user_frame
+
+    src = tmp_path / "graphify" / "user_code.py"
+    src.parent.mkdir()
+    src.write_text(
+        "def uses_cusolver(x):\n"
+        "    raise NotImplementedError('calling cuSOLVER API during stream capture is currently unsupported')\n"
+    )
+    spec = importlib.util.spec_from_file_location("user_code", src)
+    user_code = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(user_code)
+
+    with pytest.raises(NotImplementedError) as info:
+        user_code.uses_cusolver(None)
+    assert _user_frame(info.value) == "user_code.py:2 in uses_cusolver"
+    with pytest.raises(UnsupportedOpError, match=r"user_code.py:2 in uses_cusolver calls cuSOLVER"):
+        graphify(user_code.uses_cusolver, mode="FULL", sizes=SIZES, backend="sim").capture(torch.randn(3, 4))

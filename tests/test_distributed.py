@@ -1,6 +1,8 @@
 """Tensor parallelism on torch.distributed (gloo, two CPU processes, simulation backend):
 TP graphs equal the single-process model, capture plans and per-call graphs are agreed
-across ranks, and a disagreement is an error on every rank instead of a hang."""
+across ranks, and a disagreement is an error on every rank instead of a hang. Also the
+tensor-parallel benchmark's own code paths, and that its ranks all end when one fails.
+On two GPUs (marked cuda) the same over NCCL and CUDA graphs."""
 
 from __future__ import annotations
 
@@ -24,27 +26,45 @@ ROOT = Path(__file__).resolve().parent.parent
 WORLD = 2
 
 
-def run_ranks(scenario: str, timeout: float = 240) -> list[dict]:
-    """Start the ranks of `scenario`; each rank's RESULT, plus `exit_after_result_s`: how
-    long the process lived after printing it (its teardown)."""
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def base_env(cpu: bool = False) -> dict:
+    """This environment with NVLink multicast off (as the lent machines require), the repo
+    importable, one thread per process; `cpu` hides the GPUs."""
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen([sys.executable, str(ROOT / "tests" / "tp_worker.py"), scenario, str(r), str(WORLD), str(port)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for r in range(WORLD)
-    ]
-    outs: list = [None] * WORLD
-    ended = [0.0] * WORLD
+    if cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def rank_env(rank: int, port: int, cpu: bool = False) -> dict:
+    """`base_env` plus one rank's variables as torchrun sets them (RANK, WORLD_SIZE, MASTER_*)."""
+    return {**base_env(cpu), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def launch(commands: list[list[str]], envs: list[dict], timeout: float) -> list[dict]:
+    """Start one process per rank and wait for all of them (at most `timeout` s): each one's
+    returncode, stdout, stderr and when it ended. A process still running then is killed
+    and the call fails: ranks must end by themselves."""
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for cmd, env in zip(commands, envs)]
+    outs: list = [("", "")] * len(procs)
+    ended = [0.0] * len(procs)
 
     def wait(r: int) -> None:
-        outs[r] = procs[r].communicate(timeout=timeout)
+        try:
+            outs[r] = procs[r].communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
         ended[r] = time.time()
 
-    threads = [threading.Thread(target=wait, args=(r,), daemon=True) for r in range(WORLD)]
+    threads = [threading.Thread(target=wait, args=(r,), daemon=True) for r in range(len(procs))]
     for t in threads:
         t.start()
     for t in threads:
@@ -54,14 +74,26 @@ def run_ranks(scenario: str, timeout: float = 240) -> list[dict]:
         if p.poll() is None:
             p.kill()
     assert not alive, f"rank(s) {alive} still running after {timeout} s"
+    return [{"returncode": p.returncode, "stdout": out, "stderr": err, "ended": t}
+            for p, (out, err), t in zip(procs, outs, ended)]
+
+
+def run_ranks(scenario: str, timeout: float = 240, worker: str = "tp_worker.py", args: tuple = (),
+              cpu: bool = False) -> list[dict]:
+    """Start the ranks of `scenario` (`tests/<worker> scenario rank world port *args`, in
+    torchrun's environment; `cpu` hides the GPUs); each rank's RESULT, plus
+    `exit_after_result_s`: how long the process lived after printing it (its teardown)."""
+    port = free_port()
+    commands = [[sys.executable, str(ROOT / "tests" / worker), scenario, str(r), str(WORLD), str(port), *args]
+                for r in range(WORLD)]
     results = []
-    for r, p in enumerate(procs):
-        out, err = outs[r]
+    for done in launch(commands, [rank_env(r, port, cpu) for r in range(WORLD)], timeout):
+        out, err = done["stdout"], done["stderr"]
         line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
-        assert line is not None, f"rank exited {p.returncode} without a result:\n{err[-3000:]}"
+        assert line is not None, f"rank exited {done['returncode']} without a result:\n{err[-3000:]}"
         results.append(json.loads(line[len("RESULT "):]))
-        results[-1]["exit_after_result_s"] = ended[r] - results[-1].pop("t_result", ended[r])
-        results[-1]["returncode"], results[-1]["stderr_tail"] = p.returncode, err[-2000:]
+        results[-1]["exit_after_result_s"] = done["ended"] - results[-1].pop("t_result", done["ended"])
+        results[-1]["returncode"], results[-1]["stderr_tail"] = done["returncode"], err[-2000:]
         after = next((ln for ln in out.splitlines() if ln.startswith("AFTER_DESTROY ")), None)
         if after is not None:
             results[-1]["after_destroy"] = json.loads(after[len("AFTER_DESTROY "):])
@@ -162,3 +194,80 @@ def test_nccl_ranks_replaying_different_graphs_stop_instead_of_hanging():
     with pytest.raises(AssertionError, match="without a result|crash"):
         run_ranks("call_mismatch_cuda", timeout=120)
     assert time.monotonic() - start < 120
+
+
+# -- benchmarks/tensor_parallel.py: its code paths on the tiny model, and how its ranks end --
+
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (device kind nvidia-h200-x2)")
+
+
+def torchrun(*args: str, cpu: bool) -> list[str]:
+    """The benchmark under torchrun (its own free rendezvous port), as the README runs it."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+            "-m", "benchmarks.tensor_parallel", "--smoke", *(("--cpu",) if cpu else ()), *args]
+
+
+def test_the_tensor_parallel_benchmark_runs_under_torchrun_and_exits(tmp_path):
+    # decode at TP=1 and TP=2 and the serving trace under FULL_AND_PIECEWISE (all-reduces
+    # inside FULL graphs and inside PIECEWISE pieces), gloo and the simulation backend
+    out = tmp_path / "tp.json"
+    cmd = torchrun("--what", "all", "--batches", "1", "8", "--requests", "6", "--out", str(out), cpu=True)
+    done = launch([cmd], [base_env(cpu=True)], timeout=180)[0]
+    assert done["returncode"] == 0, done["stderr"][-3000:]
+    result = json.loads(out.read_text())
+    rows = result["decode"]["rows"]
+    assert [r["batch"] for r in rows] == [1, 8]
+    for r in rows:
+        assert r["max_err_vs_single_gpu"] < 1e-4 and r["tp1_ms"] > 0 and r["graphify_ms"] > 0, r
+        assert r.get("hand_ms") is None  # the hand-written floor is CUDA graphs only
+    one, tp = result["serving"]["rows"]
+    assert (one["tp"], tp["tp"]) == (1, WORLD)
+    for r in (one, tp):
+        assert r["max_err_vs_single_gpu"] < 1e-4 and r["tokens_per_s"] > 0, r
+        assert r["steps_full_pct"] > 0 and r["steps_piecewise_pct"] > 0 and r["steps_none_pct"] == 0, r
+
+
+@pytest.mark.parametrize("failing", [1, 0], ids=["a-rank-fails", "the-store-host-fails"])
+def test_a_failure_on_one_rank_ends_every_rank_even_one_that_would_wait_forever(failing):
+    # Plain processes (no torchrun to end the others): the failing rank prints its
+    # traceback and leaves; the other, stuck as on a device waiting for a collective whose
+    # peer is gone, hears of it through the store (or finds the store's host gone) and leaves.
+    port = free_port()
+    cmd = [sys.executable, "-m", "benchmarks.tensor_parallel", "--smoke", "--cpu", "--fail-rank", str(failing),
+           "--fail-at", "stuck"]
+    start = time.monotonic()
+    done = launch([cmd] * WORLD, [rank_env(r, port, cpu=True) for r in range(WORLD)], timeout=90)
+    assert time.monotonic() - start < 60
+    assert done[failing]["returncode"] == 1 and "injected failure on rank" in done[failing]["stderr"]
+    other = done[1 - failing]
+    assert other["returncode"] == 1 and "stopping:" in other["stderr"], other["stderr"][-2000:]
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_the_tensor_parallel_benchmark_on_two_gpus_with_its_hand_written_floor(tmp_path):
+    out = tmp_path / "tp.json"
+    done = launch([torchrun("--batches", "1", "8", "--out", str(out), cpu=False)], [base_env()], timeout=240)[0]
+    assert done["returncode"] == 0, done["stderr"][-3000:]
+    for r in json.loads(out.read_text())["decode"]["rows"]:
+        assert r["max_err_vs_single_gpu"] < 0.1 and r["hand_max_err"] < 0.1, r  # bf16, partial sums over 2 GPUs
+        assert r["graphify_ms"] > 0 and r["hand_ms"] > 0 and r["tp1_ms"] > 0, r
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_a_failure_on_one_nccl_rank_ends_the_rank_replaying_graphs_that_wait_for_it():
+    # Rank 1 fails just before graphify's TP graphs are timed; rank 0 replays them: the
+    # all-reduce in the graph waits on the device for a peer that is gone (no NCCL timeout
+    # sees collectives inside graphs), so only the store can end rank 0.
+    port = free_port()
+    cmd = [sys.executable, "-m", "benchmarks.tensor_parallel", "--smoke", "--batches", "1", "--fail-rank", "1",
+           "--fail-at", "timing"]
+    start = time.monotonic()
+    rank0, rank1 = launch([cmd] * WORLD, [rank_env(r, port) for r in range(WORLD)], timeout=180)
+    assert time.monotonic() - start < 150
+    assert rank1["returncode"] == 1, rank1["stderr"][-2000:]
+    assert "injected failure on rank 1 at timing" in rank1["stderr"], rank1["stderr"][-2000:]
+    # ended by itself (launch fails the test otherwise): through the store ("stopping: rank 1
+    # failed") or, should NCCL notice the lost peer first, through its own error handling
+    assert rank0["returncode"] != 0, rank0["stderr"][-2000:]

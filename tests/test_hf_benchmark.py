@@ -14,13 +14,15 @@ def test_hf_generate_smoke(tmp_path, monkeypatch):
 
     monkeypatch.setattr(_report, "RESULTS", tmp_path)
     hf_generate.main(["--models", "tiny-qwen", "--batches", "2", "--configs", "eager", "graphify",
-                      "--new-tokens", "6", "--prompt-len", "5", "--reps", "1"])
+                      "--chat-configs", "graphify", "--new-tokens", "6", "--prompt-len", "5", "--reps", "1"])
     written = list(tmp_path.glob("hf-generate-*.json"))
     assert len(written) == 1
     result = json.loads(written[0].read_text())
     assert not result["failures"]
-    rows = {r["key"]: r for r in result["rows"]}
+    rows = {r["key"]: r for r in result["rows"] if "chat_total_s" not in r}
+    chat = [r for r in result["rows"] if "chat_total_s" in r]
     assert set(rows) == {"eager", "graphify"}
+    assert [r["key"] for r in chat] == ["graphify"] and chat[0]["chat_total_s"] > 0 and chat[0]["chat_calls"] == 6
     assert rows["graphify"]["max_logit_diff"] < 1e-4  # the simulation runs the same kernels
     assert rows["graphify"]["replayed_share"] > 0.5  # decode steps replayed, prefills eager
-    assert rows["eager"]["ms_per_token"] > 0 and rows["graphify"]["first_generate_s"] > 0
+    assert rows["graphify"]["first_generate_s"] > 0 and rows["graphify"]["steady_ms_per_token"] > 0

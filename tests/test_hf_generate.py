@@ -71,7 +71,8 @@ def test_one_line_greedy_equals_eager_generate_for_batches_1_3_8(backend, name):
         got, state = generate(model, prompt(batch, length, device), 10, do_sample=False)
         assert torch.equal(got, tokens), (batch, length)
         filled = length + 9  # the prompt and 9 decode steps (generate() may size the cache longer)
-        assert all(torch.equal(a[:, :, :filled], b[:, :, :filled]) for a, b in zip(cache, state))  # as eager leaves it
+        for a, b in zip(cache, state):  # as eager leaves it (the simulation's replayed ops may round the last bit)
+            torch.testing.assert_close(a[:, :, :filled], b[:, :, :filled], rtol=1e-5, atol=1e-6)
         assert all(not b[:, :, filled:].any() for b in state)
         replayed = g.stats.by_mode()[2].calls - before
         assert replayed >= 8, replayed  # 9 decode steps: at most the first runs eagerly (a new cache)
@@ -106,8 +107,10 @@ def test_the_prefill_runs_eagerly_and_decode_replays(backend):
         caches.append(out.past_key_values)
     new_caches = len({id(c) for c in caches})  # transformers may reuse its cache, or make one per call
     modes = {r.mode: r for r in model.forward.stats.by_mode()}
-    assert modes[Mode.NONE].calls == 2 + new_caches  # the prefills, and each cache's first decode step
-    assert modes[Mode.FULL].calls == 2 * 5 - new_caches  # every other decode step replays
+    # the prefills, and the first decode step of the first cache; a later cache of the same shapes
+    # (kept alive here, so not taken over) is captured by its own first decode step, without warm-up
+    assert modes[Mode.NONE].calls == 2 + 1
+    assert modes[Mode.FULL].calls == 2 * 5 - 1  # every other decode step replays
     assert len(model.forward._first_use.structures) == new_caches  # decode structures only, no prefill
 
 

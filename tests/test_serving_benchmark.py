@@ -1,13 +1,16 @@
 """The serving-trace benchmark runs end to end on the simulation backend (small trace)."""
 
+import pytest
 import torch
 
 from benchmarks import serving
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="on a GPU this is the benchmark itself (python -m benchmarks.serving), not a test; it checks the CPU run",
+)
 def test_every_mode_runs_the_trace_and_matches_eager():
-    if torch.cuda.is_available():  # the GPU run is the benchmark itself, not a test
-        return
     result = serving.run(num_requests=6, seed=3)
     rows = {r["config"]: r for r in result["rows"]}
     assert set(rows) == {f"graphify {m}" for m in serving.MODES}

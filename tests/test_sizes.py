@@ -58,4 +58,13 @@ def test_bad_sizes_are_named(bad):
     with pytest.raises(ValueError, match="sizes"):
         normalize_sizes(bad)
     with pytest.raises(ValueError):
-        vllm_sizes(0)
+        vllm_sizes(-1)
+
+
+def test_vllm_sizes_zero_is_no_capture():
+    # vLLM accepts max_cudagraph_capture_size = 0 (mode NONE, no capture sizes)
+    assert vllm_sizes(0) == ()
+    assert normalize_sizes(vllm_sizes(0), allow_empty=True) == ()
+    for bad in (-1, -16, 2.5):
+        with pytest.raises(ValueError, match="vllm_sizes"):
+            vllm_sizes(bad)

@@ -72,3 +72,21 @@ def test_weakest_of_many_backends():
         weakest([])
     with pytest.raises(ValueError, match="ALWAYS"):
         Support.parse("sometimes")
+
+
+def test_graphify_warns_once_when_piecewise_of_an_unsplit_function_runs_eagerly():
+    import warnings
+
+    import torch
+
+    from graphify import graphify
+
+    with pytest.warns(UserWarning, match=r"not split.*split\(fn, ops\) from transforms\.split.*mode='FULL'") as got:
+        g = graphify(lambda x: x * 2, mode="PIECEWISE", sizes=[1, 2], backend="sim")
+    assert g.resolution.mode is Mode.NONE
+    assert [w.filename for w in got if "not split" in str(w.message)] == [__file__]  # points at the caller
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = g.capture(torch.randn(2, 3))  # not again per capture
+        torch.testing.assert_close(g(torch.ones(2, 3)), torch.full((2, 3), 2.0))
+        graphify(lambda x: x * 2, mode="FULL", sizes=[1, 2], backend="sim")  # nothing to warn about

@@ -18,6 +18,7 @@ from .torch_cuda import TorchCudaBackend
 __all__ = ["Backend", "Captured", "CupyBackend", "SimBackend", "TorchCudaBackend", "get_backend", "BACKENDS"]
 
 BACKENDS = {"cuda": TorchCudaBackend(), "cupy": CupyBackend(), "sim": SimBackend()}
+_SIM_RERUN = SimBackend(rerun=True)  # NumPy functions: no ATen ops to tape (graphify.backends.sim)
 
 
 def get_backend(name: str, device, library: str | None = None) -> Backend:
@@ -30,6 +31,8 @@ def get_backend(name: str, device, library: str | None = None) -> Backend:
             "backend='cupy' captures functions of CuPy arrays; for torch tensors (or functions mixing "
             "torch and CuPy kernels on torch tensors) use backend='cuda'"
         )
+    if name == "sim" and library is not None:
+        return _SIM_RERUN
     try:
         return BACKENDS[name]
     except KeyError:

@@ -1,31 +1,166 @@
-"""CPU simulation of CUDA graphs, with the semantics that matter to callers.
+"""CPU simulation of CUDA graphs: replay runs what the capture recorded, not the function.
 
 Capture runs the function once under the op guard (`graphify._guard`), which rejects ops a
-CUDA graph cannot hold (host reads of device values, data-dependent output shapes). Replay reruns the function
-on the same static inputs and copies its results into the outputs recorded at capture,
-so outputs are overwritten in place on every replay exactly as with a real graph.
+CUDA graph cannot hold (host reads of device values, data-dependent output shapes), and
+once more under a *tape*: a dispatch mode that records every ATen op with its arguments.
+Replay re-executes the tape: the tensors that existed before the capture run (static
+input buffers, weights, a cache's tensors, a closure's tensors) are read as the very
+objects captured, numbers are baked in as captured, and tensors the run made are made
+afresh. So, as on a GPU, a tensor replaced in a cache after capture, a closure rebound to
+a new tensor or a closure's number changed is *not* seen by a replay: what CPU tests see is
+what a CUDA graph would do (graphify checks those before replaying; see `graphify._reach`).
+
+Outputs are written in place on every replay into the tensors recorded at capture,
+exactly as with a real graph.
+
+Compiled code hides its kernels from dispatch: a torch.compile'd function is taped
+through its eager twin, and compiled graph pieces run their eager original while
+`taping()` is set. NumPy functions (`graphify._interop`) compute outside torch altogether:
+for them `SimBackend(rerun=True)` replays by running the function again on the captured
+arguments (so, unlike a GPU, their replays do see replaced objects).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 from collections.abc import Callable
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
-from .._axes import WeakStatic, weaken
 from .._errors import CaptureError
 from .._guard import UNCAPTURABLE_OPS, CaptureGuard
 from .._state import eager_runs
 from ._base import Captured
 
-__all__ = ["SimBackend", "CaptureGuard", "UNCAPTURABLE_OPS"]
+__all__ = ["SimBackend", "CaptureGuard", "UNCAPTURABLE_OPS", "taping", "Tape"]
 
 _copy_all = torch._foreach_copy_  # bound once: replay copies are not input copies
+_local = threading.local()
+
+
+def taping() -> bool:
+    """Whether the simulation is recording a tape on this thread: compiled code should run
+    its eager original, whose ops the tape can see."""
+    return getattr(_local, "taping", False)
+
 
 def _clone_out(x):
     return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
+class _Slot:
+    """A tensor the taped run made: the `index`-th value of a replay."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def _resolve(template, values: list):
+    """`template` with each `_Slot` replaced by its replay value (one level of lists)."""
+    if isinstance(template, _Slot):
+        return values[template.index]
+    if isinstance(template, (list, tuple)) and any(isinstance(x, _Slot) for x in template):
+        return type(template)(values[x.index] if isinstance(x, _Slot) else x for x in template)
+    return template
+
+
+class Tape(TorchDispatchMode):
+    """Records one run's ATen ops; `replay()` runs them again on the same outside tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list = []  # (op, args, kwargs, slots of the flat outputs, substituted arg positions)
+        self.made: dict[int, int] = {}  # id(tensor made by the run) -> slot
+        self.keep: list = []  # the made tensors, alive while recording (ids must stay unique)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t is not torch.Tensor and is_traceable_wrapper_subclass_type(t) for t in types):
+            return NotImplemented  # a tensor subclass (DTensor) dispatches itself: record the plain ops it issues
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        targs = tuple(self._template(a) for a in args)
+        tkwargs = {k: self._template(v) for k, v in kwargs.items()}
+        subs = tuple(i for i, (a, t) in enumerate(zip(args, targs)) if t is not a)
+        ksubs = tuple(k for k in kwargs if tkwargs[k] is not kwargs[k])
+        slots = []
+        for t in pytree.tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                slots.append(None)
+            elif id(t) in self.made:
+                slots.append(self.made[id(t)])
+            elif any(t is a for a in pytree.tree_leaves((args, kwargs))):
+                slots.append(None)  # an in-place op on an outside tensor returns that tensor
+            else:
+                self.made[id(t)] = len(self.keep)
+                slots.append(len(self.keep))
+                self.keep.append(t)
+        self.ops.append((func, targs, tkwargs, tuple(slots), subs, ksubs))
+        return out
+
+    def _template(self, a):
+        if isinstance(a, torch.Tensor):
+            slot = self.made.get(id(a))
+            return _Slot(slot) if slot is not None else a
+        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) and id(x) in self.made for x in a):
+            return type(a)(self._template(x) for x in a)
+        return a
+
+    def sources(self, out) -> list:
+        """Per tensor in `out`'s leaves: the `_Slot` of a tensor the run made, or the outside
+        tensor itself (a function may return an argument or a cache tensor as it is)."""
+        found = []
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                slot = self.made.get(id(t))
+                found.append(_Slot(slot) if slot is not None else t)
+        return found
+
+    def finish(self) -> int:
+        """Stop recording; returns how many values a replay makes."""
+        count = len(self.keep)
+        self.keep = []
+        self.made = {}
+        return count
+
+    def replay(self, values: list) -> None:
+        for func, targs, tkwargs, slots, subs, ksubs in self.ops:
+            if subs or ksubs:
+                args = list(targs)
+                for i in subs:
+                    args[i] = _resolve(targs[i], values)
+                kwargs = dict(tkwargs)
+                for k in ksubs:
+                    kwargs[k] = _resolve(tkwargs[k], values)
+                out = func(*args, **kwargs)
+            else:
+                out = func(*targs, **tkwargs)
+            if func.namespace == "c10d":  # an in-place collective: its caller waits on the Work in Python
+                for w in pytree.tree_leaves(out):
+                    if hasattr(w, "wait") and not isinstance(w, torch.Tensor):
+                        w.wait()
+            if len(slots) == 1:
+                if slots[0] is not None:
+                    values[slots[0]] = out
+            else:
+                for slot, t in zip(slots, pytree.tree_leaves(out)):
+                    if slot is not None:
+                        values[slot] = t
+
+
+@contextlib.contextmanager
+def _taping():
+    before = taping()
+    _local.taping = True
+    try:
+        yield
+    finally:
+        _local.taping = before
 
 
 class SimBackend:
@@ -33,6 +168,9 @@ class SimBackend:
 
     name = "sim"
     _pool_ids = itertools.count(1)
+
+    def __init__(self, rerun: bool = False):
+        self.rerun = rerun
 
     def validate(self, call: str, device: torch.device) -> None:
         return None
@@ -57,25 +195,61 @@ class SimBackend:
         self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None,
         guard: "bool | Callable" = True, keeper=None,
     ) -> Captured:
-        # Warm-ups, then the capture run itself (eager here): the first under the guard,
-        # each one's writes to outside state undone after it.
-        outputs = eager_runs(
-            fn, args, keeper=keeper, guard=guard, count=warmups + 1, finish=lambda r: pytree.tree_map(_clone_out, r)
+        # Warm-ups run the function itself (a compiled one compiles there), the first under
+        # the guard; then the capture run on the tape. Every run's writes to outside state
+        # are undone after it.
+        if self.rerun:
+            return _rerun_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper)
+        twin = guard if callable(guard) else getattr(fn, "_torchdynamo_orig_callable", None)
+        recorded = bool(warmups)
+        if warmups:
+            eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
+            guard = False
+        tape = Tape()
+
+        def taped(*a):
+            with _taping(), tape:
+                out = (twin or fn)(*a)
+            return out, tape.sources(out)
+
+        outputs, sources = eager_runs(
+            taped, args, keeper=keeper, guard=bool(guard), count=1, record=not recorded,
+            finish=lambda r: (pytree.tree_map(_clone_out, r[0]), r[1]),
         )
-        flat_out, _ = pytree.tree_flatten(outputs)
-        static_out = [t for t in flat_out if isinstance(t, torch.Tensor)]
-        # A replay reruns fn on the capture's arguments; objects among them are held weakly,
-        # as a real graph holds none (a first-use callable must not keep a dropped cache).
-        held = tuple(a if isinstance(a, torch.Tensor) else weaken(a) for a in args)
+        count = tape.finish()
+        static_out = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+        if len(static_out) != len(sources):
+            raise CaptureError("sim capture: the outputs could not be traced to the recorded ops")
         del args
 
         def replay() -> None:
-            fresh, _ = pytree.tree_flatten(fn(*[a() if isinstance(a, WeakStatic) else a for a in held]))
-            fresh = [t for t in fresh if isinstance(t, torch.Tensor)]
-            if len(fresh) != len(static_out) or any(a.shape != b.shape for a, b in zip(fresh, static_out)):
-                raise CaptureError("sim replay: the function returned different output shapes than at capture")
+            values = [None] * count
+            tape.replay(values)
             if static_out:
-                _copy_all(static_out, [t.detach() for t in fresh])
+                _copy_all(static_out, [(values[s.index] if isinstance(s, _Slot) else s).detach() for s in sources])
 
         nbytes = sum(t.untyped_storage().nbytes() for t in static_out)
         return Captured(replay, None, outputs, nbytes)
+
+
+def _rerun_capture(fn: Callable, args: tuple, *, warmups: int, guard, keeper) -> Captured:
+    """Capture by running `fn` (warm-ups, then the capture run); replay runs it again on the
+    capture's arguments and copies its results into the captured outputs."""
+    from .._axes import WeakStatic, weaken
+
+    outputs = eager_runs(
+        fn, args, keeper=keeper, guard=guard, count=warmups + 1, finish=lambda r: pytree.tree_map(_clone_out, r)
+    )
+    static_out = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    held = tuple(a if isinstance(a, torch.Tensor) else weaken(a) for a in args)  # objects weakly, as a graph
+    del args
+
+    def replay() -> None:
+        fresh = [t for t in pytree.tree_leaves(fn(*[a() if isinstance(a, WeakStatic) else a for a in held]))
+                 if isinstance(t, torch.Tensor)]
+        if len(fresh) != len(static_out) or any(a.shape != b.shape for a, b in zip(fresh, static_out)):
+            raise CaptureError("sim replay: the function returned different output shapes than at capture")
+        if static_out:
+            _copy_all(static_out, [t.detach() for t in fresh])
+
+    return Captured(replay, None, outputs, sum(t.untyped_storage().nbytes() for t in static_out))

@@ -96,7 +96,7 @@ class TorchCudaBackend:
         if warmups:
             with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
                 eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
-        stream.synchronize()
+            stream.synchronize()  # the warm-ups' frees settle before the capture allocates
         graph = torch.cuda.CUDAGraph()
         before = _reserved(device)
         # Not `torch.cuda.graph(...)`: its __enter__ synchronises the device and empties the
