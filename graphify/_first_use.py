@@ -31,7 +31,7 @@ The policy, and its bounds:
 New objects of known shapes (transformers makes a new StaticCache in every generate()):
 - A structure whose static objects are gone stays *idle* (at most `MAX_IDLE`, the most
   recently used). A call whose new object has exactly the shapes, types and plain values
-  of an idle structure's (`Reach.skeleton`) takes it over: the new object's tensors are
+  of an idle structure's (`graphify._takeover`) takes it over: the new object's tensors are
   copied into the memory the graphs read and the object is pointed at that memory, values
   unchanged. No capture, no warm-up: one copy of the cache.
 - A new structure *kin* to one captured before (the same call with other static shapes, a
@@ -61,6 +61,7 @@ from ._errors import CaptureError, GraphifyError, InputMismatchError, StaleReach
 from ._keys import KeySet, plan_keys
 from ._prepare import prepare, session_args
 from ._reach import Reach
+from ._takeover import adoptable, owners, take_over
 from ._runtime import Runtime
 from ._session import CaptureSession
 
@@ -87,6 +88,7 @@ class _Structure:
     family: tuple = ()  # what kin share (`_family`)
     signature: tuple = ()  # the family plus every shape and plain value: what a new object must match
     kin_keys: frozenset = frozenset()  # (mode, key) its kin captured: captured here with no warm-up
+    owners: tuple = ()  # references to its objects' tensors after the last capture (`graphify._takeover`)
     graphs: int = 0
     full: bool = False  # exact sizes only: the graph bound is reached
 
@@ -95,9 +97,9 @@ class _Structure:
 
     def settle(self) -> None:
         """Count the references to the objects' tensors now that the tables moved on (the
-        baseline `Reach.adoptable` compares with)."""
+        baseline `adoptable` compares with)."""
         if self.session.reach:
-            self.session.owners = self.session.reach[0].owners()
+            self.owners = owners(self.session.reach[0])
 
 
 @attrs.define(eq=False)
@@ -265,9 +267,9 @@ class FirstUse:
                 continue
             new = Reach.record(objects, snapshots=False)
             home = structure.session.reach[0]
-            if not home.adoptable(structure.session.owners, new):
+            if not adoptable(home, structure.owners, new):
                 continue
-            home.adopt(new)
+            take_over(home, new)
             del new, home
             session = structure.session
             session.rebind(objects)

@@ -16,7 +16,7 @@ from ._keys import specialised_sizes
 from ._mode import Mode
 from ._outputs import box
 from ._params import ModuleWatch
-from ._reach import function_roots
+from ._roots import function_roots
 from ._pool import Pool
 from ._signature import CallLayout, module_of
 from .backends import get_backend

@@ -18,26 +18,23 @@ It also serves capture: `restore()` puts back every reference and plain value a 
 or capture changed (transformers' DynamicCache replaces its tensors with `torch.cat`), so
 capture leaves objects as it found them, and `first_change()` says what a run changed.
 
-And first use (`graphify._first_use`): `skeleton()` describes a reach by types, plain
-values and tensor metadata, so a new transformers cache of the shapes a graph was captured
-with is recognised; `adopt(new)` copies the new object's tensors into the memory the graph
-reads and points the new object at that memory.
+First use builds on it to let a new object of known shapes take over a graph's memory
+(`graphify._takeover`); what a function reads beyond its arguments is `graphify._roots`.
 """
 
 from __future__ import annotations
 
-import sys
 import types
 import weakref
-from collections.abc import Callable
 from operator import attrgetter, getitem, is_
 from typing import Any
 
 import torch
 
 from ._axes import by_value
+from ._roots import GlobalSlot, function_roots
 
-__all__ = ["Reach", "function_roots"]
+__all__ = ["Reach"]
 
 MAX_DEPTH = 8
 MAX_ITEMS = 4096  # per list or dict
@@ -49,7 +46,6 @@ _OPAQUE = (
     torch.nn.Module, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
     weakref.ReferenceType, torch.Generator, torch.dtype, torch.device,
 )
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def _immutable_plain(value: Any) -> bool:
@@ -133,7 +129,7 @@ class Reach:
         if id(obj) in seen or level > MAX_DEPTH or isinstance(obj, _OPAQUE) or isinstance(obj, torch.Tensor):
             return
         seen.add(id(obj))
-        if isinstance(obj, _GlobalSlot):  # one name of a module's globals, not the whole dict
+        if isinstance(obj, GlobalSlot):  # one name of a module's globals, not the whole dict
             if obj.name in obj.globals:
                 self._edge(obj.globals, obj.name, obj.globals[obj.name], path, level, seen, attr=False)
             return
@@ -272,6 +268,12 @@ class Reach:
     def _tensor_paths(self) -> list[str]:
         return self.tensor.paths + self.tensor_attr.paths
 
+    def tensor_edges(self):
+        """(holder, key, is_attribute, path) of every edge to a tensor, in `_tensors` order."""
+        for edges, attr in ((self.tensor, False), (self.tensor_attr, True)):
+            for holder, key, path in zip(edges.holders, edges.keys, edges.paths):
+                yield holder, key, attr, path
+
     # -- capture: put things back ------------------------------------------------------------
     def restore(self) -> None:
         """Put back every reference and plain value recorded (containers to their recorded
@@ -295,67 +297,7 @@ class Reach:
                 if isinstance(holder, dict) and holder.get(key, _GONE) is not value:
                     holder[key] = value
 
-    # -- first use: the same shapes in a new object -------------------------------------------
-    def skeleton(self) -> tuple:
-        """What the reach looks like apart from object identity: per edge its path and the
-        value's type (objects), value (plain values) or metadata (tensors, with which
-        tensors share storage)."""
-        groups: dict[int, int] = {}
-        tensors = []
-        for t, path in zip(self._tensors, self._tensor_paths()):
-            storage = t.untyped_storage().data_ptr() if _has_address(t) else ("no storage", id(t))
-            group = groups.setdefault(storage, len(groups))
-            tensors.append((path, tuple(t.shape), t.stride(), t.dtype, t.device, t.storage_offset(), group))
-        objects = tuple((p, type(v)) for p, v in zip(self.ident.paths + self.ident_attr.paths, self.ident.values + self.ident_attr.values))
-        plain = tuple(zip(self.plain.paths + self.plain_attr.paths, self.plain.values + self.plain_attr.values))
-        return objects, plain, tuple(tensors), tuple(zip(self.sized_paths, self.sized_len)), self.truncated
-
-    def owners(self) -> tuple[int, ...]:
-        """References to each tensor now (taken right after capture: the containers that
-        hold it and graphify's own); a larger count later means someone else kept it."""
-        return tuple(sys.getrefcount(t) for t in self._tensors)
-
-    def adoptable(self, owners: tuple[int, ...], new: "Reach") -> bool:
-        """Whether `new` (a new object's reach) may take over this reach's tensors: the
-        same skeleton, no one but graphify and the dead object holding these tensors
-        (`owners` as recorded), and each of `new`'s tensors held by its container alone."""
-        if _storage_use_count is None or self.truncated or new.truncated or self.skeleton() != new.skeleton():
-            return False
-        if tuple(sys.getrefcount(t) for t in self._tensors) != owners:
-            return False
-        if not all(_has_address(t) and _sole_storage(t) for t in self._tensors):
-            return False
-        if new.snapshots is not None:
-            raise ValueError("Reach.adoptable: record the new object with snapshots=False")
-        for edges, attr in ((new.tensor, False), (new.tensor_attr, True)):
-            for holder, key in zip(edges.holders, edges.keys):
-                # its container, `new`'s own references (edge list, tensor tuples), getrefcount's argument
-                if sys.getrefcount(_read(holder, key, attr)) != 1 + _OWN_REFS + 1:
-                    return False
-                if not _sole_storage(_read(holder, key, attr)):
-                    return False
-        return True
-
-    def adopt(self, new: "Reach") -> None:
-        """Copy `new`'s tensors into this reach's (the memory the graphs read) and point
-        `new`'s containers at them; check `adoptable` first. `new` is stale afterwards:
-        record the new object again."""
-        homes = self._tensors
-        fresh = new._tensors
-        with torch.no_grad():
-            torch._foreach_copy_(list(homes), list(fresh))
-        i = 0
-        for edges, attr in ((new.tensor, False), (new.tensor_attr, True)):
-            for holder, key in zip(edges.holders, edges.keys):
-                if attr:
-                    _set(holder, key, homes[i])
-                else:
-                    holder[key] = homes[i]
-                i += 1
-
-
 _GONE = object()
-_OWN_REFS = 3  # references a Reach holds to each addressed tensor: its edge list, `_tensors`, `_addressed`
 
 
 def _read(holder, key, attr: bool):
@@ -368,12 +310,6 @@ def _set(holder, key: str, value) -> None:
         holder.cell_contents = value
     else:
         object.__setattr__(holder, key, value)
-
-
-def _sole_storage(t: torch.Tensor) -> bool:
-    """No other tensor (a view) shares `t`'s memory: one tensor impl, plus the temporary
-    storage object this check makes."""
-    return _storage_use_count(t.untyped_storage()._cdata) == 2
 
 
 def _has_address(t: torch.Tensor) -> bool:
@@ -395,54 +331,3 @@ def _show(value: Any) -> str:
         return f"tensor{tuple(value.shape)}@{value.data_ptr():#x}"
     text = repr(value)
     return text if len(text) <= 60 else f"<{type(value).__name__} object>"
-
-
-def function_roots(fn: Callable, name: str | None = None) -> dict[str, Any]:
-    """The roots a function reads beyond its arguments: its closure cells, the globals its
-    code names that are tensors or plain values, a bound method's object (unless it is an
-    nn.Module, which `ModuleWatch` covers), and a partial's bound arguments."""
-    roots: dict[str, Any] = {}
-    seen: set[int] = set()
-
-    def add(f: Any, label: str, level: int) -> None:
-        if id(f) in seen or level > 3:
-            return
-        seen.add(id(f))
-        f = getattr(f, "_torchdynamo_orig_callable", f)  # a torch.compile'd function: its Python original
-        if isinstance(f, types.MethodType):
-            owner = f.__self__
-            if not isinstance(owner, (torch.nn.Module, type, types.ModuleType)):
-                roots[f"{label}.__self__"] = owner
-            add(f.__func__, label, level + 1)
-            return
-        if hasattr(f, "func") and hasattr(f, "args") and hasattr(f, "keywords"):  # functools.partial
-            roots[f"{label}.args"] = f.args
-            roots[f"{label}.keywords"] = f.keywords
-            add(f.func, label, level + 1)
-            return
-        wrapped = getattr(f, "__wrapped__", None)
-        if wrapped is not None and not isinstance(f, types.FunctionType):
-            add(wrapped, label, level + 1)
-            return
-        if not isinstance(f, types.FunctionType):
-            return
-        code = f.__code__
-        for var, cell in zip(code.co_freevars, f.__closure__ or ()):
-            roots[f"{label} closure {var!r}"] = cell
-        g = f.__globals__
-        for var in code.co_names:
-            value = g.get(var, _GONE)
-            if isinstance(value, torch.Tensor) or (value is not _GONE and _immutable_plain(value)):
-                roots.setdefault(f"{label} global {var!r}", _GlobalSlot(g, var))
-
-    add(fn, name or getattr(fn, "__name__", "fn"), 0)
-    return roots
-
-
-class _GlobalSlot:
-    """A module global as a root: the globals dict, walked for one name only."""
-
-    __slots__ = ("globals", "name")
-
-    def __init__(self, globals_: dict, name: str):
-        self.globals, self.name = globals_, name

@@ -75,7 +75,6 @@ class CaptureSession:
         self.table_fields = table_fields
         self.fn_roots = fn_roots or {}  # what the function reads besides its arguments (closure, globals)
         self.reach: tuple[Reach, ...] = ()  # (static objects', function's), as the graphs read them
-        self.owners: tuple[int, ...] = ()  # references to the static objects' tensors after the last capture
         self.entries: dict = {}
         self.seen: set = set()  # modes whose first key is captured (it alone runs the full protocol)
         self.seconds = 0.0
@@ -160,8 +159,6 @@ class CaptureSession:
         for entry in entries.values():
             self.pool.track(entry, f"{self.call} {entry.label}", entry.nbytes)
         self.reach = tuple(r.freeze() for r in reach)
-        del reach, objects, example
-        self.owners = self.reach[0].owners()
         self.seconds += time.perf_counter() - start
         return self.table()
 
@@ -223,8 +220,6 @@ class CaptureSession:
         }
         current = {s.name: objects[s.name] for s in self.specs if s.name in objects}
         self.reach = (Reach.record(current).freeze(), self.reach[1] if len(self.reach) > 1 else Reach())
-        del current, objects
-        self.owners = self.reach[0].owners()
 
     def table(self) -> GraphTable:
         """The table of every entry captured so far (a new immutable value). Its `release()`

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from graphify import Mode, StateChangedError, graphify, static, tokens
-from graphify._reach import Reach, function_roots
+from graphify._reach import Reach
+from graphify._roots import function_roots
 
 
 class Box:
