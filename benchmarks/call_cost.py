@@ -118,7 +118,7 @@ def reach_check_us(reps: int = 20000) -> float | None:
                                    num_attention_heads=14, num_key_value_heads=2, vocab_size=1000)
     cache = transformers.StaticCache(config=cfg, max_cache_len=64)
     cache.early_initialization(1, 2, 64, torch.float32, torch.device("cpu"))
-    reach = Reach.record({"past_key_values": cache}).freeze()
+    reach = Reach.walk({"past_key_values": cache}).freeze()
     samples = []
     for _ in range(5):
         t0 = time.perf_counter()

@@ -19,7 +19,7 @@ from transforms import split
 
 from ._report import environment, host_pipelined_us, publish, table, time_per_call
 from .peers import ReduceOverhead
-from .serving import ATTENTION, Setup
+from ._serving_trace import ATTENTION, Setup
 
 B = 8
 STEPS = 5

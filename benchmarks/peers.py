@@ -57,7 +57,7 @@ def reduce_overhead_row(setup, timed) -> tuple[dict, ReduceOverhead]:
     sync()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_reserved()
-    from .serving import _percentile, run_trace, slowest_steps
+    from ._serving_trace import _percentile, run_trace, slowest_steps
 
     compiled = ReduceOverhead(setup.step, [setup.cache, *setup.params.values()])
     t0 = time.perf_counter()
@@ -83,7 +83,7 @@ def reduce_overhead_row(setup, timed) -> tuple[dict, ReduceOverhead]:
 
 def main(argv=None) -> None:
     """Run the peer on the serving trace and the batch-8 decode; write JSON to --out."""
-    from .serving import Setup, decode_rows, step_timer
+    from ._serving_trace import Setup, decode_rows, step_timer
 
     parser = argparse.ArgumentParser(description="torch.compile reduce-overhead on the serving trace")
     parser.add_argument("--requests", type=int, default=48)

@@ -36,10 +36,7 @@ if "--cpu" in sys.argv[1:]:  # gloo and the simulation: no CUDA, so the timers r
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
-import traceback  # noqa: E402
-from datetime import timedelta  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -61,6 +58,7 @@ from models import (  # noqa: E402
 from transforms import split  # noqa: E402
 
 from ._floor import HandWrittenGraph  # noqa: E402
+from ._ranks import ExitTogether, init, maybe_fail  # noqa: E402
 from ._report import environment, host_pipelined_us, publish, sync, table, time_per_call  # noqa: E402
 
 BATCHES = (1, 8, 64)
@@ -76,81 +74,6 @@ TIMING = {  # time_per_call arguments per model: graphs, eager; host_pipelined_u
 }
 TARGET_VS_HAND = 1.05  # graphify TP step ÷ the hand-written TP loop's, at every batch
 TARGET_8B_B1 = 0.6  # 8B at B=1: TP step ÷ TP=1 step
-ABORT_KEY = "benchmarks.tensor_parallel/failed-rank"
-
-
-# -- every rank ends by itself ------------------------------------------------------------
-
-def _leave(code: int, message: str) -> None:
-    """Print `message` and end the process now: no teardown that could wait on other ranks
-    (destroy_process_group, graphify's release at exit, a device sync)."""
-    print(message, file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(code)
-
-
-class ExitTogether:
-    """When one rank fails, every rank ends. The failing rank (`fail`) prints its traceback,
-    posts its rank in the process group's store and leaves; a thread on every rank polls the
-    store and leaves when another rank posted, or when the store is gone (its host rank
-    died). torchrun also ends the others once one exits non-zero; this covers plain
-    launches and ranks stuck on a device waiting for a collective inside a graph."""
-
-    def __init__(self, rank: int, poll_s: float = 1.0):
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        self.rank, self.poll_s = rank, poll_s
-        self.store = _get_default_store()
-        self.done = threading.Event()
-        threading.Thread(target=self._watch, name="exit-together", daemon=True).start()
-
-    def _watch(self) -> None:
-        while not self.done.wait(self.poll_s):
-            try:
-                why = f"rank {self.store.get(ABORT_KEY).decode()} failed" if self.store.check([ABORT_KEY]) else None
-            except Exception as exc:  # the store's host is gone: a rank died
-                why = f"the store is unreachable ({type(exc).__name__}): its host rank died"
-            if why is not None and not self.done.is_set():
-                _leave(1, f"[rank {self.rank}] stopping: {why}")
-
-    def stop(self) -> None:
-        """Every rank is past the last collective: from here on a rank leaving is the end."""
-        self.done.set()
-
-    def fail(self, exc: BaseException) -> None:
-        """Report `exc`, tell the other ranks, leave (never returns)."""
-        self.done.set()
-        print(f"[rank {self.rank}] failed:", file=sys.stderr)
-        traceback.print_exception(exc)
-        poster = threading.Thread(target=self.store.set, args=(ABORT_KEY, str(self.rank)), daemon=True)
-        poster.start()
-        poster.join(5)  # a dead store host must not keep this rank alive
-        _leave(1, f"[rank {self.rank}] the other ranks were told to stop")
-
-
-def init(cpu: bool, timeout_s: float) -> tuple[int, int, torch.device]:
-    """Join the process group (torchrun's environment): gloo on the CPU, else NCCL on GPU
-    LOCAL_RANK; collectives give up after `timeout_s`. Returns (rank, world, device)."""
-    timeout = timedelta(seconds=timeout_s)
-    if cpu:
-        dist.init_process_group("gloo", timeout=timeout)
-        return dist.get_rank(), dist.get_world_size(), torch.device("cpu")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", timeout=timeout, device_id=device)
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def maybe_fail(args, rank: int, stage: str) -> None:
-    """The failure `--fail-rank/--fail-at` asks for (tests: one rank fails, all must end).
-    At "stuck" the other ranks wait forever instead, as a rank does on a device whose
-    collective's peer is gone: only `ExitTogether` can end them."""
-    if args.fail_at != stage or args.fail_rank is None:
-        return
-    if args.fail_rank == rank:
-        raise RuntimeError(f"injected failure on rank {rank} at {stage} (--fail-rank {rank} --fail-at {stage})")
-    while stage == "stuck":
-        time.sleep(1)
 
 
 # -- decode ---------------------------------------------------------------------------------
@@ -297,7 +220,7 @@ def run_decode(args, rank: int, world: int, device: torch.device) -> dict:
 def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startup: float, timed) -> dict:
     """Check `g` step by step against the single-GPU eager model (its own copy of the
     starting cache), then time every step of the trace."""
-    from .serving import _percentile
+    from ._serving_trace import _percentile
 
     ref_cache = initial.clone()
     g.stats.reset()
@@ -320,7 +243,7 @@ def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startu
 def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
     """The main job's trace (benchmarks/serving.py) through graphify FULL_AND_PIECEWISE at
     TP=1 (each rank its own single-GPU model) and TP=world (`group=`)."""
-    from .serving import ATTENTION, Setup, step_timer
+    from ._serving_trace import ATTENTION, Setup, step_timer
 
     gpu = device.type == "cuda"
     setup = Setup(gpu, args.requests, args.seed)
@@ -337,7 +260,7 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
     t0 = time.perf_counter()
     fn = split(step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes())
     g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=sglang_piecewise_sizes(setup.max_tokens), axes=varlen_axes(),
-                 outputs="view", support=model_support(ATTENTION), uniform_query_len=1, group=dist.group.WORLD,
+                 outputs="view", support=model_support(ATTENTION), group=dist.group.WORLD,
                  options=Options(progress=rank == 0 and not args.smoke)).capture(*setup.example, cache)
     sync()
     startup = time.perf_counter() - t0

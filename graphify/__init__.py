@@ -10,7 +10,7 @@ only the backends capture and replay.
 """
 
 from ._axes import ArgSpec, Axis, fixed, persistent, reqs, static, tokens
-from ._capture import freeze_gc
+from .capture import freeze_gc
 from ._check import CheckReport, CheckRow
 from ._descriptor import BatchDescriptor
 from ._distributed import release_all
@@ -24,7 +24,9 @@ from ._errors import (
     StateChangedError,
     UnsupportedOpError,
 )
-from ._graphify import Graphified, graphify
+from ._batching import Batching
+from ._graphify import Graphified
+from ._transform import graphify
 from ._keys import KeySet, plan_keys
 from ._options import Options
 from ._mode import RUNTIME_MODES, Mode
@@ -44,7 +46,7 @@ from ._table import Entry, GraphTable
 
 __all__ = [
     "release_all",
-    "ArgSpec", "Axis", "BatchDescriptor", "CaptureError", "CheckReport", "CheckRow", "Decision", "DispatchMismatchError", "Dispatcher", "Entry",
+    "ArgSpec", "Axis", "BatchDescriptor", "Batching", "CaptureError", "CheckReport", "CheckRow", "Decision", "DispatchMismatchError", "Dispatcher", "Entry",
     "GraphTable", "Graphified", "GraphifyError", "InputMismatchError", "KeySet", "Mode", "Options", "StateChangedError",
     "PersistentSwapError", "Pool", "PoolReport", "RUNTIME_MODES", "Resolution", "Stats", "StatsRow",
     "Support", "UnsupportedOpError", "dispatch", "explain_miss", "fixed", "freeze_gc", "graphify",

@@ -23,17 +23,41 @@ import torch
 
 from ._errors import InputMismatchError
 
-__all__ = ["Axis", "tokens", "reqs", "fixed", "persistent", "static", "ArgSpec", "layout_for", "specs_for", "WeakStatic", "weaken"]
+__all__ = [
+    "Axis", "Kind", "tokens", "reqs", "fixed", "persistent", "static", "ArgSpec", "layout_for", "specs_for",
+    "WeakStatic", "weaken",
+]
 
-KINDS = ("tokens", "reqs", "fixed", "persistent", "static")
-PADDED = ("tokens", "reqs")
+
+class Kind(str, enum.Enum):
+    """What an argument is to the batch. A `str` enum: equal to its name as a string, which
+    is how users write axes and output axes ("tokens", "reqs")."""
+
+    TOKENS = "tokens"
+    REQS = "reqs"
+    FIXED = "fixed"
+    PERSISTENT = "persistent"
+    STATIC = "static"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def padded(self) -> bool:
+        """Dim 0 follows the batch: copied into the leading rows of a static buffer, the
+        rest padding."""
+        return self in PADDED
+
+
+KINDS = tuple(k.value for k in Kind)
+PADDED = (Kind.TOKENS, Kind.REQS)
 
 
 @attrs.frozen
 class Axis:
     """How one argument relates to the batch; build it with `tokens()`, `reqs()`, ..."""
 
-    kind: str = attrs.field(validator=attrs.validators.in_(KINDS))
+    kind: Kind = attrs.field(converter=Kind)
     pad: int | float | bool = 0
 
     @classmethod
@@ -45,32 +69,32 @@ class Axis:
         raise ValueError(f"unknown axis {value!r}; valid axes are {', '.join(map(repr, KINDS))} or an Axis")
 
     def __str__(self) -> str:
-        return f"{self.kind}(pad={self.pad})" if self.kind in PADDED else f"{self.kind}()"
+        return f"{self.kind}(pad={self.pad})" if self.kind.padded else f"{self.kind}()"
 
 
 def tokens(pad: int | float | bool = 0) -> Axis:
     """Dim 0 grows with tokens; padded rows are filled with `pad`."""
-    return Axis("tokens", pad)
+    return Axis(Kind.TOKENS, pad)
 
 
 def reqs(pad: int | float | bool = 0) -> Axis:
     """Dim 0 grows with requests; padded rows are filled with `pad`."""
-    return Axis("reqs", pad)
+    return Axis(Kind.REQS, pad)
 
 
 def fixed() -> Axis:
     """A fixed-shape tensor copied into its static buffer on every call."""
-    return Axis("fixed")
+    return Axis(Kind.FIXED)
 
 
 def persistent() -> Axis:
     """Same storage on every call (weights, KV cache): not copied, its address is checked."""
-    return Axis("persistent")
+    return Axis(Kind.PERSISTENT)
 
 
 def static() -> Axis:
     """A non-tensor value baked into the graph: later calls must pass an equal value."""
-    return Axis("static")
+    return Axis(Kind.STATIC)
 
 
 @attrs.frozen(eq=False)
@@ -88,12 +112,12 @@ class ArgSpec:
 
     @property
     def trailing(self) -> tuple[int, ...]:
-        return self.shape[1:] if self.axis.kind in PADDED else self.shape
+        return self.shape[1:] if self.axis.kind.padded else self.shape
 
     def describe(self) -> str:
-        if self.axis.kind == "static":
+        if self.axis.kind is Kind.STATIC:
             return f"static value {self.value!r}"
-        lead = {"tokens": "num_tokens", "reqs": "num_reqs"}.get(self.axis.kind)
+        lead = {Kind.TOKENS: "num_tokens", Kind.REQS: "num_reqs"}.get(self.axis.kind)
         dims = ", ".join([lead] * (lead is not None) + [str(d) for d in self.trailing])
         return f"{self.axis.kind} tensor of shape ({dims}), dtype {self.dtype}, device {self.device}"
 
@@ -136,7 +160,7 @@ def specs_for(call: str, names: Sequence[str], layout: Sequence[Axis], args: Seq
     """Record each argument's spec from the example call; reject impossible layouts."""
     specs = []
     for i, (axis, arg, name) in enumerate(zip(layout, args, names)):
-        if axis.kind == "static":
+        if axis.kind is Kind.STATIC:
             if isinstance(arg, torch.Tensor):
                 raise InputMismatchError(
                     f"{call}: argument {name!r} is a tensor but its axis is static(); "
@@ -149,10 +173,10 @@ def specs_for(call: str, names: Sequence[str], layout: Sequence[Axis], args: Seq
                 f"{call}: argument {name!r} has axis {axis} but is a {type(arg).__name__}, not a tensor; "
                 "mark non-tensor arguments static()"
             )
-        if axis.kind in PADDED and arg.dim() == 0:
+        if axis.kind.padded and arg.dim() == 0:
             raise InputMismatchError(f"{call}: argument {name!r} has axis {axis} but is a 0-d tensor")
         specs.append(
-            ArgSpec(i, name, axis, arg.dtype, arg.device, tuple(arg.shape), arg.data_ptr() if axis.kind == "persistent" else 0)
+            ArgSpec(i, name, axis, arg.dtype, arg.device, tuple(arg.shape), arg.data_ptr() if axis.kind is Kind.PERSISTENT else 0)
         )
     return tuple(specs)
 
@@ -223,7 +247,7 @@ def mismatch(call: str, spec: ArgSpec, arg: Any) -> Exception | None:
     from ._errors import PersistentSwapError
 
     kind = spec.axis.kind
-    if kind == "static":
+    if kind is Kind.STATIC:
         if same_static(arg, spec.value):
             return None
         if not by_value(spec.value):
@@ -239,8 +263,8 @@ def mismatch(call: str, spec: ArgSpec, arg: Any) -> Exception | None:
     if not isinstance(arg, torch.Tensor):
         return InputMismatchError(f"{call}: argument {spec.name!r} must be a tensor; captured {spec.describe()}")
     got = f"dtype {arg.dtype}, device {arg.device}, shape {tuple(arg.shape)}"
-    if arg.dtype != spec.dtype or arg.device != spec.device or tuple(arg.shape[1:] if kind in PADDED else arg.shape) != spec.trailing:
-        if kind == "persistent":
+    if arg.dtype != spec.dtype or arg.device != spec.device or tuple(arg.shape[1:] if kind.padded else arg.shape) != spec.trailing:
+        if kind is Kind.PERSISTENT:
             return PersistentSwapError(
                 f"{call}: persistent argument {spec.name!r} changed: got {got}, captured {spec.describe()}; "
                 "pass the same tensor that was captured (update it in place) or capture again"
@@ -252,9 +276,9 @@ def mismatch(call: str, spec: ArgSpec, arg: Any) -> Exception | None:
                 "(a callable that captures on first use, without capture(), captures a new structure by itself)"
             )
         return InputMismatchError(f"{call}: argument {spec.name!r} got {got}; captured {spec.describe()}{fix}")
-    if kind in PADDED and arg.dim() == 0:
+    if kind.padded and arg.dim() == 0:
         return InputMismatchError(f"{call}: argument {spec.name!r} is 0-d; captured {spec.describe()}")
-    if kind == "persistent" and arg.data_ptr() != spec.data_ptr:
+    if kind is Kind.PERSISTENT and arg.data_ptr() != spec.data_ptr:
         return PersistentSwapError(
             f"{call}: persistent argument {spec.name!r} is a different tensor from the one captured "
             f"(data_ptr {arg.data_ptr():#x}, captured {spec.data_ptr:#x}); the graphs read the captured "

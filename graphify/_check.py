@@ -17,6 +17,7 @@ import attrs
 import torch
 from torch.utils import _pytree as pytree
 
+from ._axes import Kind
 from ._state import StateKeeper
 from ._stats import Stats
 
@@ -86,9 +87,9 @@ def _random_args(runtime, examples: Sequence[Any], n: int, gen: torch.Generator)
     resampled from the example (so indices stay valid); the rest as captured."""
     table = runtime.table
     args = []
-    for spec, buf, kept, example in zip(table.specs, table.static.buffers, table.static.persistent, examples):
-        kind = spec.axis.kind
-        if kind == "tokens":
+    for b, spec, arg, real in table.static.slots(table.specs, n, None):
+        example = examples[b]
+        if spec.axis.kind is Kind.TOKENS:
             if example.is_floating_point() or example.is_complex():
                 scale = example.float().std().nan_to_num(1.0).clamp_min(1e-3).item() if example.numel() > 1 else 1.0
                 x = torch.randn((n, *spec.trailing), generator=gen) * scale
@@ -96,12 +97,12 @@ def _random_args(runtime, examples: Sequence[Any], n: int, gen: torch.Generator)
             else:
                 rows = torch.randint(0, example.shape[0], (n,), generator=gen).to(example.device)
                 args.append(example[rows].clone())
-        elif kind == "fixed":
-            args.append(buf.clone())
-        elif kind == "persistent":
-            args.append(kept)
+        elif spec.axis.kind is Kind.FIXED:
+            args.append(arg.clone())
+        elif spec.axis.kind is Kind.REQS:
+            args.append(spec.value)  # request rows need the caller's make_batch
         else:
-            args.append(spec.value)
+            args.append(arg)
     return tuple(args)
 
 
@@ -123,7 +124,7 @@ def check_table(
         args = tuple(make_batch(n)) if make_batch is not None else _random_args(runtime, examples, n, gen)
         keeper, stats = StateKeeper(), Stats()
         with torch.no_grad():
-            want = keeper.record(runtime.fn, *args)
+            want = keeper.record_writes(runtime.fn, *args)
             want = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, want)
             keeper.restore()
             got = runtime.run(args, stats)
@@ -144,18 +145,15 @@ def check_table(
     return CheckReport(call, tuple(rows))
 
 
-def check_callable(g, make_batch, sizes, *, rtol: float, atol: float, seed: int) -> CheckReport:
-    """`Graphified.check` (see there): the table of a captured callable, or on first use
-    the most recently used structure's."""
-    runtime, table = g._runtime, g.table
-    if runtime is None and g._first_use is not None and g._first_use.current() is not None:
-        runtime = g._first_use.current().runtime  # first use: the most recently used structure
-        table = runtime.table
+def check_callable(call: str, runtime, make_batch, sizes, *, rtol: float, atol: float, seed: int) -> CheckReport:
+    """`Graphified.check` (see there) over `runtime`: a captured callable's, or on first use
+    the most recently used structure's (None: nothing captured yet)."""
+    table = runtime.table if runtime is not None else None
     if runtime is None or not len(table):
-        raise ValueError(f"{g._call}.check: capture first; check compares the graphs with eager")
+        raise ValueError(f"{call}.check: capture first; check compares the graphs with eager")
     if make_batch is None and runtime.req_idx:
         raise ValueError(
-            f"{g._call}.check: request-axis arguments must agree with the token ones, which random rows "
+            f"{call}.check: request-axis arguments must agree with the token ones, which random rows "
             "cannot guess: pass make_batch(num_tokens) returning a call's arguments"
         )
     make = None
@@ -174,4 +172,4 @@ def check_callable(g, make_batch, sizes, *, rtol: float, atol: float, seed: int)
     else:
         top = max(captured)
         sizes = [(n, "captured" if n in captured else "above" if n > top else "between") for n in sizes]
-    return check_table(g._call, runtime, table.examples or (), make, sizes, rtol=rtol, atol=atol, seed=seed)
+    return check_table(call, runtime, table.examples or (), make, sizes, rtol=rtol, atol=atol, seed=seed)

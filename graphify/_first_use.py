@@ -55,15 +55,19 @@ from typing import Any
 
 import attrs
 
-from ._axes import by_value, mismatch
-from ._dispatch import Dispatcher
+from . import _calls
+from ._axes import Kind, by_value
 from ._errors import CaptureError, GraphifyError, InputMismatchError, StaleReachError, StateReplacedError
+from ._function import FunctionSpec
 from ._keys import KeySet, plan_keys
-from ._prepare import prepare, session_args
 from ._reach import Reach
-from ._takeover import adoptable, owners, take_over
 from ._runtime import Runtime
-from ._session import CaptureSession
+from ._stats import Stats
+from ._structures import Pending, fits
+from ._structures import family as family_of
+from ._structures import signature as signature_of
+from ._takeover import adoptable, owners, take_over
+from .capture import CaptureSession, Prepared, prepare
 
 __all__ = ["FirstUse", "MAX_STRUCTURES", "MAX_EXACT_GRAPHS", "EXACT_MAX_TOKENS", "MAX_IDLE"]
 
@@ -79,10 +83,11 @@ MAX_STALE = 3  # structures of one kind dropped because their objects changed, b
 @attrs.define(eq=False)
 class _Structure:
     """One call structure with graphs: how calls bind, the runtime that replays, and the
-    open capture session its table grows from."""
+    open capture session its table grows from. It is its runtime's `GraphSource`: a graph
+    the runtime lacks is captured through `capture_for`, by the policy of `owner`."""
 
+    owner: "FirstUse"
     layout: Any
-    runtime: Runtime
     session: CaptureSession
     exact: bool
     family: tuple = ()  # what kin share (`_family`)
@@ -91,6 +96,11 @@ class _Structure:
     owners: tuple = ()  # references to its objects' tensors after the last capture (`graphify._takeover`)
     graphs: int = 0
     full: bool = False  # exact sizes only: the graph bound is reached
+    runtime: Runtime | None = None  # set once made (the runtime's source is this structure)
+
+    def capture_for(self, decision, args: Sequence[Any]):
+        """`GraphSource`: capture the key a call of this structure needs (lock held)."""
+        return self.owner.grow(self, decision, args)
 
     def alive(self) -> bool:
         return self.session.statics_alive()
@@ -102,24 +112,15 @@ class _Structure:
             self.owners = owners(self.session.reach[0])
 
 
-@attrs.define(eq=False)
-class _Pending:
-    """The previous call, which ran eagerly: its structure, to compare the next call with."""
-
-    layout: Any
-    specs: tuple
-    call: str
-
-
 class FirstUse:
     """The first-use state of one `Graphified`; see the module docstring."""
 
-    def __init__(self, owner):
-        self.owner = owner
+    def __init__(self, spec: FunctionSpec, stats: Stats):
+        self.spec, self.stats = spec, stats
         self.lock = threading.Lock()
         self.structures: list[_Structure] = []
-        self.pending: _Pending | None = None
-        self.refused: list[_Pending] = []  # structures whose calls a graph cannot take as they are
+        self.pending: Pending | None = None
+        self.refused: list[Pending] = []  # structures whose calls a graph cannot take as they are
         self.stale: dict = {}  # family -> structures dropped because their objects changed
         self.refused_families: list[tuple] = []  # kinds of calls that run eagerly (state a graph cannot follow)
         self.released = False
@@ -131,13 +132,13 @@ class FirstUse:
     def call(self, args: tuple, kwargs: dict):
         if self.released:
             raise GraphifyError(
-                f"{self.owner._call}: this callable's graphs were released (release()); use the callable "
+                f"{self.spec.call}: this callable's graphs were released (release()); use the callable "
                 "release() returned"
             )
         for structure in tuple(self.structures):  # most recently used first
             try:
                 slots = structure.layout.bind(args, kwargs)
-                out = self.owner._run(structure.runtime, slots)
+                out = _calls.run(structure.runtime, slots, self.stats)
             except InputMismatchError:
                 continue  # not this structure
             except StaleReachError:  # its objects hold other tensors or values now: start over
@@ -156,87 +157,82 @@ class FirstUse:
             return out
         return self._new_structure(args, kwargs)
 
+    def _eager(self, args: tuple, kwargs: dict):
+        return _calls.eager(self.spec, self.stats, args, kwargs)
+
     def _new_structure(self, args: tuple, kwargs: dict):
-        owner = self.owner
+        call = self.spec.call
         try:
-            prepared = prepare(owner, args, kwargs)
+            prepared = prepare(self.spec, args, kwargs)
         except (ValueError, TypeError, InputMismatchError):  # nothing to graph (no batch axis, ...)
             self.pending = None
-            return owner._eager(args, kwargs)
-        fn, twin, slots, specs, backend, library, layout = prepared
-        if any(_fits(r, layout, slots) for r in self.refused):
-            return owner._eager(args, kwargs)
-        family = _family(layout, specs)
+            return self._eager(args, kwargs)
+        slots, specs, layout = prepared.args, prepared.specs, prepared.layout
+        if any(fits(r, layout, slots) for r in self.refused):
+            return self._eager(args, kwargs)
+        family = family_of(layout, specs)
         if family in self.refused_families:
-            return owner._eager(args, kwargs)
+            return self._eager(args, kwargs)
         with self.lock:
             self._purge()
-            adopter = self._adopter(family, _signature(layout, specs), specs, slots)
+            adopter = self._adopter(family, signature_of(layout, specs), specs, slots)
         if adopter is not None:
             return self.call(args, kwargs)  # served by the structure that took the new objects over
         # kin: the same call with new static objects (a new cache, maybe of another length)
-        objects = any(s.axis.kind == "static" and not by_value(s.value) for s in specs)
+        objects = any(s.axis.kind is Kind.STATIC and not by_value(s.value) for s in specs)
         kin = next((s for s in self.structures if s.family == family and s.graphs), None) if objects else None
-        previous, self.pending = self.pending, _Pending(layout, specs, owner._call)
-        if kin is None and (previous is None or not _fits(previous, layout, slots)):
-            return owner._eager(args, kwargs)  # a first sighting: its warm-up
+        previous, self.pending = self.pending, Pending(layout, specs, call)
+        if kin is None and (previous is None or not fits(previous, layout, slots)):
+            return self._eager(args, kwargs)  # a first sighting: its warm-up
         with self.lock:
             found = _fitting(self.structures, args, kwargs)  # another thread may have made it meanwhile
             if found is not None:
-                return owner._run(*found)
+                return _calls.run(*found, self.stats)
             if len(self.structures) >= MAX_STRUCTURES:
                 if not self.warned:
                     self.warned = True
                     log.warning(
                         "%s: %d call structures already have graphs; calls of other structures run eagerly "
                         "(capture() the one you need, or call with fewer distinct shapes and keywords)",
-                        owner._call, MAX_STRUCTURES,
+                        call, MAX_STRUCTURES,
                     )
-                return owner._eager(args, kwargs)
-            structure = self._open(prepared, family, _signature(layout, specs), kin)
+                return self._eager(args, kwargs)
+            structure = self._open(prepared, family, signature_of(layout, specs), kin)
             self.structures.insert(0, structure)
         refused, self.pending = self.pending, None
         try:
-            return owner._run(structure.runtime, slots)
+            return _calls.run(structure.runtime, slots, self.stats)
         except InputMismatchError as exc:  # e.g. weights passed as tokens-axis arguments (default axes)
             self._drop(structure, refused)
-            log.warning("%s: these calls cannot be graphed as they are (%s); they run eagerly", owner._call, exc)
-            return owner._eager(args, kwargs)
+            log.warning("%s: these calls cannot be graphed as they are (%s); they run eagerly", call, exc)
+            return self._eager(args, kwargs)
         except StateReplacedError as exc:
             if not exc.replaced:
                 self._drop(structure)
                 raise
             return self._refuse(structure, exc, args, kwargs)
 
-    def _open(self, prepared, family: tuple, signature: tuple, kin: "_Structure | None") -> _Structure:
+    def _open(self, prepared: Prepared, family: tuple, signature: tuple, kin: "_Structure | None") -> _Structure:
         """A structure with an open session and an empty table; graphs come on first use."""
-        owner = self.owner
-        fn, twin, slots, specs, backend, library, layout = prepared
-        exact = owner.sizes is None
-        keys = owner.keys if not exact else _exact_keys(owner)
-        session = CaptureSession(
-            **session_args(owner, fn, twin, slots, specs, backend, library, layout, keys), weak_statics=True
-        )
-        table = session.table()
-        structure = None
-
-        def grow(decision, call_args):
-            return self._grow(structure, decision, call_args)
-
-        runtime = owner._runtime_for(table, Dispatcher(keys, owner.max_padding_ratio), grow=grow)
+        spec = self.spec
+        exact = spec.sizes is None
+        keys = spec.keys if not exact else _exact_keys(spec)
+        session = CaptureSession(spec, prepared, keys, weak_statics=True)
         kin_keys = frozenset(kin.runtime.table.entries) | kin.kin_keys if kin is not None else frozenset()
-        structure = _Structure(layout, runtime, session, exact, family, signature, kin_keys)
+        structure = _Structure(self, prepared.layout, session, exact, family, signature, kin_keys)
+        structure.runtime = _calls.runtime_for(spec, session.table(), keys, source=structure)
         return structure
 
-    def _grow(self, structure: _Structure, decision, call_args: Sequence[Any]):
-        """Capture the key `decision` names (runtime lock held); None past the bound."""
+    def grow(self, structure: _Structure, decision, call_args: Sequence[Any]):
+        """Capture the key `decision` names for `structure` (its runtime's lock held); None
+        past the bound."""
         if structure.exact and structure.graphs >= MAX_EXACT_GRAPHS:
             if not structure.full:
                 structure.full = True
                 log.warning(
                     "%s: %d graphs captured on first use for one call structure; batches of other sizes run "
                     "eagerly (pass sizes=... to pad to a schedule, or capture() ahead of time)",
-                    self.owner._call, MAX_EXACT_GRAPHS,
+                    self.spec.call, MAX_EXACT_GRAPHS,
                 )
             return None
         runtime, session = structure.runtime, structure.session
@@ -248,7 +244,7 @@ class FirstUse:
             except StateReplacedError:
                 raise
             except CaptureError as exc:  # the quick way failed: the whole protocol decides
-                log.info("%s: a capture without warm-up failed (%s); capturing with one", self.owner._call, exc)
+                log.info("%s: a capture without warm-up failed (%s); capturing with one", self.spec.call, exc)
                 table = session.capture(pairs, call_args=call_args, dirty=runtime.dirty)
         else:
             table = session.capture(pairs, call_args=call_args, dirty=runtime.dirty, collect=collect)
@@ -259,13 +255,13 @@ class FirstUse:
 
     def _adopter(self, family: tuple, signature: tuple, specs, slots) -> "_Structure | None":
         """An idle structure that took over this call's new static objects (lock held)."""
-        objects = {s.name: slots[s.index] for s in specs if s.axis.kind == "static" and not by_value(slots[s.index])}
+        objects = {s.name: slots[s.index] for s in specs if s.axis.kind is Kind.STATIC and not by_value(slots[s.index])}
         if not objects:
             return None
         for structure in self.structures:
             if structure.signature != signature or structure.alive() or not structure.session.reach:
                 continue
-            new = Reach.record(objects, snapshots=False)
+            new = Reach.walk(objects, snapshots=False)
             home = structure.session.reach[0]
             if not adoptable(home, structure.owners, new):
                 continue
@@ -294,7 +290,7 @@ class FirstUse:
             self.structures.remove(s)
             self.structures.append(s)
 
-    def _drop(self, structure: _Structure, refused: "_Pending | None" = None) -> None:
+    def _drop(self, structure: _Structure, refused: "Pending | None" = None) -> None:
         """Release `structure`; with `refused`, later calls of its kind run eagerly."""
         with self.lock:
             if structure in self.structures:
@@ -313,7 +309,7 @@ class FirstUse:
             self.refused_families.append(structure.family)
             log.warning(
                 "%s: what the graphs read through a static argument or the closure changed between calls %d "
-                "times; these calls run eagerly from now on", self.owner._call, count,
+                "times; these calls run eagerly from now on", self.spec.call, count,
             )
 
     def _refuse(self, structure: _Structure, exc: StateReplacedError, args: tuple, kwargs: dict):
@@ -324,7 +320,7 @@ class FirstUse:
         if not self.warned_replaced:
             self.warned_replaced = True
             warnings.warn(f"{exc} (these calls run eagerly, without graphs)", stacklevel=4)
-        return self.owner._eager(args, kwargs)
+        return self._eager(args, kwargs)
 
     # -- the callable's other verbs ---------------------------------------------------------
     def current(self) -> _Structure | None:
@@ -352,30 +348,12 @@ class FirstUse:
         )
 
 
-def _family(layout, specs) -> tuple:
-    """What calls of one kind share apart from shapes and object identity: the call's
-    layout, each argument's axis, dtype, device and rank, plain static values, and the
-    types of static objects."""
-    return (layout.names, layout.kinds, layout.trees) + tuple(
-        (s.axis.kind, s.value if by_value(s.value) else type(s.value)) if s.axis.kind == "static"
-        else (s.axis.kind, s.dtype, s.device, len(s.shape))
-        for s in specs
-    )
-
-
-def _signature(layout, specs) -> tuple:
-    """`_family` plus every non-batch shape and persistent address: a call with this
-    signature and objects of the same skeleton can replay a structure's graphs."""
-    return _family(layout, specs) + tuple(
-        (s.trailing, s.data_ptr) for s in specs if s.axis.kind != "static"
-    )
-
-
-def _exact_keys(owner) -> KeySet:
+def _exact_keys(spec: FunctionSpec) -> KeySet:
     """Every batch size up to `EXACT_MAX_TOKENS` as its own (unpadded) key."""
+    batching = spec.batching
     return plan_keys(
-        owner.resolution.mode, range(1, EXACT_MAX_TOKENS + 1), uniform_query_len=owner.uniform_query_len,
-        max_num_reqs=owner.max_num_reqs, lora=owner.lora,
+        spec.resolution.mode, range(1, EXACT_MAX_TOKENS + 1), uniform_query_len=batching.uniform_query_len,
+        max_num_reqs=batching.max_num_reqs, lora=batching.lora,
     )
 
 
@@ -389,11 +367,3 @@ def _fitting(structures, args: tuple, kwargs: dict):
             continue
         return structure.runtime, slots
     return None
-
-
-def _fits(pending: _Pending, layout, slots: Sequence[Any]) -> bool:
-    """Whether a call (bound by its own `layout` to `slots`) has `pending`'s structure."""
-    if (layout.names, layout.kinds, layout.trees) != (pending.layout.names, pending.layout.kinds, pending.layout.trees):
-        return False
-    return all(mismatch(pending.call, spec, slots[spec.index]) is None for spec in pending.specs)
-

@@ -1,160 +1,82 @@
-"""`graphify(fn, mode=...)`: the transform, and the immutable callable it returns."""
+"""`Graphified`: the immutable callable `graphify` returns, with its stages (capture,
+release, static inputs) and its introspection (check, explain, summary)."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from operator import is_
 from typing import Any
 
 import attrs
 import torch
 
-from ._options import Options
-from ._prepare import prepare, session_args
-from ._session import capture_table
+from . import _calls
+from ._batching import Batching
 from ._check import CheckReport
 from ._dispatch import Decision, Dispatcher, explain_miss
-from ._errors import CaptureError, GraphifyError
-from ._interop import ForeignFunction, module, to_torch, tree_from_torch
-from ._keys import KeySet, plan_keys
+from ._errors import GraphifyError
+from ._function import FunctionSpec
+from ._keys import KeySet
 from ._mode import Mode
+from ._options import Options
 from ._pool import Pool
-from ._runtime import Runtime
-from ._sizes import normalize_sizes, vllm_sizes
+from ._signature import fn_name
+from ._sizes import normalize_sizes
 from ._stats import Stats
-from ._support import Resolution, Support, resolve_mode, weakest
+from ._support import Resolution, Support, weakest
 from ._table import GraphTable
-from .backends import BACKENDS
+from .capture import capture_ahead
 
-__all__ = ["graphify", "Graphified"]
-
-log = logging.getLogger("graphify")
-
-DEFAULT_SIZES = vllm_sizes(512)  # what capture() captures when no sizes are given
+__all__ = ["Graphified"]
 
 
-def _mode_field(value):
-    return Mode.parse(value)
-
-
-def _backend_name(value: str) -> str:
-    if value != "auto" and value not in BACKENDS:
-        raise ValueError(f"unknown backend {value!r}; valid backends are 'auto', {', '.join(map(repr, BACKENDS))}")
-    return value
-
-
-def _sizes_field(value):
-    return None if value is None else normalize_sizes(value, allow_empty=True)
-
-
-def _fn_name(fn: Callable) -> str:
-    return getattr(fn, "__name__", None) or type(fn).__name__
-
-
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class Graphified:
     """A function with CUDA graphs: immutable; `capture(...)` returns a new one.
 
     Before `capture()`, calls capture on first use (`graphify._first_use`): graphs come as
     calls need them, per call structure. After capture a call pads its batch into static
     buffers, dispatches to a captured graph (or runs eagerly when none fits) and returns
-    outputs cut back to the real batch. Build it with `graphify`.
+    outputs cut back to the real batch. Build it with `graphify`; the fields are its
+    arguments, and `spec` what they resolve to (`graphify._function.FunctionSpec`).
     """
 
     fn: Callable
-    mode: Mode = attrs.field(converter=_mode_field)
-    sizes: tuple[int, ...] | None = attrs.field(converter=_sizes_field)
+    mode: Mode = attrs.field(default=Mode.FULL, converter=Mode.parse)
+    sizes: tuple[int, ...] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else normalize_sizes(v, allow_empty=True)
+    )
     axes: Any = None
     out_axes: Any = None
     support: Support = attrs.field(default=Support.ALWAYS, converter=weakest)
-    backend: str = attrs.field(default="auto", converter=_backend_name)
+    backend: str = "auto"
     pool: Pool | None = None
-    uniform_query_len: int = 1
-    max_num_reqs: int | None = None
-    lora: bool = False
-    max_padding_ratio: float | None = None
-    outputs: str = attrs.field(default="copy", validator=attrs.validators.in_(("copy", "view")))
-    uniform: Callable[..., bool] | None = None
-    has_lora: Callable[..., bool] | None = None
+    batching: Batching = attrs.field(factory=Batching, converter=lambda b: Batching() if b is None else b)
+    outputs: str = "copy"
     group: Any = None
     options: Options = attrs.field(factory=Options, converter=lambda o: Options() if o is None else o)
     table: GraphTable | None = attrs.field(default=None, repr=False)
-    resolution: Resolution = attrs.field(init=False, repr=False)
-    keys: KeySet = attrs.field(init=False, repr=False)
+    spec: FunctionSpec = attrs.field(init=False, repr=False)
     stats: Stats = attrs.field(init=False, repr=False)
-    _runtime: Runtime | None = attrs.field(init=False, repr=False)
-    _call: str = attrs.field(init=False, repr=False)
+    _runtime: Any = attrs.field(init=False, repr=False)
     _first_use: Any = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self):
-        if not isinstance(self.options, Options):
-            raise TypeError(f"graphify: options must be a graphify.Options, got {type(self.options).__name__}")
-        if self.max_padding_ratio is not None and not self.max_padding_ratio >= 1:
-            raise ValueError(
-                f"graphify: max_padding_ratio must be >= 1 (a padded size over the real one; 1 means exact sizes "
-                f"only), got {self.max_padding_ratio}"
-            )
-        if self.max_num_reqs is not None and self.max_num_reqs < 1:
-            raise ValueError(f"graphify: max_num_reqs must be >= 1, got {self.max_num_reqs}")
-        call = f"graphify({_fn_name(self.fn)}, mode={self.mode.value!r})"
-        if self.sizes == () and self.mode is not Mode.NONE:
-            raise ValueError(
-                f"{call}: sizes is empty, so no graph could be captured; give capture sizes, leave sizes out "
-                "for the default, or use mode='NONE' (eager, no graphs)"
-            )
-        resolution = resolve_mode(
-            self.mode, self.support, split=bool(getattr(self.fn, "is_split", False)), uniform_query_len=self.uniform_query_len
+        spec = FunctionSpec.build(
+            fn=self.fn, mode=self.mode, sizes=self.sizes, axes=self.axes, out_axes=self.out_axes,
+            support=self.support, backend=self.backend, pool=self.pool, batching=self.batching,
+            outputs=self.outputs, group=self.group, options=self.options,
+            announce=self.table is None,  # once, when built; not again per capture
         )
-        if resolution.changed and self.table is None:  # once, when built; not again per capture
-            log.warning("%s: %s", call, "; ".join(resolution.reasons))
-            if self.mode is Mode.PIECEWISE and resolution.mode is Mode.NONE and not getattr(self.fn, "is_split", False):
-                import warnings
-
-                warnings.warn(
-                    f"{call}: the function is not split, so PIECEWISE has no pieces to capture and it runs "
-                    "eagerly (mode NONE, no graphs); wrap it with split(fn, ops) from transforms.split to capture "
-                    "the pieces between its graph-unsafe ops, or use mode='FULL' for one graph of the whole function",
-                    UserWarning,
-                    stacklevel=4,
-                )
-        keys = plan_keys(
-            resolution.mode,
-            self.sizes if self.sizes is not None else DEFAULT_SIZES,
-            uniform_query_len=self.uniform_query_len,
-            max_num_reqs=self.max_num_reqs,
-            lora=self.lora,
-        )
-        runtime = None
-        if self.table is not None:
-            runtime = self._runtime_for(self.table, Dispatcher(self.table.keys, self.max_padding_ratio), call=call)
+        stats = Stats()
+        runtime = _calls.runtime_for(spec, self.table) if self.table is not None else None
         first_use = None
-        if self.table is None and self.options.first_use and self.group is None and resolution.mode is not Mode.NONE:
+        if self.table is None and spec.first_use:
             from ._first_use import FirstUse
 
-            first_use = FirstUse(self)
-        for name, value in (
-            ("resolution", resolution), ("keys", keys), ("stats", Stats()), ("_runtime", runtime), ("_call", call),
-            ("_first_use", first_use),
-        ):
+            first_use = FirstUse(spec, stats)
+        for name, value in (("spec", spec), ("stats", stats), ("_runtime", runtime), ("_first_use", first_use)):
             object.__setattr__(self, name, value)
-
-    def _runtime_for(self, table: GraphTable, dispatcher: Dispatcher, *, call: str | None = None, grow=None) -> Runtime:
-        """The call machinery over `table` (ahead of time: the whole table; first use: a
-        structure's growing table, dispatched over its planned keys)."""
-        lib = table.library
-        eager = ForeignFunction(self.fn, lib) if lib else self.fn
-        return Runtime(
-            call=call or self._call,
-            fn=table.layout.caller(eager),
-            table=table,
-            dispatcher=dispatcher,
-            uniform_fn=self.uniform,
-            lora_fn=self.has_lora,
-            outputs=self.outputs,
-            full_ok_fn=self.options.allow_full,
-            grow=grow,
-        )
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -163,11 +85,25 @@ class Graphified:
 
     @property
     def __name__(self) -> str:
-        return _fn_name(self.fn)
+        return fn_name(self.fn)
 
     @property
     def captured(self) -> bool:
         return self.table is not None
+
+    @property
+    def resolution(self) -> Resolution:
+        """The runtime mode the function's support allows, and why it differs from `mode`."""
+        return self.spec.resolution
+
+    @property
+    def keys(self) -> KeySet:
+        """The graphs `capture()` plans."""
+        return self.spec.keys
+
+    @property
+    def _call(self) -> str:
+        return self.spec.call
 
     # -- stages ---------------------------------------------------------------------------
     def capture(self, *example_args, **example_kwargs) -> "Graphified":
@@ -180,38 +116,7 @@ class Graphified:
         **Returns:** a new `Graphified` whose table holds the graphs. Raises `CaptureError`
         naming the key that failed; graphs captured before it are released.
         """
-        lockstep = None
-        if self.group is not None:  # tensor parallel: every rank plans and captures the same graphs
-            from ._distributed import Lockstep
-
-            lockstep = Lockstep(self.group, self._call, self.options.lockstep)
-        try:
-            fn, twin, args, specs, backend, library, layout = prepare(self, example_args, example_kwargs)
-        except Exception as exc:
-            if lockstep is not None:  # the other ranks must hear of it, or they wait forever
-                lockstep.agree_plan(None, exc)
-            raise
-        if lockstep is not None:
-            lockstep.agree_plan(
-                [f"mode {self.resolution.mode.value}"]
-                + [f"{m.value} {k}" for m, k in self.keys.pairs(self.options.largest_first)]
-            )
-        try:
-            table = capture_table(
-                **session_args(self, fn, twin, args, specs, backend, library, layout, self.keys, lockstep)
-            )
-        except BaseException as exc:
-            if lockstep is not None:
-                lockstep.agree_outcome(exc)
-            raise
-        if lockstep is not None:
-            try:
-                lockstep.agree_outcome(None)
-            except CaptureError:
-                table.release()
-                raise
-            table = attrs.evolve(table, lockstep=lockstep)
-        return attrs.evolve(self, table=table)
+        return attrs.evolve(self, table=capture_ahead(self.spec, example_args, example_kwargs))
 
     def release(self) -> "Graphified":
         """Free this callable's graphs now instead of when it is dropped; returns the
@@ -281,35 +186,12 @@ class Graphified:
                 fast = runtime.fast
                 if fast is not None and not kwargs and len(args) == len(fast[0]) and all(map(is_, args, fast[0])):
                     return runtime.run_trusted(self.stats)  # static_inputs()'s very tuple
-                return self._run(runtime, runtime.layout.bind(args, kwargs))
+                return _calls.run(runtime, runtime.layout.bind(args, kwargs), self.stats)
             if self._first_use is not None:
                 return self._first_use.call(args, kwargs)
-            return self._eager(args, kwargs)
+            return _calls.eager(self.spec, self.stats, args, kwargs)
         finally:
             _set_eval_frame(prior)
-
-    def _eager(self, args: tuple, kwargs: dict):
-        self.stats.record(Mode.NONE, _leading_rows(args) or _leading_rows(tuple(kwargs.values())), None)
-        return self.fn(*args, **kwargs)
-
-    def _run(self, runtime: Runtime, slots: tuple):
-        if runtime.library is not None:
-            return self._call_foreign(runtime, slots)
-        return runtime.run(slots, self.stats)
-
-    def _call_foreign(self, runtime: Runtime, args: Sequence[Any]):
-        """A call with CuPy / NumPy arrays: torch views in, views of the outputs back. With
-        CuPy, copies and replay run on the caller's current CuPy stream."""
-        library = runtime.library
-        targs = tuple(map(to_torch, args))
-        if library == "cupy":
-            from .backends.streams import caller_cupy_stream
-
-            with caller_cupy_stream():
-                out = runtime.run(targs, self.stats)
-        else:
-            out = runtime.run(targs, self.stats)
-        return tree_from_torch(out, module(library))
 
     # -- introspection --------------------------------------------------------------------
     def check(
@@ -341,12 +223,15 @@ class Graphified:
         """
         from ._check import check_callable
 
-        return check_callable(self, make_batch, sizes, rtol=rtol, atol=atol, seed=seed)
+        runtime = self._runtime
+        if runtime is None and self._first_use is not None and self._first_use.current() is not None:
+            runtime = self._first_use.current().runtime  # first use: the most recently used structure
+        return check_callable(self._call, runtime, make_batch, sizes, rtol=rtol, atol=atol, seed=seed)
 
     def explain(self, num_tokens: int, *, uniform: bool = False, has_lora: bool = False) -> str:
         """Which graph a batch of `num_tokens` would replay, and why (or why none)."""
-        keys = self.table.keys if self.table is not None else KeySet(uniform_query_len=self.uniform_query_len)
-        decision: Decision = Dispatcher(keys, self.max_padding_ratio).lookup(num_tokens, uniform, has_lora)
+        keys = self.table.keys if self.table is not None else KeySet(uniform_query_len=self.batching.uniform_query_len)
+        decision: Decision = Dispatcher(keys, self.options.max_padding_ratio).lookup(num_tokens, uniform, has_lora)
         if decision.key is not None:
             return f"num_tokens={num_tokens} -> {decision.mode.value} {decision.key} ({decision.reason})"
         from ._descriptor import BatchDescriptor
@@ -394,96 +279,3 @@ _opaque_to_dynamo(Graphified.__call__)
 
 def _rebuild(fields: dict) -> Graphified:
     return Graphified(**fields)
-
-
-def _leading_rows(args: Sequence[Any]) -> int:
-    for a in args:
-        shape = getattr(a, "shape", None)
-        if shape:
-            return int(shape[0])
-    return 0
-
-
-def graphify(
-    fn: Callable | None = None,
-    *,
-    mode: "Mode | str" = Mode.FULL,
-    sizes: Iterable[int] | None = None,
-    axes: "Sequence | Mapping | None" = None,
-    out_axes: Any = None,
-    support: "Support | str | Iterable[Support | str]" = Support.ALWAYS,
-    backend: str = "auto",
-    pool: Pool | None = None,
-    uniform_query_len: int = 1,
-    max_num_reqs: int | None = None,
-    lora: bool = False,
-    max_padding_ratio: float | None = None,
-    outputs: str = "copy",
-    uniform: Callable[..., bool] | None = None,
-    has_lora: Callable[..., bool] | None = None,
-    group: Any = None,
-    options: Options | None = None,
-) -> Graphified:
-    """Give `fn` CUDA graphs: a callable that pads, dispatches and replays.
-
-    **Arguments:**
-    - `fn`: the function, an `nn.Module` (calls bind against its `forward`), or a
-      `split(fn, ops)` value for piecewise modes. Calls may mix positional and keyword
-      arguments, defaults and `**kwargs`, as the capture's example call did.
-    - `mode`: a `Mode` or its name: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE.
-    - `sizes`: token counts to capture; batches pad up to the next one. Default: `capture()`
-      captures vLLM's schedule up to 512; first use (calls before any `capture()`) captures
-      each batch size as it comes, unpadded, up to 512 tokens. An empty list only with
-      mode NONE.
-    - `axes`: per argument `tokens()`, `reqs()`, `fixed()`, `persistent()` or `static()`, as a
-      sequence or a mapping by parameter (or keyword) name; default: tensors `tokens()`,
-      other values `static()`: plain values (None, numbers, strings, dtypes, tuples of them)
-      must be equal on every call, other objects (a cache, a config) the same object.
-    - `out_axes`: per flat output "tokens", "reqs" or None; default inferred.
-    - `support`: the graph support of the function's backends (the weakest counts); the
-      mode is downgraded to what it allows, with the reason logged and kept in `.resolution`.
-    - `backend`: "cuda", "sim" (CPU simulation) or "auto" (cuda for CUDA tensors).
-    - `pool`: a `Pool` to capture into; share one between functions to share memory.
-    - `uniform_query_len`: tokens per request in a uniform batch (1 + spec tokens).
-    - `max_num_reqs`: most requests per batch; caps uniform decode graphs.
-    - `lora`: also capture LoRA variants; `has_lora(*args)` says which a call needs.
-    - `max_padding_ratio`: run eagerly rather than pad beyond this factor.
-    - `outputs`: "copy" (default): every call returns tensors of its own, correct forever.
-      "view": the graph's static output buffers, no copy; a view is valid until the next
-      call (on CUDA, reading it afterwards raises, as with torch.compile's graphs; CPU
-      builds of torch cannot check, so there the view silently holds the next result).
-      CuPy/NumPy callers: keep "copy" (their views cannot be checked).
-    - `uniform`: `uniform(*args) -> bool`; default: tokens == requests * uniform_query_len,
-      exact for single-token decode; with spec decode (1+k tokens) pass a predicate.
-    - `has_lora`: `has_lora(*args) -> bool` when `lora` keys exist.
-    - `group`: a torch.distributed process group whose ranks run this function together
-      (tensor parallelism): capture agrees on the plan and outcome across ranks, and every
-      call checks that all ranks chose the same graph, raising instead of hanging.
-    - `options`: an `Options` for the rarely changed knobs (warm-ups, restoring state
-      written during capture, full per-call checks, weak outputs, progress bar, capture order).
-
-    **Returns:** a `Graphified`. Called as it is, it captures on first use: a call structure
-    (arguments, dtypes, non-batch shapes, static values) that runs in two consecutive calls
-    gets graphs, each batch size captured by the call that first needs it (see
-    `graphify._first_use` for the policy and its bounds). `.capture(*example)` captures
-    every size ahead of time instead. Without `fn`, a decorator: `@graphify(mode="FULL", axes=...)`.
-
-    !!! example
-        >>> model.forward = graphify(model.forward)  # doctest: +SKIP
-        >>> model.generate(**inputs, cache_implementation="static")  # doctest: +SKIP
-
-    !!! example
-        >>> import torch
-        >>> g = graphify(lambda x: x * 2, mode="FULL", sizes=[1, 2, 4], backend="sim")
-        >>> g = g.capture(torch.randn(3, 8))
-        >>> g(torch.ones(3, 8)).shape
-        torch.Size([3, 8])
-    """
-    if fn is None:  # used as a decorator with options: @graphify(mode="FULL", ...)
-        options = dict(locals())
-        del options["fn"]
-        return lambda f: graphify(f, **options)
-    return Graphified(
-        fn, mode, sizes, axes, out_axes, support, backend, pool, uniform_query_len, max_num_reqs,
-        lora, max_padding_ratio, outputs, uniform, has_lora, group, options,
-    )

@@ -67,18 +67,24 @@ class CaptureGuard(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-_LIBRARY_MODULES = ("torch", "graphify", "cupy", "cupyx", "numpy")
+LIBRARY_PACKAGES = frozenset({"graphify", "torch", "cupy", "cupyx", "cupy_backends", "numpy"})
+
+
+def library_frame(frame) -> bool:
+    """Whether `frame` runs code of torch, CuPy, NumPy or graphify: found by module name,
+    not by folder (a user's checkout may sit in a folder named graphify)."""
+    module = frame.f_globals.get("__name__") or ""
+    return module.split(".", 1)[0] in LIBRARY_PACKAGES or frame.f_code.co_filename.startswith("<frozen")
 
 
 def _caller() -> str:
-    """' at file:line in function' of the innermost frame outside torch and graphify: the
-    code that made the call (a model's forward), found by module name."""
+    """' at file:line in function' of the innermost frame outside the libraries: the code
+    that made the call (a model's forward)."""
     import sys
 
     frame = sys._getframe(2)
     while frame is not None:
-        module = frame.f_globals.get("__name__", "") or ""
-        if module.split(".", 1)[0] not in _LIBRARY_MODULES:
+        if not library_frame(frame):
             return f" at {frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return ""

@@ -12,7 +12,7 @@ the process. The libraries a graphified function may call, and what graphify doe
 | torch cuBLAS / cuBLASLt workspaces | `torch._C._cuda_clearCublasWorkspaces()`, which torch.compile's CUDA graph trees call around every recording | each capture allocates its workspace inside the graph's own pool (cleared before it, as graph trees do), so a later clear returns it to that pool, never to eager code |
 | torch work areas of cuFFT, cuSOLVER, CUB; CuPy CUB temporaries | allocated per call from the caching allocator | allocated inside the capture, from the graph's pool, which lives as long as its graphs |
 | cuBLAS / cuSOLVER / cuSPARSE handles (torch) | pooled per device and thread, never destroyed before exit | nothing to do |
-| CuPy cuBLAS, cuSOLVER, cuRAND, cuSPARSE | CuPy refuses to call them during a capture | the capture is rejected with advice (`graphify._capture`) |
+| CuPy cuBLAS, cuSOLVER, cuRAND, cuSPARSE | CuPy refuses to call them during a capture | the capture is rejected with advice (`graphify.capture.errors`) |
 
 `LibraryHold` is what one table keeps; `holding(...)` is the context a table's captures
 run in. Nothing here runs per call.

@@ -25,6 +25,14 @@ def _compile_sizes(value):
     return sizes
 
 
+def _padding_ratio(instance, attribute, value):
+    if value is not None and not value >= 1:
+        raise ValueError(
+            f"graphify: max_padding_ratio must be >= 1 (a padded size over the real one; 1 means exact sizes "
+            f"only), got {value}"
+        )
+
+
 def _non_negative(instance, attribute, value):
     if value < 0:
         raise ValueError(f"Options: {attribute.name} must be >= 0, got {value}")
@@ -38,7 +46,7 @@ class Options:
     - `warmups`: eager runs before a capture (at least one; on CUDA the first size's first
       run is under an op guard that rejects uncapturable ops before CUDA sees them). Later
       sizes of uncompiled graph pieces capture without one, and FULL graphs of a split
-      function warm up through the same size's PIECEWISE schedule (see `graphify._capturers`).
+      function warm up through the same size's PIECEWISE schedule (see `graphify.capture.capturers`).
     - `restore_state`: undo the in-place writes that warm-ups (and the simulation's
       capture) make to tensors that existed before the call (KV caches, position
       counters, module buffers), so `capture()` leaves state as it found it. Turn it
@@ -64,6 +72,8 @@ class Options:
       from inductor's cache, for the 0.5B model on the H100, which ran 0.5% faster or slower
       at 1-128 tokens and 2.7% faster at 512 (`benchmarks/results/compile-sizes-*.md`); so
       none by default, large sizes for long-running prefill-heavy servers.
+    - `max_padding_ratio`: run a batch eagerly rather than pad it beyond this factor (a
+      padded size over the real one; 1: exact sizes only). Default: pad to any captured size.
     - `first_use`: before `capture()`, capture the graphs calls need when they first need
       them (`graphify._first_use`). False: such calls run eagerly until `capture()`.
       Callables with `group=` always capture ahead of time (the ranks must agree on
@@ -80,3 +90,4 @@ class Options:
     lockstep: str = attrs.field(default="graph", validator=attrs.validators.in_(LOCKSTEP_POLICIES))
     first_use: bool = True
     compile_sizes: "str | tuple[int, ...]" = attrs.field(default="none", converter=_compile_sizes)
+    max_padding_ratio: float | None = attrs.field(default=None, validator=_padding_ratio)

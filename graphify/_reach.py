@@ -7,7 +7,7 @@ config) and the function's closure reach tensors and plain values no argument na
 them is replaced after capture, a graph goes on reading the old memory (or the old number
 baked into a kernel's arguments): a wrong answer with no error.
 
-`Reach.record(roots)` walks those objects (attributes, slots, list and dict items, closure
+`Reach.walk(roots)` walks those objects (attributes, slots, list and dict items, closure
 cells, a function's globals; nn.Modules are left to `graphify._params.ModuleWatch`) and
 keeps every edge it took: identity for objects and tensors, equality for plain values,
 lengths for lists and dicts, and each tensor's address and shape. `changed()` compares them
@@ -104,7 +104,7 @@ class Reach:
 
     # -- recording ------------------------------------------------------------------------
     @classmethod
-    def record(cls, roots: dict[str, Any], *, snapshots: bool = True, lengths: bool = True) -> "Reach":
+    def walk(cls, roots: dict[str, Any], *, snapshots: bool = True, lengths: bool = True) -> "Reach":
         """Walk `roots` ({name: object}); objects compared by value are not roots.
         `snapshots`: keep a shallow copy of every container, for `restore()`. `lengths`:
         check that lists and dicts keep their length (a cache's layers); off for a

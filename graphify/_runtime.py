@@ -12,14 +12,15 @@ import functools
 import threading
 from operator import is_
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import torch
 from torch.utils import _pytree as pytree
 
 from ._alias import alias_maker
-from ._axes import WeakStatic, by_value, mismatch, same_static
+from ._arg_checks import ArgChecks
+from ._axes import Kind, WeakStatic
 from ._outputs import has_boxes, unbox
 from ._dispatch import Dispatcher
 from ._distributed import graph_code
@@ -28,11 +29,8 @@ from ._mode import Mode
 from ._stats import Stats
 from ._table import Entry, GraphTable
 
-__all__ = ["Runtime"]
+__all__ = ["Runtime", "GraphSource"]
 
-
-def _device_index(device: torch.device | None) -> int:
-    return -1 if device is None or device.type == "cpu" else (device.index if device.index is not None else 0)
 
 _NONE = Mode.NONE
 _FULL = Mode.FULL
@@ -71,15 +69,13 @@ def _result(plan: _Plan, outputs: list):
     return unbox(tree) if plan.boxed else tree
 
 
-def _static_checks(specs) -> tuple:
-    """(index, value, compare) per static argument: plain values must be equal (True),
-    other objects the very object (False), a weakly held one (first use) the object its
-    reference still points to (None: `value` is the reference)."""
-    return tuple(
-        (s.index, s.value.ref, None) if isinstance(s.value, WeakStatic) else (s.index, s.value, by_value(s.value))
-        for s in specs
-        if s.axis.kind == "static"
-    )
+class GraphSource(Protocol):
+    """Where a runtime gets a graph its table lacks (first use: a call structure)."""
+
+    def capture_for(self, decision, args: Sequence[Any]) -> "Entry | None":
+        """Capture the graph `decision` names, warmed up on the call's `args` (the runtime's
+        lock held), and return its entry; None where no more may be captured (the call runs
+        eagerly)."""
 
 
 class Runtime:
@@ -97,13 +93,12 @@ class Runtime:
         lora_fn: Callable[..., bool] | None,
         outputs: str = "copy",
         full_ok_fn: Callable[..., bool] | None = None,
-        grow: Callable | None = None,
+        source: "GraphSource | None" = None,
     ):
         self.call, self.fn, self.table, self.dispatcher = call, fn, table, dispatcher
-        # First use (graphify._first_use): `grow(decision, args)` captures the graph a call
-        # needs and returns its entry, or None where none may be captured (the call runs
-        # eagerly); `adopt` then swaps in the new table.
-        self.grow = grow
+        # First use (graphify._first_use): a table that grows; `source` captures what a call
+        # needs (and `adopt` then swaps in the new table).
+        self.source = source
         self.uniform_fn, self.lora_fn, self.full_ok_fn = uniform_fn, lora_fn, full_ok_fn
         self.library = table.library
         self.reach = table.reach  # checked before every replay: what graphs read without a copy
@@ -114,19 +109,7 @@ class Runtime:
         self.q = table.keys.uniform_query_len
         specs = table.specs
         self.nargs = len(specs)
-        self.tok_idx = tuple(s.index for s in specs if s.axis.kind == "tokens")
-        self.req_idx = tuple(s.index for s in specs if s.axis.kind == "reqs")
-        # One tuple per padded argument; get_device() is -1 on the CPU, else the GPU index.
-        self.padded_checks = tuple(
-            (s.index, s.axis.kind == "reqs", s.dtype, _device_index(s.device), len(s.shape), torch.Size(s.trailing))
-            for s in specs
-            if s.axis.kind in ("tokens", "reqs")
-        )
-        self.fixed_checks = tuple(
-            (s.index, s.dtype, _device_index(s.device), torch.Size(s.shape)) for s in specs if s.axis.kind == "fixed"
-        )
-        self.persistent_checks = tuple((s.index, s.data_ptr, torch.Size(s.shape)) for s in specs if s.axis.kind == "persistent")
-        self.static_checks = _static_checks(specs)
+        self._check_with(ArgChecks(call, specs))
         self.lock = threading.Lock()
         self.plans: dict = {}
         self.fast: tuple | None = None  # (static_inputs() tuple, tokens, requests)
@@ -157,66 +140,10 @@ class Runtime:
         # Padding is copied in only where a smaller batch follows a larger one.
         self.dirty = [0] * len(specs)
 
-    # -- checks ---------------------------------------------------------------------------
-    def _fail(self, index: int, arg: Any) -> None:
-        # no local names the error: its traceback would hold this frame, a cycle that keeps the
-        # call's arguments (a transformers cache) alive until the next garbage collection
-        raise mismatch(self.call, self.table.specs[index], arg) or InputMismatchError(
-            f"{self.call}: argument {index} does not match"
-        )
-
-    def _disagree(self, idx: tuple[int, ...], i: int, first: int, got: int) -> None:
-        what = "reqs" if idx is self.req_idx else "tokens"
-        names = [self.table.specs[j].name for j in idx]
-        raise InputMismatchError(
-            f"{self.call}: {what}-axis arguments {names} disagree on dim 0 "
-            f"({self.table.specs[idx[0]].name!r} has {first}, {self.table.specs[i].name!r} has {got})"
-        )
-
-    def rows_and_check(self, args: Sequence[Any]) -> tuple[int, int]:
-        """Check every argument against its captured spec; return (tokens, requests),
-        -1 where no argument has that axis. One pass, no allocation on the happy path."""
-        n = r = -1
-        for i, is_req, dtype, device, ndim, trailing in self.padded_checks:
-            a = args[i]
-            try:
-                shape = a.shape
-                rows = shape[0]
-                ok = (
-                    a.dtype is dtype
-                    and len(shape) == ndim
-                    and (ndim == 1 or shape[1:] == trailing)
-                    and a.get_device() == device
-                )
-            except (AttributeError, IndexError, TypeError):
-                ok = False
-            if not ok:
-                self._fail(i, a)
-            if is_req:
-                if r < 0:
-                    r = rows
-                elif rows != r:
-                    self._disagree(self.req_idx, i, r, rows)
-            elif n < 0:
-                n = rows
-            elif rows != n:
-                self._disagree(self.tok_idx, i, n, rows)
-        for i, dtype, device, shape in self.fixed_checks:
-            a = args[i]
-            if not isinstance(a, torch.Tensor) or a.dtype is not dtype or a.get_device() != device or a.shape != shape:
-                self._fail(i, a)
-        for i, ptr, shape in self.persistent_checks:
-            a = args[i]
-            if not isinstance(a, torch.Tensor) or a.data_ptr() != ptr or a.shape != shape:
-                self._fail(i, a)
-        for i, value, equal in self.static_checks:
-            a = args[i]
-            if equal is None:
-                if a is not value():
-                    self._fail(i, a)
-            elif a is not value and not (equal and same_static(a, value)):
-                self._fail(i, a)
-        return n, r
+    def _check_with(self, checks: ArgChecks) -> None:
+        self.checks = checks
+        self.rows_and_check = checks.rows  # bound once: the hot path calls it directly
+        self.req_idx = checks.req_idx
 
     # -- the call -------------------------------------------------------------------------
     def run_trusted(self, stats: Stats):
@@ -405,35 +332,32 @@ class Runtime:
     def _missing(self, decision, args) -> Entry | None:
         """The entry of a key this table lacks: captured now on first use, else the graphs
         were released."""
-        if self.grow is None or self.released:
+        if self.source is None or self.released:
             raise self._released()
-        return self.grow(decision, args)
+        return self.source.capture_for(decision, args)
 
     def adopt(self, table: GraphTable) -> None:
         """Serve calls from `table` (a first-use capture's new table; the caller holds the
         lock). Cached plans go: output axes may have been re-read across the sizes."""
         self.table = table
         self.reach = table.reach
-        self.static_checks = _static_checks(table.specs)
+        self._check_with(ArgChecks(self.call, table.specs))
         self.plans.clear()
         self.fast = self.fast_plan = None
         self.fast_clean = False
 
     def _plan(self, entry: Entry, n: int, r: int) -> _Plan:
         key = entry.key
-        rows = {"tokens": (n, key.num_tokens), "reqs": (r, key.reqs_rows)}
         inputs, pads = [], []
-        for b, (spec, buf) in enumerate(zip(self.table.specs, self.table.static.buffers)):
-            kind = spec.axis.kind
-            if kind in rows:
-                real = rows[kind][0]
-                view = buf[:real]
+        for b, spec, view, real in self.table.static.slots(self.table.specs, n, r):
+            if real is not None:
                 inputs.append((spec.index, view, view.data_ptr()))
                 pads.append((b, real))
-            elif kind == "fixed":
-                inputs.append((spec.index, buf, buf.data_ptr()))
+            elif spec.axis.kind is Kind.FIXED:
+                inputs.append((spec.index, view, view.data_ptr()))
+        rows = {Kind.TOKENS: n, Kind.REQS: r}
         outputs = [
-            t[: rows[axis][0]] if isinstance(t, torch.Tensor) and axis in rows else t
+            t[: rows[axis]] if isinstance(t, torch.Tensor) and axis in rows else t
             for t, axis in zip(entry.flat_outputs, entry.out_axes)
         ]
         single = entry.out_spec.num_leaves == 1 and entry.out_spec.num_children == 0
@@ -451,21 +375,12 @@ class Runtime:
         """Arguments that are the static buffers themselves (views of `n` token rows and
         `r` request rows): write the next batch into them and call with them, and no
         input is copied."""
-        rows = {"tokens": n, "reqs": n if r is None else r}
-        static = self.table.static
         out = []
         with self.lock:
-            for b, (spec, buf, kept) in enumerate(zip(self.table.specs, static.buffers, static.persistent)):
-                kind = spec.axis.kind
-                if kind in rows:
-                    out.append(buf[: rows[kind]])
-                    self.dirty[b] = max(self.dirty[b], rows[kind])  # the caller will write these rows
-                elif kind == "fixed":
-                    out.append(buf)
-                elif kind == "persistent":
-                    out.append(kept)
-                else:
-                    out.append(spec.value)
+            for b, spec, arg, real in self.table.static.slots(self.table.specs, n, r):
+                out.append(arg)
+                if real is not None:
+                    self.dirty[b] = max(self.dirty[b], real)  # the caller will write these rows
         out = tuple(out)
         tokens_rows, reqs_rows = self.rows_and_check(out)
         with self.lock:

@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 
 from ._errors import InputMismatchError
 
-__all__ = ["CallLayout", "signature_of"]
+__all__ = ["CallLayout", "signature_of", "fn_name"]
 
 
 def _tree_of(value: Any):
@@ -36,6 +36,11 @@ def _tree_of(value: Any):
 
 _POS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _MISSING = inspect.Parameter.empty
+
+
+def fn_name(fn: Callable) -> str:
+    """The name a callable goes by in messages: its `__name__`, else its type's."""
+    return getattr(fn, "__name__", None) or type(fn).__name__
 
 
 def module_of(fn: Callable) -> "torch.nn.Module | None":

@@ -140,7 +140,7 @@ class StateKeeper:
         self.peak_bytes = 0  # the most snapshot memory held at once
         self.restored: set[int] = set()  # storages restored over the whole capture
 
-    def record(self, fn: Callable, *args):
+    def record_writes(self, fn: Callable, *args):
         """`fn(*args)` with its outside writes recorded; call `restore()` after it."""
         if not self.enabled:
             return fn(*args)
@@ -186,7 +186,7 @@ def eager_runs(
     for i in range(count):
         if i == 0:  # module-level helper, not a closure: a kept traceback must not pin `args`
             recorded = keeper is not None and record
-            out = keeper.record(_first_run, fn, guard, *args) if recorded else _first_run(fn, guard, *args)
+            out = keeper.record_writes(_first_run, fn, guard, *args) if recorded else _first_run(fn, guard, *args)
         else:
             out = fn(*args)
         if i == count - 1 and finish is not None:

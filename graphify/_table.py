@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import torch
 
-from ._axes import PADDED, ArgSpec
+from ._axes import ArgSpec, Kind
 from ._descriptor import BatchDescriptor
 from ._keys import KeySet
 from ._mode import Mode
@@ -47,6 +47,24 @@ class StaticBuffers:
     pads: tuple[torch.Tensor | None, ...]
     persistent: tuple[torch.Tensor | None, ...]
 
+    def slots(self, specs: Sequence[ArgSpec], tokens: int, reqs: int | None, values: Sequence[Any] = ()):
+        """Per argument slot, for a batch of `tokens` tokens and `reqs` requests (None: as
+        many as tokens): (slot, spec, what the graphs read, real rows). What the graphs read
+        is the leading rows of the buffer (tokens and reqs axes, with their row count), the
+        buffer (fixed), the captured tensor (persistent) or `values[slot]` (static; the
+        spec's value without `values`). The one walk over static buffers by axis kind."""
+        rows = {Kind.TOKENS: tokens, Kind.REQS: tokens if reqs is None else reqs}
+        for b, spec in enumerate(specs):
+            kind = spec.axis.kind
+            if kind.padded:
+                yield b, spec, self.buffers[b][: rows[kind]], rows[kind]
+            elif kind is Kind.FIXED:
+                yield b, spec, self.buffers[b], None
+            elif kind is Kind.PERSISTENT:
+                yield b, spec, self.persistent[b], None
+            else:
+                yield b, spec, values[b] if values else spec.value, None
+
     @classmethod
     def allocate(
         cls, specs: Sequence[ArgSpec], args: Sequence[Any], rows: Mapping[str, int], empty=torch.empty
@@ -54,15 +72,15 @@ class StaticBuffers:
         """Buffers from `empty(shape, dtype, device)`: the backend's allocator (CuPy memory
         for the cupy backend), so static inputs live where the graphs' library expects."""
         buffers, pads = [], []
-        persistent = tuple(arg if spec.axis.kind == "persistent" else None for spec, arg in zip(specs, args))
+        persistent = tuple(arg if spec.axis.kind is Kind.PERSISTENT else None for spec, arg in zip(specs, args))
         for spec, arg in zip(specs, args):
             kind = spec.axis.kind
-            if kind in PADDED:
+            if kind.padded:
                 shape = (rows[kind], *spec.trailing)
                 pad = empty(shape, spec.dtype, spec.device).fill_(spec.axis.pad)
                 buffers.append(empty(shape, spec.dtype, spec.device).copy_(pad))
                 pads.append(pad)
-            elif kind == "fixed":
+            elif kind is Kind.FIXED:
                 buffers.append(empty(tuple(arg.shape), spec.dtype, spec.device).copy_(arg))
                 pads.append(None)
             else:
@@ -73,18 +91,7 @@ class StaticBuffers:
     def args_for(self, specs: Sequence[ArgSpec], key: BatchDescriptor, example: Sequence[Any]) -> tuple:
         """The capture-time arguments for `key`: all-padding slices, fixed buffers, and
         the example's persistent tensors and static values."""
-        out = []
-        for spec, buf, arg in zip(specs, self.buffers, example):
-            kind = spec.axis.kind
-            if kind == "tokens":
-                out.append(buf[: key.num_tokens])
-            elif kind == "reqs":
-                out.append(buf[: key.reqs_rows])
-            elif kind == "fixed":
-                out.append(buf)
-            else:
-                out.append(arg)
-        return tuple(out)
+        return tuple(arg for _, _, arg, _ in self.slots(specs, key.num_tokens, key.reqs_rows, example))
 
     def storages(self) -> set[int]:
         """Data pointers of the padded and fixed buffers' storages."""
@@ -105,17 +112,16 @@ class StaticBuffers:
         own data. Updates `dirty` (rows past which a buffer holds padding) and returns, per
         buffer, a copy of what it now holds (None for non-buffers)."""
         loaded = []
-        rows = {"tokens": key.num_tokens, "reqs": key.reqs_rows}
-        for b, (spec, buf, pad, arg) in enumerate(zip(specs, self.buffers, self.pads, args)):
-            kind = spec.axis.kind
-            if kind in rows:
-                real, top = arg.shape[0], rows[kind]
-                buf[:real].copy_(arg)
-                buf[real:top].copy_(pad[real:top])
+        for b, spec, view, top in self.slots(specs, key.num_tokens, key.reqs_rows, args):
+            if top is not None:  # a padded argument: its real rows, then padding up to the key's
+                arg = args[b]
+                real = arg.shape[0]
+                view[:real].copy_(arg)
+                view[real:top].copy_(self.pads[b][real:top])
                 dirty[b] = dirty[b] if dirty[b] > top else real
-            elif kind == "fixed":
-                buf.copy_(arg)
-            loaded.append(buf.clone() if buf is not None else None)
+            elif spec.axis.kind is Kind.FIXED:
+                view.copy_(args[b])
+            loaded.append(self.buffers[b].clone() if self.buffers[b] is not None else None)
         return loaded
 
 

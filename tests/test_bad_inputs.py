@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphify import GraphifyError, Options, Pool, fixed, graphify, persistent, reqs, static, tokens
+from graphify import Batching, GraphifyError, Options, Pool, fixed, graphify, persistent, reqs, static, tokens
 from graphify._errors import InputMismatchError
 
 CALL = "graphify(mlp, mode='FULL')"
@@ -138,10 +138,13 @@ def test_bad_construction():
         ({"mode": "FAST"}, "valid modes"),
         ({"backend": "tpu"}, "valid backends"),
         ({"outputs": "share"}, "'copy', 'view'"),
-        ({"max_num_reqs": 0}, "max_num_reqs must be >= 1"),
+        ({"batching": lambda: Batching(max_num_reqs=0)}, "max_num_reqs must be >= 1"),
+        ({"batching": lambda: Batching(uniform_query_len=0)}, "uniform_query_len must be >= 1"),
+        ({"batching": lambda: {"max_num_reqs": 4}}, "batching must be a graphify.Batching"),
     ):
-        with pytest.raises(ValueError) as info:
-            graphify(mlp, **{"mode": "FULL", **kwargs})
+        with pytest.raises((ValueError, TypeError)) as info:
+            made = {k: v() if callable(v) else v for k, v in kwargs.items()}
+            graphify(mlp, **{"mode": "FULL", **made})
         assert advice in str(info.value), str(info.value)
     with pytest.raises(ValueError, match="warmups must be >= 0"):
         Options(warmups=-1)
@@ -173,4 +176,4 @@ def test_empty_batches_copies_and_pickles_do_what_users_expect(backend):
     with pytest.raises(TypeError, match="cannot be pickled; pickle the function"):
         pickle.dumps(g)
     with pytest.raises(ValueError, match="max_padding_ratio must be >= 1"):
-        graphify(mlp, mode="FULL", max_padding_ratio=0.5)
+        graphify(mlp, mode="FULL", options=Options(max_padding_ratio=0.5))

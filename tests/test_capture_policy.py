@@ -1,4 +1,4 @@
-"""The warm-up policy per key (graphify._capturers): what runs eagerly before each capture.
+"""The warm-up policy per key (graphify.capture.capturers): what runs eagerly before each capture.
 
 Start-up speed comes from skipping, at every key after a mode's first, what the batch size
 cannot change; these tests pin down exactly what is skipped and what is not, with a fake
@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from graphify import BatchDescriptor
-from graphify._capturers import mode_capturers
+from graphify.capture.capturers import mode_capturers
 from graphify._mode import Mode
 from graphify.backends import Captured
 
@@ -29,7 +29,7 @@ class FakeKeeper:
     def __init__(self):
         self.recorded, self.restores = [], 0
 
-    def record(self, fn, *args):
+    def record_writes(self, fn, *args):
         self.recorded.append((fn, args))
         return fn(*args)
 

@@ -171,7 +171,7 @@ class Slotted:
 def test_reach_names_the_first_change_through_lists_dicts_slots_and_cells():
     inner = Slotted(torch.randn(3), 4)
     root = types.SimpleNamespace(layers=[Box(torch.randn(2)), Box(torch.randn(2))], meta={"n": 1, "inner": inner})
-    reach = Reach.record({"cache": root}).freeze()
+    reach = Reach.walk({"cache": root}).freeze()
     assert not reach.changed() and reach.describe() is None
     cases = [
         (lambda: setattr(root.layers[1], "t", torch.randn(2)), r"cache\.layers\[1\]\.t: tensor"),
@@ -182,7 +182,7 @@ def test_reach_names_the_first_change_through_lists_dicts_slots_and_cells():
         (lambda: inner.w.resize_(6), r"in place \(\(3,\) -> \(6,\)\)"),
     ]
     for change, pattern in cases:
-        reach = Reach.record({"cache": root}).freeze()
+        reach = Reach.walk({"cache": root}).freeze()
         change()
         assert reach.changed()
         assert pytest.importorskip("re").search(pattern, reach.describe()), reach.describe()

@@ -10,7 +10,7 @@ import zlib
 import pytest
 import torch
 
-from graphify import Mode, Support, graphify, tokens
+from graphify import Batching, Mode, Support, graphify, tokens
 from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import SplitError, split
 
@@ -154,7 +154,7 @@ def test_spec_decode_batches_count_as_uniform(backend, params):
     # With 1+k query tokens, tokens == k * requests does not prove every request has k
     # tokens ([1, 3, 2] has 6 = 3 * 2), so a spec-decode engine says which batches are uniform.
     is_uniform = lambda *args: bool((args[3] == 2).all())  # noqa: E731
-    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=SIZES, uniform_query_len=2, uniform=is_uniform,
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=SIZES, batching=Batching(uniform_query_len=2, uniform=is_uniform),
                  backend=name)
     g = g.capture(*example, cache)
     check_against_eager(g, step, cache, [layout([2] * 3, [5, 8, 1]), layout([1, 3, 2], [5, 8, 1])], device)
@@ -171,7 +171,7 @@ def test_backend_support_downgrades_with_a_logged_reason(params, caplog):
         g = graphify(pw, mode="FULL", support=model_support("split"))
     assert g.resolution.mode is Mode.FULL_AND_PIECEWISE
     assert "UNIFORM_SINGLE_TOKEN_DECODE" in caplog.text and "FULL_AND_PIECEWISE" in caplog.text
-    spec = graphify(pw, mode="FULL_AND_PIECEWISE", support=model_support("split"), uniform_query_len=3)
+    spec = graphify(pw, mode="FULL_AND_PIECEWISE", support=model_support("split"), batching=Batching(uniform_query_len=3))
     assert spec.resolution.mode is Mode.PIECEWISE and "spec decode" in spec.resolution.reasons[-1]
     hybrid = model_support(["unified", "split"])
     assert hybrid is Support.UNIFORM_SINGLE_TOKEN_DECODE

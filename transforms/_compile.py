@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from graphify.backends.sim import taping
+from graphify.extend import taping
 
 __all__ = ["CompiledPiece", "piece_key", "compile_pieces", "specialised"]
 

@@ -23,7 +23,7 @@ import attrs
 import torch
 from torch.utils import _pytree as pytree
 
-from graphify.backends import Captured
+from graphify.extend import Captured
 
 __all__ = ["capture_pieces", "Schedule"]
 
@@ -33,7 +33,7 @@ _STATIC = object()
 def _weak(t, enabled: bool):
     if not enabled or not isinstance(t, torch.Tensor) or not t.is_cuda:
         return t
-    from graphify.backends.torch_cuda import weak_alias
+    from graphify.extend import weak_alias
 
     return weak_alias(t)
 
@@ -250,7 +250,7 @@ def capture_pieces(
                 new_slot(node, pytree.tree_map(lambda t: _weak(t, weak), captured.outputs), True)
                 steps.append(_GraphStep(captured.replay, tuple(copies)))
             else:
-                env[node] = keeper.record(module, *inputs) if record else module(*inputs)
+                env[node] = keeper.record_writes(module, *inputs) if record else module(*inputs)
                 direct = _direct_call(module)
                 placeholders = [p for p in getattr(program, node.target).graph.nodes if p.op == "placeholder"]
                 specs = []

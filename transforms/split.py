@@ -130,7 +130,7 @@ def _fake_inputs(example: Sequence[Any], layout) -> tuple:
             fakes.append(arg)
             continue
         dynamic = [
-            DimDynamic.DYNAMIC if i == 0 and axis.kind in ("tokens", "reqs") else DimDynamic.STATIC
+            DimDynamic.DYNAMIC if i == 0 and axis.kind.padded else DimDynamic.STATIC
             for i in range(arg.dim())
         ]
         context = StatelessSymbolicContext(dynamic_sizes=dynamic, constraint_sizes=[None] * arg.dim())
@@ -166,7 +166,7 @@ def _symbols(gm: torch.fx.GraphModule, layout) -> dict:
     symbols: dict = {}
     for node, axis in zip(placeholders, layout):
         val = node.meta.get("val")
-        if axis.kind not in ("tokens", "reqs") or not isinstance(val, torch.Tensor) or val.dim() == 0:
+        if not axis.kind.padded or not isinstance(val, torch.Tensor) or val.dim() == 0:
             continue
         expr = val.shape[0].node.expr if isinstance(val.shape[0], torch.SymInt) else None
         if expr is None or not expr.is_symbol:
@@ -213,7 +213,7 @@ def split(
     names = tuple(dict.fromkeys(op_name(op) for op in ops))
     if not names:
         raise SplitError("split: ops is empty; name at least one op to split at (for no split, graphify fn directly)")
-    from graphify._axes import layout_for, param_names
+    from graphify.extend import layout_for, param_names
 
     layout = layout_for("split", param_names(fn, len(example)), axes, example)
     gm = _trace(fn, example, layout)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from ._mode import Mode
+from .._mode import Mode
 
 __all__ = ["mode_capturers"]
 
@@ -48,7 +48,7 @@ def mode_capturers(
     token counts whose captures run compiled pieces specialised to their shapes."""
     executes = backend.name != "cuda"  # the simulation runs what it captures
     split = piecewise_fn is not None
-    compiled = bool(getattr(piecewise_fn, "compiled", False))
+    compiled = piecewise_fn is not None and piecewise_fn.compiled
     if full_for is None:
         def full_for(key):
             return fn, twin
@@ -78,7 +78,7 @@ def mode_capturers(
         if not first and sibling is not None and not fresh_shapes:
             if sibling.key.reqs_rows != key.reqs_rows:
                 # Warm up through the same-size PIECEWISE schedule, split ops at this shape.
-                keeper.record(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
+                keeper.record_writes(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
                 keeper.restore()
                 keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
             # else the sibling's capture pass ran every op of this graph at these very shapes
@@ -97,7 +97,7 @@ def mode_capturers(
         def piecewise(args, *, key, warmups, keeper, probe, first, sibling, quick=False, **kw):
             warm = first or compiled or executes
             if warm and probe is not None:  # the pass runs pieces eagerly: learn the writes first
-                keeper.record(probe, *args)
+                keeper.record_writes(probe, *args)
                 keeper.restore()
             try:
                 with shaped(key):

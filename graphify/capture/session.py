@@ -21,83 +21,101 @@ import logging
 import time
 import traceback
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import torch
+from torch.utils import _pytree as pytree
 
-from ._axes import WeakStatic, by_value, weaken
-from ._capture import (
-    _as_capture_error,
-    _capture_one,
-    _device_of,
-    _device_scope,
-    _progress,
-    consistent_out_axes,
-    freeze_gc,
-    infer_out_axes,
-)
-from ._errors import CaptureError, StateReplacedError
-from ._keepalive import LibraryHold, holding
-from ._keys import KeySet
-from ._mode import Mode
-from ._reach import Reach
-from ._state import StateKeeper
-from ._table import GraphTable, StaticBuffers
+from .._axes import Kind, WeakStatic, by_value, weaken
+from .._distributed import graph_code
+from .._errors import CaptureError, StateReplacedError
+from .._function import FunctionSpec
+from .._keepalive import LibraryHold, holding
+from .._keys import KeySet, specialised_sizes
+from .._mode import Mode
+from .._params import ModuleWatch
+from .._pool import Pool
+from .._reach import Reach
+from .._roots import function_roots
+from .._signature import fn_name, module_of
+from .._state import StateKeeper
+from .._table import Entry, GraphTable, StaticBuffers
+from .capturers import mode_capturers
+from .context import device_of, device_scope, freeze_gc, progress
+from .errors import as_capture_error
+from .outputs import consistent_out_axes, infer_out_axes
+from .prepare import Prepared
 
-__all__ = ["CaptureSession", "capture_table"]
+__all__ = ["CaptureSession"]
 
 log = logging.getLogger("graphify")
 MiB = 1 << 20
 
 
 class CaptureSession:
-    """Captures keys of one table; see the module docstring. `table_fields` go to every
-    `GraphTable` it returns as they are."""
+    """Captures keys of one table for the function `spec` describes, called as `prepared`
+    binds it; see the module docstring. `keys`: what may be captured (ahead of time every
+    planned key; first use a structure's). `lockstep` (tensor parallelism): the ranks'
+    agreement, recorded into each FULL graph under its "graph" policy. `weak_statics`
+    (first use): hold static objects weakly."""
 
     def __init__(
-        self, *, call: str, fn: Callable, capturers: dict[Mode, Callable], keys: KeySet, specs: tuple,
-        example: Sequence[Any], backend, pool, warmups: int, weak_outputs: bool, out_axes, progress: bool,
-        largest_first: bool = True, library: str | None = None, restore_state: bool = True,
-        probe: Callable | None = None, uses_fft: bool = False, weak_statics: bool = False,
-        fn_roots: dict | None = None, **table_fields,
+        self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, *, lockstep=None, weak_statics: bool = False,
     ):
+        call, specs, example, backend = spec.call, prepared.specs, prepared.args, prepared.backend
+        options, split = spec.options, spec.split
         try:
-            self.device = _device_of(specs)
+            self.device = device_of(specs)
         except CaptureError as exc:
             raise CaptureError(f"{call}: {exc}") from None
         backend.validate(call, self.device)
-        self.call, self.fn, self.capturers, self.keys, self.specs = call, fn, capturers, keys, specs
-        self.example, self.backend, self.pool, self.library = tuple(example), backend, pool, library
-        self.warmups, self.weak_outputs, self.out_axes = warmups, weak_outputs, out_axes
-        self.progress, self.largest_first, self.probe, self.uses_fft = progress, largest_first, probe, uses_fft
-        self.table_fields = table_fields
-        self.fn_roots = fn_roots or {}  # what the function reads besides its arguments (closure, globals)
+        self.call, self.fn, self.keys, self.specs = call, prepared.fn, keys, specs
+        self.example, self.backend, self.library = tuple(example), backend, prepared.library
+        self.pool = spec.pool if spec.pool is not None else Pool(fn_name(spec.fn))
+        self.capturers = mode_capturers(
+            backend, prepared.fn, prepared.twin, split, _lockstep_full(lockstep, prepared),
+            specialised_sizes(options.compile_sizes, keys),
+        )
+        self.warmups, self.progress, self.largest_first = options.warmups, options.progress, options.largest_first
+        self.weak_outputs = options.weak_outputs and backend.name == "cuda"
+        self.out_axes = spec.out_axes if spec.out_axes is not None else ((split.out_axes if split is not None else None) or None)
+        self.probe = prepared.layout.caller(split.fn) if split is not None else None
+        self.uses_fft = split is not None and any(name.startswith("aten::_fft_") for name in split.op_names)
+        # what the function reads besides its arguments; a split function's pieces are traced
+        # ATen graphs, so what its closure held is baked in
+        self.fn_roots = {} if split is not None else function_roots(spec.fn, fn_name(spec.fn))
+        modules = [m for m in [module_of(spec.fn)] if m is not None]
+        modules += [a for a, s in zip(example, specs) if s.axis.kind is Kind.STATIC and isinstance(a, torch.nn.Module)]
+        self.table_fields = dict(
+            layout=prepared.layout, watch=ModuleWatch(call, modules, full=options.full_checks),
+            examples=tuple(a.detach().clone() if s.axis.kind is Kind.TOKENS else None for a, s in zip(example, specs)),
+        )
         self.reach: tuple[Reach, ...] = ()  # (static objects', function's), as the graphs read them
         self.entries: dict = {}
         self.seen: set = set()  # modes whose first key is captured (it alone runs the full protocol)
         self.seconds = 0.0
         self.hold = LibraryHold()
-        rows = {"tokens": keys.max_tokens(), "reqs": max((k.reqs_rows for _, k in keys.pairs()), default=1)}
-        with _device_scope(self.device), torch.no_grad():
+        rows = {Kind.TOKENS: keys.max_tokens(), Kind.REQS: max((k.reqs_rows for _, k in keys.pairs()), default=1)}
+        with device_scope(self.device), torch.no_grad():
             self.static = StaticBuffers.allocate(specs, example, rows, backend.empty)
-            self.keeper = StateKeeper(restore_state, exclude=self.static.storages())
-            self.handle = pool.handle_for(backend, self.device, call)
+            self.keeper = StateKeeper(options.restore_state, exclude=self.static.storages())
+            self.handle = self.pool.handle_for(backend, self.device, call)
             self.stream = backend.new_stream(self.device)
-            self.out_rule = infer_out_axes(fn, specs, example, out_axes)
+            self.out_rule = infer_out_axes(prepared.fn, specs, example, self.out_axes)
         # First use holds static objects weakly (`WeakStatic`): each capture then reads them
         # from the call that needs it, and nothing here keeps a dropped cache alive.
         self.weak_statics = weak_statics
         if weak_statics:
             self.specs = specs = tuple(
-                attrs.evolve(s, value=weaken(s.value)) if s.axis.kind == "static" else s for s in specs
+                attrs.evolve(s, value=weaken(s.value)) if s.axis.kind is Kind.STATIC else s for s in specs
             )
-            self.example = tuple(weaken(a) if s.axis.kind == "static" else a for s, a in zip(specs, example))
+            self.example = tuple(weaken(a) if s.axis.kind is Kind.STATIC else a for s, a in zip(specs, example))
 
     def _objects(self, args: Sequence[Any]) -> dict:
         """The static objects of a call: roots of the Python state a graph cannot follow."""
-        return {s.name: a for s, a in zip(self.specs, args) if s.axis.kind == "static" and not by_value(a)}
+        return {s.name: a for s, a in zip(self.specs, args) if s.axis.kind is Kind.STATIC and not by_value(a)}
 
     # -- capture ----------------------------------------------------------------------------
     def capture(
@@ -114,7 +132,7 @@ class CaptureSession:
         done_before = len(self.entries)
         new: dict = {}
         try:
-            with _device_scope(self.device), torch.no_grad(), holding(self.hold, self.device, uses_fft=self.uses_fft):
+            with device_scope(self.device), torch.no_grad(), holding(self.hold, self.device, uses_fft=self.uses_fft):
                 loaded = None
                 example = self.example
                 if call_args is not None:
@@ -124,16 +142,11 @@ class CaptureSession:
                 elif self.weak_statics:
                     raise ValueError(f"{self.call}: a first-use session captures for a call (call_args)")
                 objects = self._objects(example)
-                reach = (Reach.record(objects), Reach.record(self.fn_roots, lengths=False))
+                reach = (Reach.walk(objects), Reach.walk(self.fn_roots, lengths=False))
                 with freeze_gc(collect=collect):
-                    for mode, key in _progress(pairs, self.call, self.progress and call_args is None):
-                        first = mode not in self.seen
+                    for mode, key in progress(pairs, self.call, self.progress and call_args is None):
                         sibling = self.entries.get((Mode.PIECEWISE, key.relaxed())) or new.get((Mode.PIECEWISE, key.relaxed()))
-                        entry = _capture_one(
-                            self.call, self.capturers[mode], mode, key, self.specs, self.static, example,
-                            self.handle, self.stream, self.warmups, self.weak_outputs, self.out_rule, self.keeper,
-                            self.probe, first, sibling, loaded, quick,
-                        )
+                        entry = self.capture_key(mode, key, example, sibling, loaded, quick)
                         new[mode, key] = self._weak_outputs(entry, objects) if self.weak_statics else entry
                         self.seen.add(mode)
                         self._unchanged(reach)
@@ -154,13 +167,48 @@ class CaptureSession:
                 self.pool.trim()
             if not isinstance(exc, Exception):
                 raise
-            raise _as_capture_error(self.call, exc, done, done_before + len(pairs)) from exc
+            raise as_capture_error(self.call, exc, done, done_before + len(pairs)) from exc
         self.entries = entries
         for entry in entries.values():
             self.pool.track(entry, f"{self.call} {entry.label}", entry.nbytes)
         self.reach = tuple(r.freeze() for r in reach)
         self.seconds += time.perf_counter() - start
         return self.table()
+
+    def capture_key(self, mode: Mode, key, example: Sequence[Any], sibling, loaded, quick: bool) -> Entry:
+        """Capture one key: the per-graph step. The first key of its mode in this table alone
+        checks for in-place writes to arguments; the capturer decides what else it skips at
+        later keys (`graphify.capture.capturers`). `sibling`: the PIECEWISE entry of the same
+        token count, already captured, whose schedule warms a FULL capture up cheaply.
+        `loaded`: what a first-use capture copied into the static buffers (the call's own
+        rows), which the function must leave as they are; None: all padding. `quick`: no
+        warm-up, no op guard (first use, code whose kin was captured before)."""
+        first = mode not in self.seen
+        args = self.static.args_for(self.specs, key, example)
+        keeper = self.keeper
+        t0 = time.perf_counter()
+        try:
+            captured = self.capturers[mode](
+                args, key=key, pool=self.handle, warmups=self.warmups, weak_outputs=self.weak_outputs,
+                stream=self.stream, keeper=keeper, probe=self.probe if keeper.enabled else None, first=first,
+                sibling=sibling, quick=quick,
+            )
+            keeper.forget()
+        except Exception as exc:
+            exc.graphify_key = (mode, key)
+            raise
+        changed = self.static.changed(self.specs, loaded) if first and not quick else None
+        if changed:
+            raise CaptureError(
+                f"{self.call}: the function writes to argument(s) {changed} in place; graphify copies padded "
+                "arguments into static buffers, so such writes are lost: mark them persistent() or return the result"
+            )
+        flat, out_spec = pytree.tree_flatten(captured.outputs)
+        return Entry(
+            mode, key, captured.replay, captured.graph, tuple(flat), out_spec,
+            self.out_rule(key.num_tokens, key.reqs_rows, flat), captured.nbytes, time.perf_counter() - t0,
+            captured.sized,
+        )
 
     def _unchanged(self, reach: tuple[Reach, ...]) -> None:
         """Raise if the run changed what the static objects or the closure hold (after
@@ -219,7 +267,7 @@ class CaptureSession:
             for k, e in self.entries.items()
         }
         current = {s.name: objects[s.name] for s in self.specs if s.name in objects}
-        self.reach = (Reach.record(current).freeze(), self.reach[1] if len(self.reach) > 1 else Reach())
+        self.reach = (Reach.walk(current).freeze(), self.reach[1] if len(self.reach) > 1 else Reach())
 
     def table(self) -> GraphTable:
         """The table of every entry captured so far (a new immutable value). Its `release()`
@@ -258,22 +306,15 @@ def _captured_keys(entries: dict, planned: KeySet) -> KeySet:
     return KeySet(full, piecewise, planned.uniform_query_len)
 
 
-def capture_table(**session_args) -> GraphTable:
-    """Capture every planned key ahead of time (`Graphified.capture`); see the module
-    docstring. Raises `CaptureError` naming the key that failed, with nothing kept."""
-    try:
-        session = CaptureSession(**session_args)
-    except Exception as exc:  # out_axes that cannot be, a pool of another device, ...
-        raise _as_capture_error(session_args["call"], exc, 0, len(session_args["keys"])) from exc
-    try:
-        table = session.capture(session.keys.pairs(session.largest_first))
-    except BaseException:
-        session.abort()  # a kept exception's frames reference the session: it must pin nothing
-        raise
-    if session.keeper.unrestorable:
-        log.warning("%s: capture ran %s on outside tensors, which cannot be undone", session.call, sorted(session.keeper.unrestorable))
-    log.info(
-        "%s: captured %d graphs in %.2f s, %.1f MiB in pool %r",
-        session.call, len(table), table.seconds, table.nbytes / MiB, session.pool.name,
-    )
-    return table
+def _lockstep_full(lockstep, prepared: Prepared):
+    """`full_for(key) -> (fn, twin)`: what a FULL key records under tensor parallelism's
+    "graph" policy, the ranks' agreement check on that key's code first; None otherwise."""
+    if lockstep is None or not lockstep.in_graph:
+        return None
+    full = tuple(Mode).index(Mode.FULL)
+
+    def full_for(key):
+        code = graph_code(full, key.num_tokens, key.reqs_rows)
+        return lockstep.checked(prepared.fn, code), lockstep.checked(prepared.twin, code)
+
+    return full_for

@@ -1,0 +1,112 @@
+"""What a graphified function is apart from its graphs, as one frozen value.
+
+`graphify(fn, ...)` resolves its arguments once: the runtime mode the function's support
+allows, the keys to capture, the name messages use. Capture, first use, the call layer and
+`check()` read this `FunctionSpec`; none of them reaches back into the `Graphified` that
+holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+from ._batching import Batching
+from ._keys import KeySet, plan_keys
+from ._mode import Mode
+from ._options import Options
+from ._pool import Pool
+from ._signature import fn_name
+from ._sizes import normalize_sizes, vllm_sizes
+from ._support import Resolution, resolve_mode, weakest
+from .backends import BACKENDS
+from .extend import as_split
+
+__all__ = ["FunctionSpec", "DEFAULT_SIZES"]
+
+log = logging.getLogger("graphify")
+
+DEFAULT_SIZES = vllm_sizes(512)  # what capture() captures when no sizes are given
+OUTPUTS = ("copy", "view")
+
+
+@attrs.frozen(kw_only=True)
+class FunctionSpec:
+    """A graphified function's settings, resolved (see the module docstring)."""
+
+    fn: Callable
+    call: str  # how messages name the callable: "graphify(step, mode='FULL')"
+    mode: Mode  # as requested
+    resolution: Resolution  # the mode the function's support allows, and why
+    sizes: tuple[int, ...] | None
+    keys: KeySet  # the graphs capture() plans
+    axes: Any
+    out_axes: Any
+    backend: str
+    pool: Pool | None
+    batching: Batching
+    outputs: str
+    group: Any
+    options: Options
+
+    @property
+    def split(self):
+        """The split function `fn` is (`graphify.extend.SplitFunction`), or None."""
+        return as_split(self.fn)
+
+    @property
+    def first_use(self) -> bool:
+        """Whether calls before `capture()` capture what they need."""
+        return self.options.first_use and self.group is None and self.resolution.mode is not Mode.NONE
+
+    @classmethod
+    def build(
+        cls, *, fn: Callable, mode: "Mode | str", sizes: Iterable[int] | None, axes: Any, out_axes: Any,
+        support: Any, backend: str, pool: Pool | None, batching: Batching | None, outputs: str, group: Any,
+        options: Options | None, announce: bool = True,
+    ) -> "FunctionSpec":
+        """Check and resolve `graphify`'s arguments. `announce`: log (and for PIECEWISE
+        without a split function, warn) when the mode is downgraded; once, when a callable
+        is built, not again per capture."""
+        options = Options() if options is None else options
+        if not isinstance(options, Options):
+            raise TypeError(f"graphify: options must be a graphify.Options, got {type(options).__name__}")
+        batching = Batching() if batching is None else batching
+        if not isinstance(batching, Batching):
+            raise TypeError(f"graphify: batching must be a graphify.Batching, got {type(batching).__name__}")
+        if backend != "auto" and backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; valid backends are 'auto', {', '.join(map(repr, BACKENDS))}")
+        if outputs not in OUTPUTS:
+            raise ValueError(f"graphify: outputs must be one of {OUTPUTS}, got {outputs!r}")
+        mode = Mode.parse(mode)
+        sizes = None if sizes is None else normalize_sizes(sizes, allow_empty=True)
+        call = f"graphify({fn_name(fn)}, mode={mode.value!r})"
+        if sizes == () and mode is not Mode.NONE:
+            raise ValueError(
+                f"{call}: sizes is empty, so no graph could be captured; give capture sizes, leave sizes out "
+                "for the default, or use mode='NONE' (eager, no graphs)"
+            )
+        split = as_split(fn) is not None
+        resolution = resolve_mode(mode, weakest(support), split=split, uniform_query_len=batching.uniform_query_len)
+        if resolution.changed and announce:
+            log.warning("%s: %s", call, "; ".join(resolution.reasons))
+            if mode is Mode.PIECEWISE and resolution.mode is Mode.NONE and not split:
+                warnings.warn(
+                    f"{call}: the function is not split, so PIECEWISE has no pieces to capture and it runs "
+                    "eagerly (mode NONE, no graphs); wrap it with split(fn, ops) from transforms.split to capture "
+                    "the pieces between its graph-unsafe ops, or use mode='FULL' for one graph of the whole function",
+                    UserWarning,
+                    stacklevel=5,
+                )
+        keys = plan_keys(
+            resolution.mode, sizes if sizes is not None else DEFAULT_SIZES,
+            uniform_query_len=batching.uniform_query_len, max_num_reqs=batching.max_num_reqs, lora=batching.lora,
+        )
+        return cls(
+            fn=fn, call=call, mode=mode, resolution=resolution, sizes=sizes, keys=keys, axes=axes, out_axes=out_axes,
+            backend=backend, pool=pool, batching=batching, outputs=outputs, group=group, options=options,
+        )

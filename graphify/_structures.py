@@ -1,0 +1,55 @@
+"""What makes calls one *structure* (first use captures per structure), as plain data.
+
+A structure is what a graph is specialised to apart from the batch: the call's layout,
+each tensor's dtype, device and non-batch shape, plain static values, static objects by
+identity. Two looser notions help first use decide what a call costs: its *family* (the
+same call with other non-batch shapes and other objects of the same types: a transformers
+decode step with a cache of another length) and its *signature* (the family with every
+shape fixed: what a new object must match to take over a structure's graphs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from ._axes import Kind, by_value, mismatch
+
+__all__ = ["Pending", "family", "signature", "fits"]
+
+
+@attrs.define(eq=False)
+class Pending:
+    """The previous call, which ran eagerly: its structure, to compare the next call with."""
+
+    layout: Any
+    specs: tuple
+    call: str
+
+
+def family(layout, specs) -> tuple:
+    """What calls of one kind share apart from shapes and object identity: the call's
+    layout, each argument's axis, dtype, device and rank, plain static values, and the
+    types of static objects."""
+    return (layout.names, layout.kinds, layout.trees) + tuple(
+        (s.axis.kind, s.value if by_value(s.value) else type(s.value)) if s.axis.kind is Kind.STATIC
+        else (s.axis.kind, s.dtype, s.device, len(s.shape))
+        for s in specs
+    )
+
+
+def signature(layout, specs) -> tuple:
+    """`_family` plus every non-batch shape and persistent address: a call with this
+    signature and objects of the same skeleton can replay a structure's graphs."""
+    return family(layout, specs) + tuple(
+        (s.trailing, s.data_ptr) for s in specs if s.axis.kind is not Kind.STATIC
+    )
+
+
+def fits(pending: Pending, layout, slots: Sequence[Any]) -> bool:
+    """Whether a call (bound by its own `layout` to `slots`) has `pending`'s structure."""
+    if (layout.names, layout.kinds, layout.trees) != (pending.layout.names, pending.layout.kinds, pending.layout.trees):
+        return False
+    return all(mismatch(pending.call, spec, slots[spec.index]) is None for spec in pending.specs)

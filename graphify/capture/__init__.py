@@ -1,0 +1,23 @@
+"""Where graphs are captured: all of it, in one package.
+
+- `prepare`: one call of the function made ready to capture (`Prepared`): the call bound to
+  argument slots, each argument's spec, the eager twin, the backend.
+- `session`: `CaptureSession`, what the captures of one table share; `capture_key` is one
+  graph's step, `capture` a batch of keys.
+- `capturers`: how each runtime mode captures a key, and how little each key warms up.
+- `outputs`: which outputs follow the tokens or the requests.
+- `context`: the garbage collector held still, the device made current.
+- `errors`: what a failed capture raises.
+- `ahead`: `capture()` ahead of time, every planned key (with tensor-parallel agreement).
+
+First use (`graphify._first_use`) opens a session per call structure and captures one key
+at a time. The backends (`graphify.backends`, their protocol in `backends/_base.py`)
+record and replay; this package decides what is captured, when and how.
+"""
+
+from .ahead import capture_ahead
+from .context import freeze_gc
+from .prepare import Prepared, prepare
+from .session import CaptureSession
+
+__all__ = ["CaptureSession", "Prepared", "capture_ahead", "freeze_gc", "prepare"]

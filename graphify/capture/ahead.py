@@ -1,0 +1,78 @@
+"""`capture()` ahead of time: every planned key in one session, into one pool.
+
+Keys are captured in `KeySet.pairs()` order (mixed keys largest first, then uniform keys),
+so smaller graphs reuse the larger ones' memory. On any failure the graphs captured so far
+are released and a `CaptureError` names the key that failed. With `group=` (tensor
+parallelism) the ranks agree on the plan before capturing and on the outcome after, so a
+rank that fails never leaves the others waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+
+from .._errors import CaptureError
+from .._function import FunctionSpec
+from .._table import GraphTable
+from .errors import as_capture_error
+from .prepare import prepare
+from .session import CaptureSession
+
+__all__ = ["capture_ahead"]
+
+log = logging.getLogger("graphify")
+MiB = 1 << 20
+
+
+def capture_ahead(spec: FunctionSpec, example_args: tuple, example_kwargs: dict) -> GraphTable:
+    """Capture every key `spec` plans, from one example call; the table of all of them."""
+    lockstep = None
+    if spec.group is not None:  # tensor parallel: every rank plans and captures the same graphs
+        from .._distributed import Lockstep
+
+        lockstep = Lockstep(spec.group, spec.call, spec.options.lockstep)
+    try:
+        prepared = prepare(spec, example_args, example_kwargs)
+    except Exception as exc:
+        if lockstep is not None:  # the other ranks must hear of it, or they wait forever
+            lockstep.agree_plan(None, exc)
+        raise
+    if lockstep is not None:
+        lockstep.agree_plan(
+            [f"mode {spec.resolution.mode.value}"]
+            + [f"{m.value} {k}" for m, k in spec.keys.pairs(spec.options.largest_first)]
+        )
+    try:
+        table = _capture_all(spec, prepared, lockstep)
+    except BaseException as exc:
+        if lockstep is not None:
+            lockstep.agree_outcome(exc)
+        raise
+    if lockstep is not None:
+        try:
+            lockstep.agree_outcome(None)
+        except CaptureError:
+            table.release()
+            raise
+        table = attrs.evolve(table, lockstep=lockstep)
+    return table
+
+
+def _capture_all(spec: FunctionSpec, prepared, lockstep) -> GraphTable:
+    try:
+        session = CaptureSession(spec, prepared, spec.keys, lockstep=lockstep)
+    except Exception as exc:  # out_axes that cannot be, a pool of another device, ...
+        raise as_capture_error(spec.call, exc, 0, len(spec.keys)) from exc
+    try:
+        table = session.capture(session.keys.pairs(session.largest_first))
+    except BaseException:
+        session.abort()  # a kept exception's frames reference the session: it must pin nothing
+        raise
+    if session.keeper.unrestorable:
+        log.warning("%s: capture ran %s on outside tensors, which cannot be undone", spec.call,
+                    sorted(session.keeper.unrestorable))
+    log.info("%s: captured %d graphs in %.2f s, %.1f MiB in pool %r", spec.call, len(table), table.seconds,
+             table.nbytes / MiB, session.pool.name)
+    return table
