@@ -55,3 +55,18 @@ __all__ = [
     "static", "tokens", "vllm_sizes", "weakest",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """`graphify.split` (and `SplitError`): `transforms.split`, imported when first asked
+    for. Installed, transforms/ is `graphify.transforms`; in a checkout run in place
+    (PYTHONPATH=.), the top-level `transforms`."""
+    if name in ("split", "SplitError"):
+        import importlib
+
+        try:
+            module = importlib.import_module("graphify.transforms.split")
+        except ImportError:
+            module = importlib.import_module("transforms.split")
+        return getattr(module, name)
+    raise AttributeError(f"module 'graphify' has no attribute {name!r}")

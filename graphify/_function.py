@@ -97,7 +97,7 @@ class FunctionSpec:
             if mode is Mode.PIECEWISE and resolution.mode is Mode.NONE and not split:
                 warnings.warn(
                     f"{call}: the function is not split, so PIECEWISE has no pieces to capture and it runs "
-                    "eagerly (mode NONE, no graphs); wrap it with split(fn, ops) from transforms.split to capture "
+                    "eagerly (mode NONE, no graphs); wrap it with graphify.split(fn, ops, *example) to capture "
                     "the pieces between its graph-unsafe ops, or use mode='FULL' for one graph of the whole function",
                     UserWarning,
                     stacklevel=5,

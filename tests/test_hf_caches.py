@@ -164,34 +164,23 @@ def test_a_new_cache_of_known_shapes_takes_over_the_graphs_memory(backend):
     assert len(structures) == 1 and structures[0].graphs == 1  # one capture, ever
 
 
-def test_a_cache_the_user_kept_is_never_written_by_the_next_generate(backend):
-    _, device = backend
-    model = llama(device)
-    model.forward = graphify(model.forward)
-    first = generate(model, prompt(2, 7, device, seed=1), 10, cache_implementation="static",
-                     return_dict_in_generate=True)
-    kept = first.past_key_values
-    snapshot = [(layer.keys.clone(), layer.values.clone()) for layer in kept.layers]
-    ids = prompt(2, 7, device, seed=2)
-    want = generate(llama(device), ids, 10, cache_implementation="static", disable_compile=True)
-    assert torch.equal(generate(model, ids, 10, cache_implementation="static"), want)
-    for layer, (k, v) in zip(kept.layers, snapshot):
-        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
-
-
-def test_a_tensor_the_user_kept_from_a_dropped_cache_is_never_written(backend):
+@pytest.mark.parametrize("kept", ["the cache", "one tensor of a dropped cache"])
+def test_what_the_user_kept_of_a_cache_is_never_written_by_the_next_generate(backend, kept):
+    """A new cache may take over a graph's memory only when nothing else holds it."""
     _, device = backend
     model = llama(device)
     model.forward = graphify(model.forward)
     out = generate(model, prompt(2, 7, device, seed=1), 10, cache_implementation="static",
                    return_dict_in_generate=True)
-    keys = out.past_key_values.layers[0].keys  # a tensor kept, its cache dropped
-    snapshot = keys.clone()
-    del out
+    layers = out.past_key_values.layers
+    held = [t for layer in layers for t in (layer.keys, layer.values)] if kept == "the cache" else [layers[0].keys]
+    if kept != "the cache":
+        del out, layers  # only the tensor survives
+    snapshot = [t.clone() for t in held]
     ids = prompt(2, 7, device, seed=2)
     want = generate(llama(device), ids, 10, cache_implementation="static", disable_compile=True)
     assert torch.equal(generate(model, ids, 10, cache_implementation="static"), want)
-    assert torch.equal(keys, snapshot)
+    assert all(torch.equal(t, before) for t, before in zip(held, snapshot))
 
 
 def test_new_caches_of_other_lengths_are_captured_without_a_warm_up(backend):

@@ -81,7 +81,7 @@ def test_graphify_warns_once_when_piecewise_of_an_unsplit_function_runs_eagerly(
 
     from graphify import graphify
 
-    with pytest.warns(UserWarning, match=r"not split.*split\(fn, ops\) from transforms\.split.*mode='FULL'") as got:
+    with pytest.warns(UserWarning, match=r"not split.*graphify\.split\(fn, ops, \*example\).*mode='FULL'") as got:
         g = graphify(lambda x: x * 2, mode="PIECEWISE", sizes=[1, 2], backend="sim")
     assert g.resolution.mode is Mode.NONE
     assert [w.filename for w in got if "not split" in str(w.message)] == [__file__]  # points at the caller

@@ -12,7 +12,7 @@ here, and only when these helpers run (`pip install graphify[hf]`); graphify's c
 imports it.
 
 !!! example
-    >>> from transforms.hf import decode_graphs, greedy_generate, static_cache  # doctest: +SKIP
+    >>> from graphify.transforms.hf import decode_graphs, greedy_generate, static_cache  # doctest: +SKIP
     >>> cache = static_cache(model, batch_size=8, max_cache_len=256)            # doctest: +SKIP
     >>> step = decode_graphs(model, cache)                                      # doctest: +SKIP
     >>> tokens = greedy_generate(model, prompt_ids, cache, 128, decode=step)     # doctest: +SKIP

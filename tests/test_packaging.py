@@ -1,0 +1,62 @@
+"""Installed, graphify is one package: transforms/ and models/ live under graphify's name
+(no top-level `transforms` or `models` to clash with a user's own), benchmarks/ is not
+installed, and `split` is importable from graphify. A split function keeps the contract
+written down in `graphify.extend`."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import graphify
+from graphify.extend import SplitFunction, as_split
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_split_is_importable_from_graphify_and_keeps_the_contract():
+    assert issubclass(graphify.SplitError, Exception)
+
+    def step(x, w):
+        return torch.relu(x @ w)
+
+    pw = graphify.split(step, [torch.ops.aten.relu.default], torch.randn(4, 8), torch.randn(8, 8),
+                        axes=(graphify.tokens(), graphify.persistent()))
+    assert isinstance(pw, SplitFunction) and as_split(pw) is pw
+    assert as_split(step) is None and not isinstance(step, SplitFunction)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        graphify.nope  # noqa: B018
+
+
+def test_the_project_installs_transforms_and_models_under_graphify_and_not_benchmarks():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"graphify": "graphify", "graphify.transforms": "transforms",
+                                         "graphify.models": "models"}
+    packages = set(setuptools["packages"])
+    assert {"graphify.transforms", "graphify.models", "graphify.capture", "graphify.backends"} <= packages
+    assert not any(p.split(".")[0] in ("transforms", "models", "benchmarks") for p in packages)
+    on_disk = {p.parent.relative_to(ROOT).as_posix().replace("/", ".") for p in (ROOT / "graphify").rglob("__init__.py")}
+    assert on_disk <= packages  # every subpackage of graphify/ is listed
+
+
+def test_an_installed_graphify_has_no_top_level_transforms_models_or_benchmarks(tmp_path):
+    try:
+        importlib.metadata.distribution("graphify")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("graphify is not installed (pip install -e .): run in place")
+    code = (
+        "import importlib, importlib.util as u\n"
+        "print([n for n in ('transforms', 'models', 'benchmarks') if u.find_spec(n) is not None])\n"
+        "print(importlib.import_module('graphify.transforms.split').__name__, importlib.import_module('graphify.models').__name__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["[]", "graphify.transforms.split graphify.models"]
