@@ -5,6 +5,8 @@ by itself.
     hf_compile   generate(..., cache_implementation="static"): transformers' own compile of the
                  decode step (inductor, CUDA graphs), what a user gets with no line at all
     graphify     model.forward = graphify(model.forward); then generate() unchanged
+    graphify_inductor   model.forward = graphify(model.forward, options=Options(compile=True)):
+                 graphify compiles the calls it captures (the decode step) with inductor
     graphify_compiled   model.forward = graphify(torch.compile(model.forward, fullgraph=True))
 
 Random-weight models from configs (no downloads): the Qwen2.5-0.5B and Llama-3-8B shapes,
@@ -51,8 +53,8 @@ CONFIGS = {
     "eager": "eager generate() (transformers' compile off)",
     "hf_compile": "transformers' own compile (no line)",
     "graphify": "graphify(model.forward)",
+    "graphify_inductor": "graphify(model.forward, options=Options(compile=True))",
     "graphify_compiled": "graphify(torch.compile(model.forward))",
-    "graphify_nocompile": "graphify(model.forward), generate(disable_compile=True)",
 }
 PEER = "hf_compile"
 LOGIT_STEPS = 4  # decode steps whose logits are compared with eager's
@@ -72,10 +74,14 @@ def build(shape: str, device: str):
 
 def one_line(name: str, model) -> None:
     """What a user writes for configuration `name` (eager and hf_compile: nothing)."""
-    if name in ("graphify", "graphify_nocompile"):
+    if name == "graphify":
         from graphify import graphify
 
         model.forward = graphify(model.forward)
+    elif name == "graphify_inductor":
+        from graphify import Options, graphify
+
+        model.forward = graphify(model.forward, options=Options(compile=True))
     elif name == "graphify_compiled":
         from graphify import graphify
 
@@ -84,7 +90,7 @@ def one_line(name: str, model) -> None:
 
 def generate(model, name: str, ids: torch.Tensor, new: int, **kw):
     # the one lines: generate() as users call it (transformers' own compile then wraps __call__)
-    extra = {"disable_compile": True} if name in ("eager", "graphify_nocompile") else {}
+    extra = {"disable_compile": True} if name == "eager" else {}
     return model.generate(
         input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False,
         cache_implementation="static", pad_token_id=0, **extra, **kw,

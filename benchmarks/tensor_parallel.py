@@ -4,15 +4,19 @@ job's serving trace at TP=1 and TP=world.
 
 Decode (`--what decode`, the default), B = 1, 8, 64 at KV length 256, per model:
 - TP=1: the single-GPU model in graphify FULL graphs (every rank runs its own copy);
-- TP=world: eager; graphify FULL with `group=` (NCCL all-reduces inside the graphs, each
-  graph checking that every rank replays the same one); and the floor, a hand-written loop
-  of one `torch.cuda.CUDAGraph` per batch size of the same step (inputs copied into static
-  buffers, no checks of any kind).
+- TP=world, once per all-reduce kind (`--all-reduce nccl symm_mem`: NCCL's functional
+  all-reduce, or the one-shot all-reduce through symmetric memory, NVLink P2P and no
+  multicast; both by default where 2+ GPUs reach each other by P2P, else nccl): eager;
+  graphify FULL with `group=` (the all-reduces inside the graphs, each graph checking that
+  every rank replays the same one); and the floor, a hand-written loop of one
+  `torch.cuda.CUDAGraph` per batch size of the same step (inputs copied into static
+  buffers, no checks of any kind). Each row names its kind, and TP ÷ TP=1 is per kind.
 Serving (`--what serving`): the trace of `benchmarks/serving.py` through graphify
-FULL_AND_PIECEWISE at TP=1 and TP=world (collectives inside FULL graphs and in PIECEWISE
-pieces): tokens/s and step latency p50/p99.
+FULL_AND_PIECEWISE at TP=1 and TP=world per all-reduce kind (collectives inside FULL graphs
+and in PIECEWISE pieces): tokens/s and step latency p50/p99.
 
-    torchrun --nproc-per-node 2 -m benchmarks.tensor_parallel [--model 0.5b 8b] [--what decode|serving|all]
+    torchrun --nproc-per-node 2 -m benchmarks.tensor_parallel [--model 0.5b 8b] [--what decode|serving|all] \
+        [--all-reduce nccl symm_mem]
     torchrun --nproc-per-node 2 -m benchmarks.tensor_parallel --smoke --cpu --what all   # tiny, gloo, simulation
 
 Every rank ends by itself (`ExitTogether`): a rank that fails prints its traceback, tells
@@ -30,6 +34,7 @@ import sys
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 for _key, _value in NO_MULTICAST.items():
     os.environ.setdefault(_key, _value)
+os.environ.setdefault("TORCH_SYMMMEM", "CUDA")  # symm_mem all-reduce: torch's own P2P backend, read at import
 if "--cpu" in sys.argv[1:]:  # gloo and the simulation: no CUDA, so the timers read the host clock
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
@@ -43,6 +48,7 @@ import torch.distributed as dist  # noqa: E402
 
 from graphify import Mode, Options, freeze_gc, graphify, sglang_piecewise_sizes, vllm_sizes  # noqa: E402
 from models import (  # noqa: E402
+    ALL_REDUCE_KINDS,
     BlockTables,
     DecoderConfig,
     init_params,
@@ -59,7 +65,8 @@ from transforms import split  # noqa: E402
 
 from ._floor import HandWrittenGraph  # noqa: E402
 from ._ranks import ExitTogether, init, maybe_fail  # noqa: E402
-from ._report import environment, host_pipelined_us, publish, sync, table, time_per_call  # noqa: E402
+from ._report import environment, host_pipelined_us, publish, sync, time_per_call  # noqa: E402
+from ._tp_report import render_decode, render_serving, targets  # noqa: E402
 
 BATCHES = (1, 8, 64)
 BLOCK = 16
@@ -72,8 +79,7 @@ TIMING = {  # time_per_call arguments per model: graphs, eager; host_pipelined_u
     "8b": ({"calls": 5, "reps": 20, "warmup": 3}, {"calls": 2, "reps": 4, "warmup": 1}, 15),
     "tiny": ({"calls": 2, "reps": 3, "warmup": 1}, {"calls": 2, "reps": 3, "warmup": 1}, 3),
 }
-TARGET_VS_HAND = 1.05  # graphify TP step ÷ the hand-written TP loop's, at every batch
-TARGET_8B_B1 = 0.6  # 8B at B=1: TP step ÷ TP=1 step
+
 
 
 # -- decode ---------------------------------------------------------------------------------
@@ -96,14 +102,14 @@ def _ratio(a, b):
 
 
 def decode_rows(name: str, args, rank: int, world: int, device: torch.device) -> list[dict]:
-    """One model's rows (one per batch size): TP=1 graphs, then TP=world eager, graphify
-    and the hand-written floor, each timed the same way."""
+    """One model's rows (one per batch size and all-reduce kind): TP=1 graphs, then per kind
+    TP=world eager, graphify and the hand-written floor, each timed the same way."""
     cfg, label, kv_len = model_setup(name, device)
     try:
         tcfg = shard_config(cfg, world)
     except ValueError as exc:  # the model's heads or MLP do not split over this many ranks
         return [{"model": label, "batch": None, "skipped": str(exc)}]
-    graph_timing, eager_timing, host_reps = TIMING[name]
+    graph_timing, _, _ = TIMING[name]
     batch_sizes = tuple(args.batches)
     max_blocks = -(-(kv_len + 1) // BLOCK)
     num_blocks = 1 + max(batch_sizes) * max_blocks
@@ -115,25 +121,44 @@ def decode_rows(name: str, args, rank: int, world: int, device: torch.device) ->
     single = varlen_step(cfg, full)
     options = Options(progress=rank == 0 and not args.smoke)
     sizes = vllm_sizes(max(batch_sizes))
-    rows = {b: {"model": label, "batch": b} for b in batch_sizes}
 
     g1 = graphify(single, mode="FULL", sizes=sizes, axes=varlen_axes(), outputs="view", options=options)
     g1 = g1.capture(*batches[batch_sizes[0]], full_cache)
+    tp1 = {}
     with torch.inference_mode():
         for b, batch in batches.items():
-            rows[b]["tp1_ms"] = time_per_call(lambda i: g1(*batch, full_cache), **graph_timing)  # noqa: B023
+            tp1[b] = time_per_call(lambda i: g1(*batch, full_cache), **graph_timing)  # noqa: B023
     g1.release()
     del g1
 
+    rows = []
+    for kind in args.all_reduce:
+        setup = (name, args, rank, tcfg, full, full_cache, batches, single, options, sizes)
+        rows += [{"model": label, "batch": b, "tp1_ms": tp1[b], **row} for b, row in _tp_rows(kind, *setup).items()]
+    del full, full_cache
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _tp_rows(kind, name, args, rank, tcfg, full, full_cache, batches, single, options, sizes) -> dict:
+    """TP=world rows of one all-reduce kind, by batch size: eager, graphify, the floor."""
+    graph_timing, eager_timing, host_reps = TIMING[name]
+    device = full_cache.device
     maybe_fail(args, rank, "capture")
     cache = shard_paged_cache(tcfg, full_cache, rank)
-    step = tp_varlen_step(tcfg, full, rank)
+    step = tp_varlen_step(tcfg, full, rank, all_reduce=kind)
+    used = step.all_reduce.kind
+    first = next(iter(batches.values()))
     g = graphify(step, mode="FULL", sizes=sizes, axes=varlen_axes(), outputs="view", options=options,
-                 group=dist.group.WORLD).capture(*batches[batch_sizes[0]], cache)
+                 group=dist.group.WORLD).capture(*first, cache)
     floors = {b: HandWrittenGraph(step, batch, cache) for b, batch in batches.items()} if device.type == "cuda" else {}
+    rows = {}
     with torch.inference_mode():
         for b, batch in batches.items():
-            row = rows[b]
+            row = rows[b] = {"all_reduce": kind, "all_reduce_used": used,
+                             "all_reduce_label": used if used == kind else f"{kind}→{used}",
+                             "fallback_reason": step.all_reduce.fallback_reason}
             ref = single(*batch, full_cache.clone())
             row["max_err_vs_single_gpu"] = _max_err(g(*batch, cache), ref)
             row["eager_ms"] = time_per_call(lambda i: step(*batch, cache), **eager_timing)  # noqa: B023
@@ -144,75 +169,31 @@ def decode_rows(name: str, args, rank: int, world: int, device: torch.device) ->
                 row["hand_max_err"] = _max_err(floor(*batch), ref)
                 row["hand_ms"] = time_per_call(lambda i: floor(*batch), **graph_timing)  # noqa: B023
             row["graphify_host_us"] = host_pipelined_us(lambda i: g(*batch, cache), reps=host_reps)  # noqa: B023
-            row["graphify_vs_hand"] = _ratio(row["graphify_ms"], row.get("hand_ms"))
-            row["tp_vs_tp1"] = _ratio(row["graphify_ms"], row["tp1_ms"])
-            row["speedup_vs_eager"] = _ratio(row["eager_ms"], row["graphify_ms"])
             del ref
     g.release()
-    del g, floors, full, full_cache, cache
+    del g, floors, step, cache
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return list(rows.values())
+    return rows
 
 
-def targets(rows: list[dict]) -> dict:
-    """The issue's targets, from one run's rows."""
-    timed = [r for r in rows if r.get("graphify_vs_hand") is not None]
-    worst = max(timed, key=lambda r: r["graphify_vs_hand"], default=None)
-    b1 = next((r for r in rows if r["model"] == MODELS["8b"][1] and r.get("batch") == 1), None)
-    return {
-        "graphify_vs_hand_worst": None if worst is None else worst["graphify_vs_hand"],
-        "graphify_vs_hand_worst_at": None if worst is None else f"{worst['model']} B={worst['batch']}",
-        "graphify_vs_hand_met": None if worst is None else worst["graphify_vs_hand"] <= TARGET_VS_HAND,
-        "8b_b1_tp_vs_tp1": None if b1 is None else b1["tp_vs_tp1"],
-        "8b_b1_met": None if b1 is None else b1["tp_vs_tp1"] <= TARGET_8B_B1,
-    }
-
-
-DECODE_COLUMNS = [("model", "model", "s"), ("batch", "B", "d"), ("tp1_ms", "TP=1 ms", ".3f"),
-                  ("eager_ms", "eager TP ms", ".3f"), ("graphify_ms", "graphify TP ms", ".3f"),
-                  ("hand_ms", "hand TP ms", ".3f"), ("graphify_vs_hand", "graphify ÷ hand", ".3f"),
-                  ("tp_vs_tp1", "TP ÷ TP=1", ".3f"), ("speedup_vs_eager", "speedup vs eager", ".1f"),
-                  ("graphify_host_us", "host µs/step", ".1f"), ("max_err_vs_single_gpu", "max err vs 1 GPU", ".3g"),
-                  ("hand_max_err", "hand max err", ".3g")]
-
-
-def _verdict(met) -> str:
-    return "not measured" if met is None else "met" if met else "NOT met"
-
-
-def render_decode(result: dict) -> str:
-    world, t = result["world"], result["targets"]
-    lines = []
-    if not result["env"]["gpu"]:
-        lines.append("**CPU smoke run: tiny model, gloo, simulation backend. These timings are not GPU timings.**\n")
-    lines.append(
-        f"TP={world} decode at KV length {result['kv_len']}, random weights ({result['dtype']}). TP=1: the single-GPU "
-        f"model in graphify FULL graphs. TP={world}: eager; graphify FULL with `group=` (NCCL all-reduces inside the "
-        "graphs, each graph checking that every rank replays the same one); hand: one `torch.cuda.CUDAGraph` per batch "
-        "size of the same step, inputs copied into static buffers, no checks (the floor). Step times: CUDA events over "
-        "back-to-back calls, medians, rank 0. Host µs: graphify TP calls issued back to back.\n")
-    lines.append(table([r for r in result["rows"] if r.get("batch") is not None], DECODE_COLUMNS))
-    for r in result["rows"]:
-        if r.get("skipped"):
-            lines.append(f"\n{r['model']}: skipped ({r['skipped']}).")
-    worst = t["graphify_vs_hand_worst"]
-    lines.append(f"\nTargets: graphify TP ÷ hand TP <= {TARGET_VS_HAND} at every batch: "
-                 + _verdict(t["graphify_vs_hand_met"])
-                 + ("" if worst is None else f" (worst {worst:.3f}, {t['graphify_vs_hand_worst_at']})")
-                 + f". 8B at B=1, TP ÷ TP=1 <= {TARGET_8B_B1}: {_verdict(t['8b_b1_met'])}"
-                 + ("" if t["8b_b1_tp_vs_tp1"] is None else f" ({t['8b_b1_tp_vs_tp1']:.3f})") + ".")
-    return "\n".join(lines)
+def _ratios(row: dict) -> dict:
+    """A TP row's ratios: graphify ÷ hand, TP ÷ TP=1 (graphify's and the floor's), vs eager."""
+    return {**row, "graphify_vs_hand": _ratio(row["graphify_ms"], row.get("hand_ms")),
+            "tp_vs_tp1": _ratio(row["graphify_ms"], row["tp1_ms"]),
+            "hand_vs_tp1": _ratio(row.get("hand_ms"), row["tp1_ms"]),
+            "speedup_vs_eager": _ratio(row["eager_ms"], row["graphify_ms"])}
 
 
 def run_decode(args, rank: int, world: int, device: torch.device) -> dict:
     rows = []
     for name in args.model:
-        rows += decode_rows(name, args, rank, world, device)
+        rows += [r if r.get("batch") is None else _ratios(r) for r in decode_rows(name, args, rank, world, device)]
         dist.barrier()
     cfg, _, kv_len = model_setup(args.model[0], device)
     return {"env": {**environment(), "world": world}, "world": world, "kv_len": kv_len, "dtype": str(cfg.dtype),
-            "batches": list(args.batches), "rows": rows, "targets": targets(rows)}
+            "batches": list(args.batches), "all_reduce": list(args.all_reduce), "rows": rows,
+            "targets": targets([r for r in rows if r.get("batch") is not None], MODELS["8b"][1])}
 
 
 # -- serving --------------------------------------------------------------------------------
@@ -242,7 +223,7 @@ def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startu
 
 def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
     """The main job's trace (benchmarks/serving.py) through graphify FULL_AND_PIECEWISE at
-    TP=1 (each rank its own single-GPU model) and TP=world (`group=`)."""
+    TP=1 (each rank its own single-GPU model) and TP=world (`group=`) per all-reduce kind."""
     from ._serving_trace import ATTENTION, Setup, step_timer
 
     gpu = device.type == "cuda"
@@ -250,52 +231,36 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
     timed = step_timer(gpu)
     initial = setup.cache.clone()
     g1, startup = setup.graphify("FULL_AND_PIECEWISE")
-    rows = [trace_row(setup, g1, setup.cache, initial, "TP=1 graphify FULL_AND_PIECEWISE", 1, startup, timed)]
+    one = trace_row(setup, g1, setup.cache, initial, "TP=1 graphify FULL_AND_PIECEWISE", 1, startup, timed)
     g1.release()
     del g1
     tcfg = shard_config(setup.cfg, world)
-    cache = shard_paged_cache(tcfg, initial, rank)
-    step = tp_varlen_step(tcfg, setup.params, rank, attention=ATTENTION)
-    sync()
-    t0 = time.perf_counter()
-    fn = split(step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes())
-    g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=sglang_piecewise_sizes(setup.max_tokens), axes=varlen_axes(),
-                 outputs="view", support=model_support(ATTENTION), group=dist.group.WORLD,
-                 options=Options(progress=rank == 0 and not args.smoke)).capture(*setup.example, cache)
-    sync()
-    startup = time.perf_counter() - t0
-    rows.append(trace_row(setup, g, cache, initial, f"TP={world} graphify FULL_AND_PIECEWISE", world, startup, timed))
-    g.release()
-    one, tp = rows
+    rows, ratios = [one], {}
+    for kind in args.all_reduce:
+        cache = shard_paged_cache(tcfg, initial, rank)
+        step = tp_varlen_step(tcfg, setup.params, rank, attention=ATTENTION, all_reduce=kind)
+        used = step.all_reduce.kind
+        label = used if used == kind else f"{kind}→{used}"
+        sync()
+        t0 = time.perf_counter()
+        fn = split(step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes())
+        g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=sglang_piecewise_sizes(setup.max_tokens),
+                     axes=varlen_axes(), outputs="view", support=model_support(ATTENTION), group=dist.group.WORLD,
+                     options=Options(progress=rank == 0 and not args.smoke)).capture(*setup.example, cache)
+        sync()
+        startup = time.perf_counter() - t0
+        tp = trace_row(setup, g, cache, initial, f"TP={world} graphify FULL_AND_PIECEWISE {label}", world, startup,
+                       timed)
+        g.release()
+        del g, fn, step, cache
+        ratios[label] = {"tokens_per_s": tp["tokens_per_s"] / one["tokens_per_s"], "p99": tp["p99_ms"] / one["p99_ms"]}
+        rows.append({**tp, "all_reduce": label})
     kinds = {k: sum(s.kind == k for s in setup.steps) for k in ("prefill", "mixed", "decode", "spec")}
-    return {"env": {**environment(), "world": world}, "world": world, "rows": rows,
-            "ratios": {"tokens_per_s": tp["tokens_per_s"] / one["tokens_per_s"], "p99": tp["p99_ms"] / one["p99_ms"]},
+    return {"env": {**environment(), "world": world}, "world": world, "rows": rows, "ratios": ratios,
             "trace": {"requests": args.requests, "seed": args.seed, "steps": len(setup.steps), "tokens": setup.tokens,
                       "step_kinds": kinds, "max_batch_tokens": setup.max_tokens},
             "config": {"model": "qwen2.5-0.5b-shape" if gpu else "tiny", "dtype": str(setup.cfg.dtype),
                        "attention": ATTENTION}}
-
-
-SERVING_COLUMNS = [("config", "configuration", "s"), ("tokens_per_s", "tokens/s", ".0f"), ("p50_ms", "p50 ms", ".3f"),
-                   ("p99_ms", "p99 ms", ".3f"), ("startup_s", "start-up s", ".2f"), ("steps_full_pct", "FULL %", ".0f"),
-                   ("steps_piecewise_pct", "PIECEWISE %", ".0f"), ("steps_none_pct", "NONE %", ".0f"),
-                   ("max_err_vs_single_gpu", "max err vs 1 GPU", ".3g")]
-
-
-def render_serving(result: dict) -> str:
-    t, r, world = result["trace"], result["ratios"], result["world"]
-    lines = []
-    if not result["env"]["gpu"]:
-        lines.append("**CPU smoke run: tiny model, gloo, simulation backend. These timings are not GPU timings.**\n")
-    config = result["config"]
-    lines.append(f"The main job's trace ({config['model']}, {config['dtype']}): {t['requests']} requests (seed "
-                 f"{t['seed']}), {t['steps']} steps, {t['tokens']} tokens, at most {t['max_batch_tokens']} tokens a "
-                 f"step; step kinds {t['step_kinds']}. graphify FULL_AND_PIECEWISE over `split` at TP=1 and TP={world} "
-                 "(all-reduces inside FULL graphs and inside PIECEWISE pieces). Step latency: CUDA events, rank 0; "
-                 "max err: largest |logit - single-GPU eager| over every step.\n")
-    lines.append(table(result["rows"], SERVING_COLUMNS))
-    lines.append(f"\nTP={world} ÷ TP=1: tokens/s {r['tokens_per_s']:.2f}x, p99 {r['p99']:.2f}x.")
-    return "\n".join(lines)
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -305,6 +270,9 @@ def parse(argv=None):
     parser.add_argument("--model", nargs="+", choices=sorted(MODELS), default=["0.5b", "8b"])
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--what", choices=("decode", "serving", "all"), default="decode")
+    parser.add_argument("--all-reduce", nargs="+", choices=ALL_REDUCE_KINDS, default=None,
+                        help="TP all-reduce kinds to measure (default: both where 2+ GPUs reach each other by P2P, "
+                             "else nccl)")
     parser.add_argument("--requests", type=int, default=48, help="serving trace: requests")
     parser.add_argument("--seed", type=int, default=0, help="serving trace: seed")
     parser.add_argument("--name", default="tensor-parallel", help="result files' name (a second run: ...-again)")
@@ -319,6 +287,16 @@ def parse(argv=None):
     if args.smoke:
         args.model = ["tiny"]
     return args
+
+
+def default_all_reduce(world: int, device: torch.device) -> list[str]:
+    """Both kinds where every rank's GPU reaches the others' by P2P (agreed over the ranks,
+    so all measure the same kinds), else nccl."""
+    ok = device.type == "cuda" and world >= 2 and torch.cuda.device_count() >= world and all(
+        torch.cuda.can_device_access_peer(device, peer) for peer in range(world) if peer != device.index)
+    flag = torch.tensor([int(ok)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return list(ALL_REDUCE_KINDS) if flag.item() else ["nccl"]
 
 
 def run(args, rank: int, world: int, device: torch.device) -> dict:
@@ -348,6 +326,7 @@ def main(argv=None) -> dict | None:
     try:
         maybe_fail(args, rank, "start")
         maybe_fail(args, rank, "stuck")
+        args.all_reduce = args.all_reduce or default_all_reduce(world, device)
         results = run(args, rank, world, device)
         if rank == 0 and args.out:
             with open(args.out, "w") as f:

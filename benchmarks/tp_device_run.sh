@@ -3,17 +3,22 @@
 #
 #   bash benchmarks/tp_device_run.sh
 #
-# Steps, in this order, each under its own time limit (about 6 minutes in all, at most 9):
+# Steps, in this order, each under its own time limit (at most $BUDGET s in all); STEPS picks
+# some of them (the 10-minute limit of one device command may not hold all four):
 #   tests     the 2-GPU tests: tests/test_distributed.py and tests/test_hf_tensor_parallel.py,
 #             CUDA ones included; summary and failures into benchmarks/results/gpu-tests-<device>-x<N>.txt
-#   bench     torchrun -m benchmarks.tensor_parallel (0.5B and 8B decode, TP=1 and TP=N, hand floor)
-#   serving   torchrun -m benchmarks.tensor_parallel --what serving (the main job's trace, F&P)
+#   bench     torchrun -m benchmarks.tensor_parallel (0.5B and 8B decode, TP=1 and TP=N, hand floor),
+#             TP=N once per all-reduce kind: nccl and symm_mem (one-shot, NVLink P2P, no multicast)
+#   serving   torchrun -m benchmarks.tensor_parallel --what serving (the main job's trace, F&P), per kind
 #   again     the decode benchmark once more (the targets need two runs): tensor-parallel-again-*
+#
+#   STEPS=tests bash benchmarks/tp_device_run.sh; STEPS="bench serving again" bash benchmarks/tp_device_run.sh
 # Logs go to $LOGS; after every step they and the tensor-parallel results are packed into
 # $OUT/tp-bundle.tar.gz, so a cut run still reports. $OUT also gets the Markdown results, the
 # test record and summary.txt (7 files at most). A short summary is printed last.
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast off, always
+export TORCH_SYMMMEM=CUDA  # symmetric memory's own CUDA backend (P2P mappings), not NVSHMEM's or NCCL's
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tp-out}
 LOGS=${LOGS:-/tmp/tp-logs}
@@ -23,6 +28,8 @@ BUDGET=${BUDGET:-535}  # seconds for all steps: the run's 10-minute limit less s
 GPUS=${GPUS:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
 TESTS=${TESTS:-tests/test_distributed.py tests/test_hf_tensor_parallel.py}
 EXTRA=${EXTRA:-}  # more benchmark arguments (a dry run on a CPU: EXTRA="--smoke --cpu" GPUS=2)
+STEPS=${STEPS:-tests bench serving again}
+ALL_REDUCE=${ALL_REDUCE:-nccl symm_mem}  # the TP all-reduce kinds the benchmark measures
 RESULTS=benchmarks/results
 SLUG=$(python3 -c "
 import torch, re; print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))" 2>/dev/null || echo cpu-sim)
@@ -36,6 +43,7 @@ pack() {
   true
 }
 left() { echo $((BUDGET - ($(date +%s) - START))); }
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 # step NAME LIMIT CMD...: CMD under `timeout` (its whole process group gets TERM, then KILL
 # 20 s later), stdout and stderr to $LOGS/NAME.txt; never past the overall budget.
 step() {
@@ -63,7 +71,8 @@ leftovers() {
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, sys, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0], 'transformers', transformers.__version__)"
-  env | grep -E '^(NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE_NVLS)='
+  env | grep -E '^(NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE_NVLS|TORCH_SYMMMEM)='
+  python3 -c "import torch; n = torch.cuda.device_count(); print('P2P:', {(i, j): torch.cuda.can_device_access_peer(i, j) for i in range(n) for j in range(n) if i != j})"
 } > "$LOGS/machine.txt" 2>&1
 cat "$LOGS/machine.txt"
 
@@ -71,12 +80,13 @@ cat "$LOGS/machine.txt"
 # The gloo (CPU) tests in parallel; the NCCL ones one at a time, each under its own time limit: on
 # 2026-11-23 six xdist workers running NCCL jobs on the same two GPUs at once ran past 230 s with
 # 19 tests done and no failure named.
+if wanted tests; then
 workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${XDIST:-6}")
 PYTEST="python3 -m pytest -q -rfEsxX -p no:cacheprovider --durations=15"
 step tests 100 $PYTEST $workers -m "not cuda" $TESTS
 cpu_rc=$?
 mv "$LOGS/tests.txt" "$LOGS/tests-gloo.txt"
-step tests 200 $PYTEST -v -o faulthandler_timeout=90 -m cuda $TESTS
+step tests 260 $PYTEST -v -o faulthandler_timeout=90 -m cuda $TESTS
 tests_rc=$?
 cat "$LOGS/tests-gloo.txt" >> "$LOGS/tests.txt"
 [ $cpu_rc -ne 0 ] && [ $tests_rc -eq 0 ] && tests_rc=$cpu_rc
@@ -93,22 +103,28 @@ cat "$LOGS/tests-gloo.txt" >> "$LOGS/tests.txt"
 } > "$TESTS_FILE" 2>&1
 pack
 tail -n 25 "$LOGS/tests.txt"
+fi
 
 # 2-4. the benchmark, the serving trace, the benchmark again
 TORCHRUN="python3 -m torch.distributed.run --standalone --nproc-per-node $GPUS -m benchmarks.tensor_parallel"
-step bench 140 $TORCHRUN $EXTRA; tail -n 30 "$LOGS/bench.txt"
-step serving 90 $TORCHRUN --what serving $EXTRA; tail -n 15 "$LOGS/serving.txt"
-step again 140 $TORCHRUN --name tensor-parallel-again $EXTRA; tail -n 30 "$LOGS/again.txt"
+if wanted bench; then step bench 200 $TORCHRUN --all-reduce $ALL_REDUCE $EXTRA; tail -n 30 "$LOGS/bench.txt"; fi
+if wanted serving; then step serving 120 $TORCHRUN --what serving --all-reduce $ALL_REDUCE $EXTRA; tail -n 15 "$LOGS/serving.txt"; fi
+if wanted again; then
+  step again 200 $TORCHRUN --name tensor-parallel-again --all-reduce $ALL_REDUCE $EXTRA; tail -n 30 "$LOGS/again.txt"
+fi
 
 # summary, last
-python3 - "$TESTS_FILE" > "$OUT/summary.txt" 2>&1 <<'EOF'
+python3 - "$(wanted tests && echo "$TESTS_FILE")" > "$OUT/summary.txt" 2>&1 <<'EOF'
 import json, re, sys
 
 import torch
 
 name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu-sim"  # as benchmarks/_report.py names files
 slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-line = next((ln.strip() for ln in open(sys.argv[1]) if re.match(r"^ ?\d+ (passed|failed|errors?|skipped|xfailed)", ln)), None)
+try:
+    line = next((ln.strip() for ln in open(sys.argv[1]) if re.match(r"^ ?\d+ (passed|failed|errors?|skipped|xfailed)", ln)), None)
+except OSError:
+    line = "not run this time"
 print("tests:", line or "no summary line (see tp-logs/tests.txt)")
 
 
@@ -124,11 +140,14 @@ for name in ("tensor-parallel", "tensor-parallel-again"):
         continue
     t = r["targets"]
     print(f"{name}: graphify ÷ hand worst {t['graphify_vs_hand_worst']} at {t['graphify_vs_hand_worst_at']} "
-          f"(met: {t['graphify_vs_hand_met']}); 8B B=1 TP ÷ TP=1 {t['8b_b1_tp_vs_tp1']} (met: {t['8b_b1_met']})")
+          f"(met: {t['graphify_vs_hand_met']}); 8B B=1 TP ÷ TP=1 by all-reduce {t.get('8b_b1_tp_vs_tp1_by_all_reduce')} "
+          f"(best {t['8b_b1_tp_vs_tp1']}, met: {t['8b_b1_met']})")
     for row in r["rows"]:
         if row.get("batch") is not None:
-            print(f"  {row['model']} B={row['batch']}: TP=1 {row['tp1_ms']:.3f} ms, graphify TP {row['graphify_ms']:.3f}, "
-                  f"hand {row.get('hand_ms') or float('nan'):.3f}, eager TP {row['eager_ms']:.3f}")
+            print(f"  {row['model']} B={row['batch']} {row.get('all_reduce_label', 'nccl')}: TP=1 {row['tp1_ms']:.3f} ms, "
+                  f"graphify TP {row['graphify_ms']:.3f}, hand {row.get('hand_ms') or float('nan'):.3f}, "
+                  f"eager TP {row['eager_ms']:.3f}, TP ÷ TP=1 {row['tp_vs_tp1']:.3f}"
+                  + (f" (fell back: {row['fallback_reason']})" if row.get("fallback_reason") else ""))
 if (r := load("tensor-parallel-serving")) is not None:
     for row in r["rows"]:
         print(f"serving {row['config']}: {row['tokens_per_s']:.0f} tok/s, p50 {row['p50_ms']:.3f} ms, "

@@ -56,17 +56,16 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+from ._checkout import install_if_in_place as _install_if_in_place
+
+_install_if_in_place()
+
 
 def __getattr__(name: str):
-    """`graphify.split` (and `SplitError`): `transforms.split`, imported when first asked
-    for. Installed, transforms/ is `graphify.transforms`; in a checkout run in place
-    (PYTHONPATH=.), the top-level `transforms`."""
+    """`graphify.split` (and `SplitError`): `graphify.transforms.split`, imported when first
+    asked for."""
     if name in ("split", "SplitError"):
         import importlib
 
-        try:
-            module = importlib.import_module("graphify.transforms.split")
-        except ImportError:
-            module = importlib.import_module("transforms.split")
-        return getattr(module, name)
+        return getattr(importlib.import_module("graphify.transforms.split"), name)
     raise AttributeError(f"module 'graphify' has no attribute {name!r}")

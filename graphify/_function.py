@@ -52,6 +52,7 @@ class FunctionSpec:
     outputs: str
     group: Any
     options: Options
+    compiled: Callable | None = None  # `fn` compiled for captures (Options.compile), else None
 
     @property
     def split(self):
@@ -102,6 +103,7 @@ class FunctionSpec:
                     UserWarning,
                     stacklevel=5,
                 )
+        compiled = _compiled(call, fn, options.compile) if options.compile is not False else None
         keys = plan_keys(
             resolution.mode, sizes if sizes is not None else DEFAULT_SIZES,
             uniform_query_len=batching.uniform_query_len, max_num_reqs=batching.max_num_reqs, lora=batching.lora,
@@ -109,4 +111,19 @@ class FunctionSpec:
         return cls(
             fn=fn, call=call, mode=mode, resolution=resolution, sizes=sizes, keys=keys, axes=axes, out_axes=out_axes,
             backend=backend, pool=pool, batching=batching, outputs=outputs, group=group, options=options,
+            compiled=compiled,
         )
+
+
+def _compiled(call: str, fn: Callable, how: "bool | dict") -> Callable:
+    """`torch.compile(fn, **how)` for `Options(compile=...)`; compiled lazily, on the first
+    capture that calls it."""
+    import torch
+
+    if as_split(fn) is not None:
+        raise ValueError(f"{call}: Options(compile=...) compiles whole functions; compile a split function's "
+                         "pieces with split(fn, ops, ..., compile=True)")
+    if getattr(fn, "_torchdynamo_orig_callable", None) is not None:
+        raise ValueError(f"{call}: the function is torch.compile'd already; pass the function itself with "
+                         "Options(compile=True), or keep torch.compile(fn) without the option")
+    return torch.compile(fn, **(how if isinstance(how, dict) else {}))

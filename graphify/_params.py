@@ -26,7 +26,7 @@ import torch
 
 from ._errors import StateChangedError
 
-__all__ = ["ModuleWatch"]
+__all__ = ["ModuleWatch", "install_hooks"]
 
 _generation = [0]
 _hooked = [False]
@@ -40,7 +40,8 @@ def _bump(module, *_args, **_kwargs):
         _generation[0] += 1
 
 
-def _install_hooks() -> None:
+def install_hooks() -> None:
+    """Install torch's global registration hooks that bump the generation (once)."""
     if _hooked[0]:
         return
     from torch.nn.modules import module as nn_module
@@ -55,7 +56,7 @@ class ModuleWatch:
     """The tensors of some modules as captured; `check()` raises if any was rebound."""
 
     def __init__(self, call: str, modules: Iterable[torch.nn.Module], full: bool = False):
-        _install_hooks()
+        install_hooks()
         self.call = call
         self.full = full
         self.modules = tuple(dict.fromkeys(modules))

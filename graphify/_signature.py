@@ -86,6 +86,11 @@ class CallLayout:
     # which then stands for one slot per leaf, so its tensors are padded and checked like
     # any argument (transformers passes per-layer-type attention masks as a dict).
     trees: tuple = ()
+    # How the example call passed its arguments: the number given positionally and the
+    # keywords in their order. Captures call the function the same way, so a compiled
+    # function's guards (which see the calling convention) match the user's own calls.
+    example_nargs: int = 0
+    example_keywords: tuple[str, ...] = ()
 
     @classmethod
     def build(cls, call: str, fn: Callable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> "CallLayout":
@@ -95,7 +100,7 @@ class CallLayout:
                 raise InputMismatchError(f"{call}: keyword arguments need a function with a signature; pass them positionally")
             n = len(args)
             return cls(call, tuple(f"arg{i}" for i in range(n)), ("pos",) * n, (_MISSING,) * n, {}, n, 0, False,
-                       frozenset(i for i, a in enumerate(args) if isinstance(a, torch.Tensor)), True)
+                       frozenset(i for i, a in enumerate(args) if isinstance(a, torch.Tensor)), True, example_nargs=n)
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as exc:
@@ -133,7 +138,8 @@ class CallLayout:
         trees = tuple(_tree_of(a) for a in flat)
         trees = trees if any(t is not None for t in trees) else ()
         plain = not kwargs and num_var == 0 and len(args) == len(names) and all(k == "pos" for k in kinds) and not trees
-        return attrs.evolve(layout, given=given, plain=plain, trees=trees)
+        return attrs.evolve(layout, given=given, plain=plain, trees=trees, example_nargs=len(args),
+                            example_keywords=tuple(kwargs))
 
     @property
     def slot_names(self) -> tuple[str, ...]:
@@ -234,9 +240,10 @@ class CallLayout:
 
     # -- slots -> call --------------------------------------------------------------------
     def caller(self, fn: Callable) -> Callable:
-        """`fn` taking the slot tuple positionally: itself when every slot is a named
-        positional parameter, else a wrapper passing keyword slots by name (and rebuilding
-        containers from their leaves)."""
+        """`fn` taking the slot tuple positionally: itself when the example passed every
+        slot positionally, else a wrapper that calls it as the example did (its positional
+        arguments, then its keywords in their order, then any other slot whose value is not
+        the default, by name), rebuilding containers from their leaves."""
         if self.trees:
             inner = attrs.evolve(self, trees=()).caller(fn)
             unflatten = self._unflatten
@@ -246,13 +253,21 @@ class CallLayout:
 
             rebuild.__name__ = getattr(fn, "__name__", type(fn).__name__)
             return rebuild
-        if all(k == "pos" for k in self.kinds):
+        nargs = self.example_nargs
+        if nargs == len(self.names) and all(k == "pos" for k in self.kinds):
             return fn
-        pos = tuple(i for i, k in enumerate(self.kinds) if k != "kw")
-        kw = tuple((i, n) for i, (n, k) in enumerate(zip(self.names, self.kinds)) if k == "kw")
+        keywords = tuple((self.index[n], n) for n in self.example_keywords)
+        rest = tuple(
+            (i, n, self.defaults[i]) for i, (n, k) in enumerate(zip(self.names, self.kinds))
+            if i >= nargs and k != "var" and n not in self.example_keywords
+        )
 
         def call(*slots):
-            return fn(*[slots[i] for i in pos], **{n: slots[i] for i, n in kw})
+            kwargs = {n: slots[i] for i, n in keywords}
+            for i, n, default in rest:
+                if slots[i] is not default:
+                    kwargs[n] = slots[i]
+            return fn(*slots[:nargs], **kwargs)
 
         call.__name__ = getattr(fn, "__name__", type(fn).__name__)
         return call

@@ -9,6 +9,7 @@ from ._batching import Batching
 from ._graphify import Graphified
 from ._mode import Mode
 from ._options import Options
+from ._outer_compile import prepare_for_compilers
 from ._pool import Pool
 from ._support import Support
 
@@ -87,6 +88,7 @@ def graphify(
         settings = dict(locals())
         del settings["fn"]
         return lambda f: graphify(f, **settings)
+    prepare_for_compilers(fn)
     return Graphified(
         fn=fn, mode=mode, sizes=sizes, axes=axes, out_axes=out_axes, support=support, backend=backend, pool=pool,
         batching=batching, outputs=outputs, group=group, options=options,

@@ -3,9 +3,13 @@
 Megatron-style: the fused QKV and gate/up projections are column-parallel (each rank keeps
 its heads, its KV heads and its slice of the MLP), the attention output and down
 projections are row-parallel, and their partial outputs are summed over the ranks by one
-all-reduce each. The all-reduce is torch's functional collective
-(`_c10d_functional.all_reduce` + `wait_tensor`), so `split` traces it, inductor compiles
-it, and CUDA graphs capture it (NCCL on GPUs; gloo runs the same program on CPUs).
+all-reduce each, of one of two kinds (`all_reduce_fn`):
+- "nccl": torch's functional collective (`_c10d_functional.all_reduce` + `wait_tensor`), so
+  `split` traces it, inductor compiles it, and CUDA graphs capture it (NCCL on GPUs; gloo
+  runs the same program on CPUs);
+- "symm_mem": a one-shot all-reduce through symmetric memory (`models._symm_mem`: one
+  kernel reading the peers' buffers over NVLink P2P, no multicast), for the small messages
+  of decode, where NCCL's per-call latency dominates; NCCL where it cannot run.
 Embedding, norms and the LM head are replicated.
 
     torchrun --nproc-per-node 2 -m benchmarks.tensor_parallel
@@ -15,13 +19,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import logging
+
 import attrs
 import torch
 
+from ._symm_mem import DEFAULT_MAX_BYTES, nccl_reduce, symm_mem_reduce
 from .decoder import DecoderConfig
 from .varlen import varlen_step
 
-__all__ = ["shard_config", "shard_params", "shard_paged_cache", "all_reduce_fn", "tp_varlen_step"]
+__all__ = ["shard_config", "shard_params", "shard_paged_cache", "all_reduce_fn", "tp_varlen_step", "ALL_REDUCE_KINDS"]
+
+log = logging.getLogger(__name__)
+ALL_REDUCE_KINDS = ("nccl", "symm_mem")
 
 
 def shard_config(cfg: DecoderConfig, world: int) -> DecoderConfig:
@@ -64,19 +74,38 @@ def shard_paged_cache(cfg: DecoderConfig, cache: torch.Tensor, rank: int) -> tor
     return cache[..., rank * kvl : (rank + 1) * kvl, :].contiguous()
 
 
-def all_reduce_fn(group=None):
-    """`x -> sum of x over the group`, as a traceable, capturable functional collective."""
+def all_reduce_fn(group=None, kind: str = "nccl", *, dtype: torch.dtype = torch.bfloat16, device=None,
+                  max_bytes: int = DEFAULT_MAX_BYTES):
+    """`x -> sum of x over the group`, traceable by `split` and capturable in CUDA graphs.
+
+    `kind="nccl"`: the functional collective. `kind="symm_mem"`: the one-shot all-reduce
+    through a symmetric-memory buffer of `max_bytes` for tensors of `dtype` on `device` (the
+    current CUDA device by default), NCCL for larger messages; it is collective (every rank
+    calls it, outside any capture) and, where symmetric memory cannot run (CPU or gloo, one
+    rank, no P2P, another dtype), logs why and returns the NCCL reduce. The result says what
+    it is: `.kind` ("nccl" or "symm_mem") and `.fallback_reason` (None unless it fell back)."""
     import torch.distributed as dist
 
-    name = (group or dist.group.WORLD).group_name
-
-    def reduce(x: torch.Tensor) -> torch.Tensor:
-        return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(x, "sum", name))
-
+    if kind not in ALL_REDUCE_KINDS:
+        raise ValueError(f"all_reduce_fn: kind {kind!r} is not one of {ALL_REDUCE_KINDS}")
+    group = group or dist.group.WORLD
+    reduce, reason = (None, None) if kind == "nccl" else symm_mem_reduce(group, dtype, device, max_bytes)
+    if reduce is not None:
+        return reduce
+    if reason is not None:
+        log.warning("all_reduce_fn(kind='symm_mem'): %s; using NCCL's functional all-reduce instead", reason)
+    reduce = nccl_reduce(group.group_name)
+    reduce.kind, reduce.fallback_reason = "nccl", reason
     return reduce
 
 
 def tp_varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], rank: int, group=None,
-                   attention: "str | Sequence[str]" = "unified"):
-    """This rank's step of the model whose full (tp=1) weights are `params`."""
-    return varlen_step(cfg, shard_params(cfg, params, rank), attention, reduce=all_reduce_fn(group))
+                   attention: "str | Sequence[str]" = "unified", all_reduce: str = "nccl"):
+    """This rank's step of the model whose full (tp=1) weights are `params`; `all_reduce` is
+    the kind of `all_reduce_fn` (collective for "symm_mem": every rank builds its step). The
+    step's `.all_reduce` is the reduce it got (its `.kind` says whether it fell back)."""
+    device = next(iter(params.values())).device
+    reduce = all_reduce_fn(group, all_reduce, dtype=cfg.dtype, device=device)
+    step = varlen_step(cfg, shard_params(cfg, params, rank), attention, reduce=reduce)
+    step.all_reduce = reduce
+    return step

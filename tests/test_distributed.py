@@ -149,6 +149,50 @@ def test_graphs_holding_collectives_are_released_before_teardown_and_ranks_exit_
     assert rank1["graphs"] > 0 and rank1["after_destroy"]["graphs_left"] == [0]
 
 
+def test_a_symm_mem_all_reduce_on_gloo_falls_back_to_the_functional_collective_with_a_logged_reason():
+    for rank in run_ranks("symm_fallback"):
+        assert rank["kind"] == "nccl" and "cpu, not a CUDA GPU" in rank["reason"], rank
+        assert any("using NCCL's functional all-reduce instead" in m and rank["reason"] in m for m in rank["logged"])
+        assert rank["reduce_diff"] == 0 and rank["reduce_vs_sum"] < 1e-5, rank
+        for mode in ("FULL", "FULL_AND_PIECEWISE"):
+            assert rank[mode]["vs_nccl"] == 0 and rank[mode]["max_err"] < 1e-4, (mode, rank[mode])
+
+
+def test_the_symm_mem_reduce_decides_per_call_what_a_trace_cannot_know():
+    # Concrete sizes (eager, or a graph captured for one size): the one-shot op within the
+    # buffer, NCCL's functional all-reduce above it or for what the kernel cannot take.
+    # Under split's symbolic trace: one registered op that decides when it runs.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
+    from models._symm_mem import _make_reduce
+    from transforms import split
+
+    buf = torch.zeros(4096)  # a stand-in for the rendezvoused buffer: tracing runs no kernel
+    reduce = _make_reduce("g", buf, buf.numel() * 4)
+
+    def ops(x):
+        gm = make_fx(reduce, tracing_mode="fake", _allow_non_fake_inputs=True)(x)
+        calls = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        return [c.split(".")[1] for c in calls if not c.startswith("aten.")]
+
+    assert ops(torch.randn(4, 1024)) == ["one_shot_all_reduce_copy"]
+    for x in (torch.randn(5, 1024), torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(0, 8)):
+        assert ops(x) == ["all_reduce", "wait_tensor"], x.shape
+    cfg = DecoderConfig.tiny(max_seq_len=128, heads=4, kv_heads=2, ffn=96)
+    example = BatchLayout((3, 1, 5), (4, 7, 0), 16, 8).build(cfg)
+    step = varlen_step(cfg, init_params(cfg, seed=0), reduce=reduce)
+    fn = split(step, split_ops("unified"), *example, new_paged_cache(cfg, 80, 16, seed=1), axes=varlen_axes())
+    assert {n for n in fn.op_names if "reduce" in n} == {"graphify_models::symm_mem_all_reduce"}
+
+
+def test_an_unknown_all_reduce_kind_is_refused():
+    from models import all_reduce_fn
+
+    with pytest.raises(ValueError, match="'nvls' is not one of"):
+        all_reduce_fn(kind="nvls")
+
+
 def test_lockstep_codes_round_trip_and_name_the_choice():
     from graphify._distributed import decode_code, describe_choice, graph_code
 
@@ -171,6 +215,21 @@ def test_tensor_parallel_cuda_graphs_with_nccl_equal_the_single_gpu_model():
         for mode in ("FULL", "FULL_AND_PIECEWISE"):
             assert rank[mode]["max_err"] < 0.1, (mode, rank[mode])  # bf16 rounding, two partial sums
         assert rank["FULL_AND_PIECEWISE"]["modes"].get("PIECEWISE", 0) > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (device kind nvidia-h200-x2)")
+def test_symm_mem_all_reduces_captured_in_graphs_equal_the_single_gpu_model():
+    # one-shot all-reduces through symmetric memory (NVLink P2P, multicast off) inside FULL
+    # graphs (the symm_mem op captured per size) and FULL_AND_PIECEWISE (split's registered op)
+    for rank in run_ranks("symm_mem_cuda"):
+        assert rank["kinds"] == ["symm_mem", "symm_mem"], rank
+        for mode in ("FULL", "FULL_AND_PIECEWISE"):
+            assert rank[mode]["max_err"] < 0.1, (mode, rank[mode])  # bf16 rounding, two partial sums
+        assert rank["FULL_AND_PIECEWISE"]["modes"].get("PIECEWISE", 0) > 0
+        for case, err in rank["direct"].items():  # eager, against NCCL's sum of the same tensors
+            assert err <= 1e-2, (case, err)
+        assert rank["graph_replay"] <= 1e-2, rank["graph_replay"]  # one graph replayed on fresh inputs
 
 
 @pytest.mark.cuda
@@ -249,9 +308,12 @@ def test_the_tensor_parallel_benchmark_on_two_gpus_with_its_hand_written_floor(t
     out = tmp_path / "tp.json"
     done = launch([torchrun("--batches", "1", "8", "--out", str(out), cpu=False)], [base_env()], timeout=240)[0]
     assert done["returncode"] == 0, done["stderr"][-3000:]
-    for r in json.loads(out.read_text())["decode"]["rows"]:
+    rows = json.loads(out.read_text())["decode"]["rows"]
+    assert [(r["batch"], r["all_reduce_label"]) for r in rows] == [(1, "nccl"), (8, "nccl"), (1, "symm_mem"),
+                                                                   (8, "symm_mem")]  # both kinds by default
+    for r in rows:
         assert r["max_err_vs_single_gpu"] < 0.1 and r["hand_max_err"] < 0.1, r  # bf16, partial sums over 2 GPUs
-        assert r["graphify_ms"] > 0 and r["hand_ms"] > 0 and r["tp1_ms"] > 0, r
+        assert r["graphify_ms"] > 0 and r["hand_ms"] > 0 and r["tp1_ms"] > 0 and r["tp_vs_tp1"] > 0, r
 
 
 @pytest.mark.cuda

@@ -4,6 +4,7 @@ the CPU, graphify's simulation backend. Prints one `RESULT <json>` line."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import sys
 import time
@@ -15,6 +16,7 @@ from graphify import Options, graphify, release_all, sglang_piecewise_sizes
 from graphify._distributed import DispatchMismatchError
 from models import (
     BatchLayout,
+    all_reduce_fn,
     DecoderConfig,
     init_params,
     model_support,
@@ -39,12 +41,12 @@ def layout(rnd: random.Random) -> BatchLayout:
     return BatchLayout(tuple(rnd.randint(1, 9) for _ in range(r)), tuple(rnd.choice((0, 5, 30)) for _ in range(r)), 16, 8)
 
 
-def build(rank: int, world: int, mode: str, sizes=None, lockstep: str = "graph"):
+def build(rank: int, world: int, mode: str, sizes=None, lockstep: str = "graph", all_reduce: str = "nccl"):
     full = init_params(CFG, seed=0)
     tcfg = shard_config(CFG, world)
     full_cache = new_paged_cache(CFG, 80, 16, seed=1)
     cache = shard_paged_cache(tcfg, full_cache, rank)
-    step = tp_varlen_step(tcfg, full, rank)
+    step = tp_varlen_step(tcfg, full, rank, all_reduce=all_reduce)
     example = EXAMPLE.build(CFG)
     fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
     g = graphify(fn, mode=mode, sizes=sizes or sglang_piecewise_sizes(32), axes=varlen_axes(), backend="sim",
@@ -64,6 +66,34 @@ def equal(rank: int, world: int) -> dict:
                 batch = layout(rnd).build(CFG, seed=i)
                 worst = max(worst, (g(*batch, cache) - reference(*batch, ref_cache)).abs().max().item())
         out[mode] = {"max_err": worst, "modes": {r.mode.value: r.calls for r in g.stats.by_mode()}}
+    return out
+
+
+def symm_fallback(rank: int, world: int) -> dict:
+    """kind="symm_mem" on gloo: the functional collective, a logged reason, the same numbers."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("models.tensor_parallel").addHandler(handler)
+    reduce = all_reduce_fn(kind="symm_mem", dtype=torch.float32, device="cpu")
+    nccl = all_reduce_fn(kind="nccl")
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(rank))
+    out = {"kind": reduce.kind, "reason": reduce.fallback_reason, "logged": [r.getMessage() for r in records],
+           "reduce_diff": (reduce(x) - nccl(x)).abs().max().item(),
+           "reduce_vs_sum": (reduce(x) - sum(torch.randn(5, 128, generator=torch.Generator().manual_seed(r))
+                                             for r in range(world))).abs().max().item()}
+    for mode in ("FULL", "FULL_AND_PIECEWISE"):
+        g, cache, reference, ref_cache = build(rank, world, mode, all_reduce="symm_mem")
+        n, ncache, _, _ = build(rank, world, mode)
+        rnd = random.Random(mode)
+        worst = same = 0.0
+        with torch.inference_mode():
+            for i in range(8):
+                batch = layout(rnd).build(CFG, seed=i)
+                got = g(*batch, cache)
+                same = max(same, (got - n(*batch, ncache)).abs().max().item())
+                worst = max(worst, (got - reference(*batch, ref_cache)).abs().max().item())
+        out[mode] = {"max_err": worst, "vs_nccl": same}
     return out
 
 
@@ -108,7 +138,7 @@ def call_mismatch(rank: int, world: int, lockstep: str = "graph") -> dict:
     return result
 
 
-def build_cuda(rank: int, world: int, mode: str):
+def build_cuda(rank: int, world: int, mode: str, all_reduce: str = "nccl"):
     """`build` on GPU `rank` over NCCL (bf16, CUDA graphs): the captured TP callable, its
     cache, the single-GPU reference and the reference's cache; plus the config and device."""
     device = torch.device("cuda", rank)
@@ -117,7 +147,8 @@ def build_cuda(rank: int, world: int, mode: str):
     tcfg = shard_config(cfg, world)
     full_cache = new_paged_cache(cfg, 80, 16, seed=1, device=device)
     cache = shard_paged_cache(tcfg, full_cache, rank)
-    step = tp_varlen_step(tcfg, full, rank)
+    step = tp_varlen_step(tcfg, full, rank, all_reduce=all_reduce)
+    assert step.all_reduce.kind == all_reduce, step.all_reduce.fallback_reason
     example = EXAMPLE.build(cfg, device=device)
     fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
     g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(32), axes=varlen_axes(), backend="cuda",
@@ -125,11 +156,11 @@ def build_cuda(rank: int, world: int, mode: str):
     return g, cache, varlen_step(cfg, full), full_cache, cfg, device
 
 
-def equal_cuda(rank: int, world: int) -> dict:
+def equal_cuda(rank: int, world: int, all_reduce: str = "nccl") -> dict:
     """On GPUs (NCCL, CUDA graphs, bf16): TP decode equals the single-GPU model."""
     out = {}
     for mode in ("FULL", "FULL_AND_PIECEWISE"):
-        g, cache, reference, ref_cache, cfg, device = build_cuda(rank, world, mode)
+        g, cache, reference, ref_cache, cfg, device = build_cuda(rank, world, mode, all_reduce)
         rnd = random.Random(mode)
         worst = 0.0
         with torch.inference_mode():
@@ -139,6 +170,51 @@ def equal_cuda(rank: int, world: int) -> dict:
                 got = g(*batch, cache).float()
                 worst = max(worst, (got - reference(*batch, ref_cache).float()).abs().max().item())
         out[mode] = {"max_err": worst, "modes": {r.mode.value: r.calls for r in g.stats.by_mode()}}
+    return out
+
+
+def symm_mem_cuda(rank: int, world: int) -> dict:
+    """The symm_mem reduce on GPUs: TP graphs (FULL: its ops captured per size; F&P: split's
+    registered op) equal the single-GPU model; the reduce alone, eager and replayed in a
+    CUDA graph on fresh inputs, equals NCCL's sum, falling back where it must."""
+    out = equal_cuda(rank, world, "symm_mem")
+    device = torch.device("cuda", rank)
+    reduce = all_reduce_fn(kind="symm_mem", dtype=torch.bfloat16, device=device, max_bytes=1 << 16)
+    small = all_reduce_fn(kind="symm_mem", dtype=torch.float32, device=device, max_bytes=4096)
+    gen = torch.Generator(device=device).manual_seed(100 + rank)
+
+    def rand(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
+
+    def nccl_sum(x):
+        y = x.clone()
+        dist.all_reduce(y)
+        return y
+
+    cases = {  # name -> (reduce, input): within the buffer, above it, odd bytes, another dtype, strided, misaligned
+        "decode": (reduce, rand(1, 4096)), "batch": (reduce, rand(8, 4096)), "above": (reduce, rand(16, 4096)),
+        "odd": (reduce, rand(1, 3)), "fp16": (reduce, rand(4, 64, dtype=torch.float16)),
+        "strided": (reduce, rand(8, 512)[:, ::2]), "offset": (reduce, rand(1001)[1:].view(10, 100)),
+        "fp32": (small, rand(4, 256, dtype=torch.float32)), "fp32_above": (small, rand(5, 256, dtype=torch.float32)),
+    }
+    out["direct"] = {k: (r(x).float() - nccl_sum(x).float()).abs().max().item() for k, (r, x) in cases.items()}
+    static = rand(4, 4096)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        reduce(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = reduce(static)
+    worst = 0.0
+    for _ in range(5):
+        static.copy_(rand(4, 4096))
+        graph.replay()
+        worst = max(worst, (captured.float() - nccl_sum(static).float()).abs().max().item())
+    out["graph_replay"] = worst
+    out["kinds"] = [reduce.kind, small.kind]
+    torch.cuda.synchronize()
     return out
 
 
@@ -184,6 +260,7 @@ def _error_of(fn) -> str | None:
 
 
 SCENARIOS = {"equal": equal, "plan_mismatch": plan_mismatch, "call_mismatch": call_mismatch, "equal_cuda": equal_cuda,
+             "symm_fallback": symm_fallback, "symm_mem_cuda": symm_mem_cuda,
              "call_mismatch_host": lambda rank, world: call_mismatch(rank, world, "host"),
              "prepare_fails_on_one_rank": prepare_fails_on_one_rank, "exits_cleanly": exits_cleanly,
              "exits_cleanly_cuda": exits_cleanly_cuda, "call_mismatch_cuda": call_mismatch_cuda}

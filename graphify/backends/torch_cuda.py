@@ -108,7 +108,7 @@ class TorchCudaBackend:
         # it to eager code (graphify._keepalive).
         clear_cublas_workspaces()
         with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
-            graph.capture_begin(pool=pool)
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
                 outputs = fn(*args)
             except BaseException:

@@ -36,6 +36,8 @@ def prepare(spec: FunctionSpec, example_args: tuple, example_kwargs: dict) -> Pr
     """Bind the example call, read each argument's axis and spec, pick the backend."""
     call, fn = spec.call, spec.fn
     layout = CallLayout.build(call, fn, example_args, example_kwargs)
+    if spec.compiled is not None:  # Options(compile=...): captures record the compiled function
+        fn = spec.compiled
     args = layout.bind(example_args, example_kwargs)
     library = foreign_library(call, args)
     split = as_split(fn)

@@ -1,0 +1,133 @@
+"""`Options(compile=...)`: graphs record the compiled function, calls without a graph run
+the function as written (so they never compile); torch.compile'd functions are called by
+captures exactly as the user called them (no recompile for a calling convention); a
+transformers model's own compile of generate() is turned off by graphify(model.forward)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from graphify import CaptureError, Mode, Options, graphify, persistent, tokens
+from graphify._signature import CallLayout
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch (dynamo caches compiled code per code object, across
+    torch.compile wrappers)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Counting:
+    """A torch.compile backend that counts compiles and runs the traced graph as is, so
+    CPU tests pay no inductor compile; each compile is one entry."""
+
+    def __init__(self):
+        self.shapes = []
+
+    def __call__(self, gm, example_inputs):
+        self.shapes.append(tuple(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)))
+        return gm.forward
+
+
+def mlp(x, w1, w2):
+    return torch.relu(x @ w1) @ w2
+
+
+AXES = (tokens(), persistent(), persistent())
+
+
+def replays(g) -> int:
+    return sum(r.calls for r in g.stats.by_mode() if r.mode is Mode.FULL)
+
+
+def test_captures_record_the_compiled_function_and_eager_calls_never_compile(backend):
+    counting = Counting()
+    g = graphify(mlp, backend=backend[0], axes=AXES, options=Options(compile={"backend": counting, "dynamic": False}))
+    w1, w2 = torch.randn(16, 32, device=backend[1]), torch.randn(32, 8, device=backend[1])
+    x = torch.randn(3, 16, device=backend[1])  # a first call runs eagerly: the function as written
+    assert torch.allclose(g(x, w1, w2), mlp(x, w1, w2), atol=1e-5)
+    assert counting.shapes == [] and replays(g) == 0
+    for _ in range(3):  # the structure repeats: captured, compiled for the captured shapes once
+        x = torch.randn(4, 16, device=backend[1])
+        assert torch.allclose(g(x, w1, w2), mlp(x, w1, w2), atol=1e-5)
+    assert len(counting.shapes) == 1 and (4, 16) in counting.shapes[0]
+    assert replays(g) >= 1
+
+
+def test_bad_compile_options_are_named():
+    with pytest.raises(TypeError, match="compile must be True, False or a dict"):
+        Options(compile="inductor")
+    with pytest.raises(ValueError, match="torch.compile'd already"):
+        graphify(torch.compile(mlp), options=Options(compile=True))
+    from graphify import split
+
+    pw = split(mlp, [torch.ops.aten.relu.default], torch.randn(4, 16), torch.randn(16, 32), torch.randn(32, 8),
+               axes=AXES)
+    with pytest.raises(ValueError, match="compiles whole functions"):
+        graphify(pw, mode="PIECEWISE", options=Options(compile=True))
+
+
+def test_captures_call_a_function_as_its_example_call_did():
+    seen = []
+
+    def f(x, w, scale=1.0, bias=None, *, shift=0.0):
+        return x @ w * scale + shift
+
+    def record(*args, **kwargs):
+        seen.append((len(args), tuple(kwargs)))
+        return f(*args, **kwargs)
+
+    x, w = torch.randn(2, 3), torch.randn(3, 3)
+    layout = CallLayout.build("f", f, (x,), {"shift": 1.0, "w": w})
+    slots = layout.bind((x,), {"shift": 1.0, "w": w})
+    out = layout.caller(record)(*slots)
+    assert seen == [(1, ("shift", "w"))]  # not (x, w, 1.0, None) positionally
+    assert torch.equal(out, f(x, w, shift=1.0))
+    slots = layout.bind((x,), {"shift": 1.0, "w": w, "scale": 2.0})  # a slot the example left default
+    layout.caller(record)(*slots)
+    assert seen[-1] == (1, ("shift", "w", "scale"))
+    plain = CallLayout.build("f", mlp, (x, w, w), {})
+    assert plain.caller(mlp) is mlp  # all positional: the function itself
+
+
+def test_a_compiled_function_is_not_recompiled_by_the_way_captures_call_it(backend):
+    counting = Counting()
+    compiled = torch.compile(mlp, backend=counting, dynamic=False)
+    g = graphify(compiled, backend=backend[0], axes={"x": tokens(), "w1": persistent(), "w2": persistent()})
+    w1, w2 = torch.randn(16, 32, device=backend[1]), torch.randn(32, 8, device=backend[1])
+    with torch.no_grad():  # inference, as captures run (grad mode is part of a compile's guards)
+        for _ in range(3):
+            x = torch.randn(4, 16, device=backend[1])
+            assert torch.allclose(g(x, w1=w1, w2=w2), mlp(x, w1, w2), atol=1e-5)
+    assert len(counting.shapes) == 1  # the eager call and the captures share one compile
+    assert replays(g) >= 1
+
+
+def test_graphify_turns_off_transformers_own_compile_of_generate():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    other = transformers.LlamaForCausalLM(cfg).eval()
+    assert not model.generation_config.disable_compile
+    model.forward = graphify(model.forward)
+    graphify(other.get_input_embeddings())  # a module, not a model's forward: left alone
+    assert model.generation_config.disable_compile and not other.generation_config.disable_compile
+
+
+def test_a_compile_that_fails_is_a_capture_error_naming_it(backend):
+    def broken(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    g = graphify(mlp, backend=backend[0], axes=AXES, options=Options(compile={"backend": broken}))
+    w1, w2 = torch.randn(16, 32, device=backend[1]), torch.randn(32, 8, device=backend[1])
+    with torch.no_grad():
+        x = torch.randn(4, 16, device=backend[1])
+        assert torch.allclose(g(x, w1, w2), mlp(x, w1, w2), atol=1e-5)  # the first call: as written
+        with pytest.raises(CaptureError, match="no compiler here"):
+            g(torch.randn(4, 16, device=backend[1]), w1, w2)  # the capture compiles
