@@ -116,8 +116,8 @@ class FunctionSpec:
 
 
 def _compiled(call: str, fn: Callable, how: "bool | dict") -> Callable:
-    """`torch.compile(fn, **how)` for `Options(compile=...)`; compiled lazily, on the first
-    capture that calls it."""
+    """`torch.compile(fn, dynamic=True, **how)` for `Options(compile=...)`; compiled lazily, on
+    the first capture that calls it."""
     import torch
 
     if as_split(fn) is not None:
@@ -126,4 +126,8 @@ def _compiled(call: str, fn: Callable, how: "bool | dict") -> Callable:
     if getattr(fn, "_torchdynamo_orig_callable", None) is not None:
         raise ValueError(f"{call}: the function is torch.compile'd already; pass the function itself with "
                          "Options(compile=True), or keep torch.compile(fn) without the option")
-    return torch.compile(fn, **(how if isinstance(how, dict) else {}))
+    # Dynamic shapes from the first compile: a transformers generate() loop meets new batch
+    # sizes and cache lengths all the time, and dynamo's default (static first, dynamic on a
+    # change, 0/1 specialised) compiled 5 times over 10 chat-like calls where this compiles
+    # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
+    return torch.compile(fn, **{"dynamic": True, **(how if isinstance(how, dict) else {})})

@@ -84,10 +84,11 @@ class Options:
       Callables with `group=` always capture ahead of time (the ranks must agree on
       every capture).
     - `compile`: record inductor's kernels instead of eager ones: True (or a dict of
-      `torch.compile` keywords) compiles the function for the calls that capture graphs;
-      calls that run without a graph (transformers' prefill, sizes not captured) run it as
-      written, so they never compile. The first capture of a structure pays the compile
-      (tens of seconds for a 0.5B model); later shapes reuse a dynamic-shape compile.
+      `torch.compile` keywords) compiles the function, with dynamic shapes unless the dict
+      says otherwise, for the calls that capture graphs; calls that run without a graph
+      (transformers' prefill, sizes not captured) run it as written, so they never compile.
+      The first capture pays the compile (tens of seconds for a 0.5B model on the H100),
+      and a batch of 1 after larger ones (or the reverse) one more; other shapes reuse it.
       `graphify(torch.compile(fn))` instead compiles every call, eager ones included.
     """
 

@@ -91,6 +91,7 @@ class CallLayout:
     # function's guards (which see the calling convention) match the user's own calls.
     example_nargs: int = 0
     example_keywords: tuple[str, ...] = ()
+    num_posonly: int = 0  # leading positional-only parameters (never passed by keyword)
 
     @classmethod
     def build(cls, call: str, fn: Callable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> "CallLayout":
@@ -138,8 +139,9 @@ class CallLayout:
         trees = tuple(_tree_of(a) for a in flat)
         trees = trees if any(t is not None for t in trees) else ()
         plain = not kwargs and num_var == 0 and len(args) == len(names) and all(k == "pos" for k in kinds) and not trees
+        posonly = sum(p.kind is inspect.Parameter.POSITIONAL_ONLY for p in params)
         return attrs.evolve(layout, given=given, plain=plain, trees=trees, example_nargs=len(args),
-                            example_keywords=tuple(kwargs))
+                            example_keywords=tuple(kwargs), num_posonly=posonly)
 
     @property
     def slot_names(self) -> tuple[str, ...]:
@@ -259,15 +261,22 @@ class CallLayout:
         keywords = tuple((self.index[n], n) for n in self.example_keywords)
         rest = tuple(
             (i, n, self.defaults[i]) for i, (n, k) in enumerate(zip(self.names, self.kinds))
-            if i >= nargs and k != "var" and n not in self.example_keywords
+            if i >= max(nargs, self.num_posonly) and k != "var" and n not in self.example_keywords
         )
+        # positional-only parameters past the example's positional arguments (left at their
+        # defaults there): given later, they and those before them go positionally
+        posonly = tuple((i, self.defaults[i]) for i in range(nargs, self.num_posonly))
 
         def call(*slots):
+            npos = nargs
+            for i, default in posonly:
+                if slots[i] is not default:
+                    npos = i + 1
             kwargs = {n: slots[i] for i, n in keywords}
             for i, n, default in rest:
                 if slots[i] is not default:
                     kwargs[n] = slots[i]
-            return fn(*slots[:nargs], **kwargs)
+            return fn(*slots[:npos], **kwargs)
 
         call.__name__ = getattr(fn, "__name__", type(fn).__name__)
         return call

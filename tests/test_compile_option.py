@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from graphify import CaptureError, Mode, Options, graphify, persistent, tokens
+from graphify import CaptureError, Mode, Options, graphify, persistent, static, tokens
 from graphify._signature import CallLayout
 
 
@@ -91,6 +91,12 @@ def test_captures_call_a_function_as_its_example_call_did():
     slots = layout.bind((x,), {"shift": 1.0, "w": w, "scale": 2.0})  # a slot the example left default
     layout.caller(record)(*slots)
     assert seen[-1] == (1, ("shift", "w", "scale"))
+    def g(x, w, scale=1.0, /, *, shift=0.0):  # positional-only with a default the example left out
+        return x @ w * scale + shift
+
+    layout = CallLayout.build("g", g, (x, w), {"shift": 0.5})
+    assert torch.equal(layout.caller(g)(*layout.bind((x, w, 3.0), {"shift": 0.5})), g(x, w, 3.0, shift=0.5))
+    assert torch.equal(layout.caller(g)(*layout.bind((x, w), {"shift": 0.5})), g(x, w, shift=0.5))
     plain = CallLayout.build("f", mlp, (x, w, w), {})
     assert plain.caller(mlp) is mlp  # all positional: the function itself
 
@@ -131,3 +137,28 @@ def test_a_compile_that_fails_is_a_capture_error_naming_it(backend):
         assert torch.allclose(g(x, w1, w2), mlp(x, w1, w2), atol=1e-5)  # the first call: as written
         with pytest.raises(CaptureError, match="no compiler here"):
             g(torch.randn(4, 16, device=backend[1]), w1, w2)  # the capture compiles
+
+
+def test_the_compile_has_dynamic_shapes_so_new_batches_and_lengths_reuse_it(backend):
+    """A generate()-like loop: new batch sizes and, per call, a new cache object of another
+    length. Dynamo compiles batch 1 and larger batches apart (it specialises sizes 0 and 1),
+    nothing more."""
+    counting = Counting()
+
+    class Cache:  # what a transformers StaticCache is to graphify: a static object holding tensors
+        def __init__(self, length):
+            self.t = torch.randn(length, 16, 16, device=backend[1])
+
+    def step(x, cache):
+        return x @ cache.t.sum(0)
+
+    g = graphify(step, backend=backend[0], axes=(tokens(), static()), options=Options(compile={"backend": counting}))
+    with torch.no_grad():
+        for length in (8, 12, 20):
+            cache = Cache(length)
+            for n in (1, 4, 6, 1):
+                for _ in range(2):
+                    x = torch.randn(n, 16, device=backend[1])
+                    assert torch.allclose(g(x, cache), step(x, cache), atol=1e-4)
+    assert len(counting.shapes) == 2
+    assert replays(g) > 0
