@@ -89,7 +89,7 @@ def one_line(name: str, model) -> None:
 
 
 def generate(model, name: str, ids: torch.Tensor, new: int, **kw):
-    # the one lines: generate() as users call it (transformers' own compile then wraps __call__)
+    # generate() as users call it; the graphify lines turn transformers' own compile off themselves
     extra = {"disable_compile": True} if name == "eager" else {}
     return model.generate(
         input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False,

@@ -75,33 +75,23 @@ def needs_graphify(ranks_of) -> None:
         pytest.xfail(NEEDS_GRAPHIFY)
 
 
-def test_one_line_on_a_tensor_parallel_transformers_model_equals_eager_or_is_refused_clearly(model_dir):
-    results = ranks(model_dir, "one_line", "cpu")
+DEVICES = [  # gloo and the simulation backend everywhere; NCCL and CUDA graphs on two GPUs
+    pytest.param("cpu", id="gloo"),
+    pytest.param("cuda", id="nccl", marks=[pytest.mark.cuda, two_gpus]),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_line_on_a_tensor_parallel_transformers_model_equals_eager_or_is_refused_clearly(model_dir, device):
+    results = ranks(model_dir, "one_line", device)
     needs_graphify(results)
     for rank in results:
         equal_or_clearly_refused(rank["outcome"])
 
 
-def test_decode_graphs_captured_ahead_of_time_with_group_equal_eager(model_dir):
-    results = ranks(model_dir, "ahead_of_time", "cpu")
-    needs_graphify(results)
-    for rank in results:
-        equal_with_graphs(rank["outcome"])
-
-
-@pytest.mark.cuda
-@two_gpus
-def test_one_line_on_a_tensor_parallel_transformers_model_with_nccl_equals_eager_or_is_refused_clearly(model_dir):
-    results = ranks(model_dir, "one_line", "cuda")
-    needs_graphify(results)
-    for rank in results:
-        equal_or_clearly_refused(rank["outcome"])
-
-
-@pytest.mark.cuda
-@two_gpus
-def test_decode_graphs_captured_ahead_of_time_with_group_and_nccl_equal_eager(model_dir):
-    results = ranks(model_dir, "ahead_of_time", "cuda")
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_graphs_captured_ahead_of_time_with_group_equal_eager(model_dir, device):
+    results = ranks(model_dir, "ahead_of_time", device)
     needs_graphify(results)
     for rank in results:
         equal_with_graphs(rank["outcome"])
