@@ -117,12 +117,14 @@ class FunctionSpec:
 
 def _compiled(call: str, fn: Callable, how: "bool | dict") -> Callable:
     """`torch.compile(fn, dynamic=True, **how)` for `Options(compile=...)`; compiled lazily, on
-    the first capture that calls it."""
+    the first capture that calls it. For a split function, the function it was split from,
+    compiled whole: FULL graphs record it (inductor fuses across the split ops), PIECEWISE
+    graphs keep the pieces."""
     import torch
 
-    if as_split(fn) is not None:
-        raise ValueError(f"{call}: Options(compile=...) compiles whole functions; compile a split function's "
-                         "pieces with split(fn, ops, ..., compile=True)")
+    split = as_split(fn)
+    if split is not None:
+        fn = split.fn
     if getattr(fn, "_torchdynamo_orig_callable", None) is not None:
         raise ValueError(f"{call}: the function is torch.compile'd already; pass the function itself with "
                          "Options(compile=True), or keep torch.compile(fn) without the option")

@@ -64,12 +64,6 @@ def test_bad_compile_options_are_named():
         Options(compile="inductor")
     with pytest.raises(ValueError, match="torch.compile'd already"):
         graphify(torch.compile(mlp), options=Options(compile=True))
-    from graphify import split
-
-    pw = split(mlp, [torch.ops.aten.relu.default], torch.randn(4, 16), torch.randn(16, 32), torch.randn(32, 8),
-               axes=AXES)
-    with pytest.raises(ValueError, match="compiles whole functions"):
-        graphify(pw, mode="PIECEWISE", options=Options(compile=True))
 
 
 def test_captures_call_a_function_as_its_example_call_did():
@@ -162,3 +156,36 @@ def test_the_compile_has_dynamic_shapes_so_new_batches_and_lengths_reuse_it(back
                     assert torch.allclose(g(x, cache), step(x, cache), atol=1e-4)
     assert len(counting.shapes) == 2
     assert replays(g) > 0
+
+
+def test_a_split_function_is_compiled_whole_for_full_graphs_and_kept_in_pieces_for_piecewise(backend):
+    """Options(compile=...) on a split function: FULL graphs record the function it was split
+    from, compiled whole (inductor may then fuse across the split ops), PIECEWISE graphs run
+    its pieces, eager calls run it as split; all equal the unsplit function on fresh batches."""
+    from models import BlockTables, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
+    from transforms import split
+
+    device = backend[1]
+    cfg = DecoderConfig.tiny(max_seq_len=256, layers=2)
+    step = varlen_step(cfg, init_params(cfg, seed=0, device=device), "unified")
+    cache = new_paged_cache(cfg, 64, 16, device=device, seed=1)
+    tables = BlockTables(64, 16, 16)
+    example = tables.batch(cfg, (0, 1, 2), (3, 1, 2), (3, 5, 6), device=device, seed=0)
+    counting = Counting()
+    pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(2, 4), backend=backend[0], axes=varlen_axes(),
+                 options=Options(compile={"backend": counting})).capture(*example, cache)
+    compiles = len(counting.shapes)
+    assert compiles >= 1  # the FULL keys' captures compiled the unsplit function
+    calls = [((1, 1), (7, 30)), ((1, 1, 1), (4, 12, 40)), ((2, 1, 1), (0, 9, 20)), ((1, 1, 1, 1), (3, 8, 9, 50)),
+             ((3, 1), (5, 17)), ((1, 1), (60, 2))]
+    with torch.no_grad():
+        for i, (q, ctx) in enumerate(calls):
+            batch = tables.batch(cfg, tuple(range(10 + 4 * i, 10 + 4 * i + len(q))), q, ctx, device=device, seed=100 + i)
+            ref = cache.clone()
+            torch.testing.assert_close(g(*batch, cache), step(*batch, ref), rtol=1e-4, atol=1e-4)
+            # every block the requests own (block 0 is the scratch block padded tokens write)
+            torch.testing.assert_close(cache[:, :, 1:], ref[:, :, 1:], rtol=1e-4, atol=1e-4)
+    by_mode = {r.mode: r.calls for r in g.stats.by_mode()}
+    assert by_mode[Mode.FULL] >= 3 and by_mode[Mode.PIECEWISE] >= 2  # decode batches FULL, mixed ones in pieces
+    assert len(counting.shapes) == compiles  # replays never compile

@@ -38,14 +38,16 @@ __all__ = ["mode_capturers"]
 
 def mode_capturers(
     backend, fn: Callable, twin: Callable | None, piecewise_fn=None, full_for: Callable | None = None,
-    specialise: frozenset = frozenset(),
+    specialise: frozenset = frozenset(), whole: bool = False,
 ) -> dict[Mode, Callable]:
     """{mode: capturer}; a capturer takes (args, *, key, pool, warmups, weak_outputs, stream,
     keeper, probe, first, sibling, quick) and returns a `Captured`. `twin` is the eager function
     behind a compiled `fn`; `piecewise_fn` the split function for PIECEWISE keys;
     `full_for(key) -> (fn, twin)` what a FULL key records instead (tensor parallelism
     prefixes each with the ranks' agreement check on that key's code). `specialise`: the
-    token counts whose captures run compiled pieces specialised to their shapes."""
+    token counts whose captures run compiled pieces specialised to their shapes. `whole`: FULL
+    keys of the split function record `fn`, the function it was split from compiled whole
+    (`Options(compile=True)`), which may compile at any new size, so every key warms up."""
     executes = backend.name != "cuda"  # the simulation runs what it captures
     split = piecewise_fn is not None
     compiled = piecewise_fn is not None and piecewise_fn.compiled
@@ -66,6 +68,9 @@ def mode_capturers(
 
     def full_capture(args, *, key, warmups, keeper, probe, first, sibling, quick=False, **kw):
         fn, twin = full_for(key)
+        if whole:  # the first key checks the eager original under the op guard; each warms up
+            return backend.capture(fn, args, warmups=max(warmups, 2), guard=twin if first else False,
+                                   keeper=keeper, **kw)
         if quick and twin is None:
             # First use, a structure whose kin (the same code at other static shapes, such as
             # a new transformers cache length) captured before: capture straight away. A

@@ -36,12 +36,12 @@ def prepare(spec: FunctionSpec, example_args: tuple, example_kwargs: dict) -> Pr
     """Bind the example call, read each argument's axis and spec, pick the backend."""
     call, fn = spec.call, spec.fn
     layout = CallLayout.build(call, fn, example_args, example_kwargs)
-    if spec.compiled is not None:  # Options(compile=...): captures record the compiled function
-        fn = spec.compiled
-    args = layout.bind(example_args, example_kwargs)
-    library = foreign_library(call, args)
     split = as_split(fn)
     twin = eager_twin(fn)
+    if spec.compiled is not None:  # Options(compile=...): captures record the compiled function
+        fn, twin = spec.compiled, eager_twin(spec.compiled)  # (a split function's: compiled whole, for FULL)
+    args = layout.bind(example_args, example_kwargs)
+    library = foreign_library(call, args)
     if library is not None:  # CuPy / NumPy arrays: capture a torch-facing view of fn
         if split is not None:
             raise ValueError(f"{call}.capture: split functions take torch tensors, not {library} arrays")

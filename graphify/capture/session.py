@@ -76,7 +76,7 @@ class CaptureSession:
         self.pool = spec.pool if spec.pool is not None else Pool(fn_name(spec.fn))
         self.capturers = mode_capturers(
             backend, prepared.fn, prepared.twin, split, _lockstep_full(lockstep, prepared),
-            specialised_sizes(options.compile_sizes, keys),
+            specialised_sizes(options.compile_sizes, keys), whole=split is not None and spec.compiled is not None,
         )
         self.warmups, self.progress, self.largest_first = options.warmups, options.progress, options.largest_first
         self.weak_outputs = options.weak_outputs and backend.name == "cuda"
