@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import datetime as _dt
 import json
 import platform
@@ -126,3 +128,24 @@ def write(name: str, env: dict, payload: dict, markdown: str) -> tuple[Path, Pat
     stamp = ", ".join(f"{k} {v}" for k, v in env.items() if k != "gpu" and v is not None)
     md_path.write_text(f"# {name}\n\n{stamp}\n\n{markdown}\n")
     return json_path, md_path
+
+
+def kernels(call, steps: int = 5) -> tuple[float, float, list[tuple[str, int, float]]]:
+    """(kernels per step, GPU ms per step, top kernels (name, count/step, µs/step))."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            call()
+        torch.cuda.synchronize()
+    by = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by[e.name][0] += 1
+            by[e.name][1] += e.time_range.elapsed_us()
+    count = sum(c for c, _ in by.values()) / steps
+    gpu_us = sum(t for _, t in by.values()) / steps
+    top = sorted(((n[:70], c / steps, t / steps) for n, (c, t) in by.items()), key=lambda r: -r[2])[:12]
+    return count, gpu_us / 1e3, top

@@ -14,7 +14,7 @@ from graphify import Options, freeze_gc, graphify, sglang_piecewise_sizes
 from models import BlockTables, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
-from ._report import host_pipelined_us, sync, time_per_call
+from ._report import host_pipelined_us, kernels, sync, time_per_call
 from .trace import schedule, synthetic_requests
 
 ATTENTION = "unified"
@@ -138,8 +138,9 @@ def slowest_steps(setup: Setup, latencies: list[float], g=None, count: int = 3) 
 
 
 def decode_rows(setup: Setup, candidates: dict, b: int = 8) -> list[dict]:
-    """Batch-`b` decode: step time (CUDA events, back to back) and host cost per step
-    (issued while the device is busy), each against eager on the same inputs."""
+    """Batch-`b` decode: step time (CUDA events, back to back), host cost per step
+    (issued while the device is busy) and, on a GPU, kernels per step (torch.profiler), each
+    against eager on the same inputs."""
     batch = setup.decode_batch(b)
     cache = setup.cache
     rows = []
@@ -153,6 +154,9 @@ def decode_rows(setup: Setup, candidates: dict, b: int = 8) -> list[dict]:
                 "host_us": host_pipelined_us(lambda i: call(*batch, cache)),  # noqa: B023
                 "max_err_vs_eager": err,
             })
+        for row in rows:  # after every timing: the profiler slows later launches
+            if torch.cuda.is_available():
+                row["kernels_per_step"] = kernels(lambda: candidates[row["config"]](*batch, cache))[0]  # noqa: B023
     return rows
 
 

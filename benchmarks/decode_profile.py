@@ -10,7 +10,6 @@ launch alone and graphify's own work.
 
 from __future__ import annotations
 
-import collections
 import time
 
 import torch
@@ -19,33 +18,11 @@ from graphify import Mode, Options, graphify
 from models import model_support, split_ops, varlen_axes
 from transforms import split
 
-from ._report import environment, host_pipelined_us, publish, table, time_per_call
+from ._report import environment, host_pipelined_us, kernels, publish, table, time_per_call
 from .peers import ReduceOverhead
 from ._serving_trace import ATTENTION, Setup
 
 B = 8
-STEPS = 5
-
-
-def kernels(call, steps: int = STEPS) -> tuple[float, float, list[tuple[str, int, float]]]:
-    """(kernels per step, GPU ms per step, top kernels (name, count/step, µs/step))."""
-    from torch.profiler import ProfilerActivity, profile
-
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            call()
-        torch.cuda.synchronize()
-    by = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            by[e.name][0] += 1
-            by[e.name][1] += e.time_range.elapsed_us()
-    count = sum(c for c, _ in by.values()) / steps
-    gpu_us = sum(t for _, t in by.values()) / steps
-    top = sorted(((n[:70], c / steps, t / steps) for n, (c, t) in by.items()), key=lambda r: -r[2])[:12]
-    return count, gpu_us / 1e3, top
 
 
 def run(peer: bool = False) -> dict:

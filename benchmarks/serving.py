@@ -27,7 +27,7 @@ import torch
 from graphify import Mode
 
 from ._plot import plot_serving
-from ._report import RESULTS, device_slug, environment, host_pipelined_us, publish, table, time_per_call
+from ._report import RESULTS, device_slug, environment, host_pipelined_us, kernels, publish, table, time_per_call
 from ._serving_trace import ATTENTION, MODES, Setup, _percentile, decode_rows, run_trace, slowest_steps, step_timer
 
 def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tuple[dict, object]:
@@ -131,7 +131,8 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
             err = (inductor(*static).float() - ref).abs().max().item()
             decode.append({"config": "graphify F&P + inductor, static inputs",
                            "step_ms": time_per_call(lambda i: inductor(*static)),
-                           "host_us": host_pipelined_us(lambda i: inductor(*static)), "max_err_vs_eager": err})
+                           "host_us": host_pipelined_us(lambda i: inductor(*static)), "max_err_vs_eager": err,
+                           "kernels_per_step": kernels(lambda: inductor(*static))[0]})  # last: the profiler slows what follows
         del plain, inductor, static
         peer_row, peer_decode = run_peer(num_requests, seed)
         rows.append(peer_row)
@@ -159,7 +160,7 @@ COLUMNS = [("config", "configuration", "s"), ("tokens_per_s", "tokens/s", ".0f")
            ("padding_waste_pct", "padding %", ".1f"), ("steps_full_pct", "FULL %", ".0f"),
            ("steps_piecewise_pct", "PIECEWISE %", ".0f"), ("steps_none_pct", "NONE %", ".0f"),
            ("uses_graphs", "uses graphs", "s"), ("max_err_vs_eager", "max err vs eager", ".3g")]
-DECODE_COLUMNS = [("config", "batch-8 decode", "s"), ("step_ms", "step ms", ".3f"),
+DECODE_COLUMNS = [("config", "batch-8 decode", "s"), ("kernels_per_step", "kernels/step", ".0f"), ("step_ms", "step ms", ".3f"),
                   ("step_vs_reduce_overhead", "step ÷ reduce-overhead", ".3f"), ("host_us", "host µs/step", ".1f"),
                   ("host_vs_reduce_overhead", "host ÷ reduce-overhead", ".3f"),
                   ("max_err_vs_eager", "max err vs eager", ".3g")]
@@ -176,8 +177,9 @@ def render(result: dict) -> str:
     r = result["ratios"]
     lines.append(f"\nFULL_AND_PIECEWISE tokens/s: {r['fp_vs_piecewise']:.2f}x PIECEWISE, {r['fp_vs_none']:.2f}x NONE (eager).")
     if result["decode"]:
-        lines.append("\nBatch-8 decode step (KV length 256), step time with CUDA events over back-to-back steps; host "
-                     "µs to issue one step while the device is busy (medians).\n")
+        lines.append("\nBatch-8 decode step (KV length 256): kernels a step (torch.profiler, inside graph replays too), "
+                     "step time with CUDA events over back-to-back steps; host µs to issue one step while the device "
+                     "is busy (medians).\n")
         lines.append(table(result["decode"], DECODE_COLUMNS))
     slow = [(r["config"], r["slowest"]) for r in result["rows"] if r.get("slowest")]
     if slow:
