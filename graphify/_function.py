@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from ._batching import Batching
+from ._compiled import compile_for_captures
 from ._keys import KeySet, plan_keys
 from ._mode import Mode
 from ._options import Options
@@ -103,7 +104,7 @@ class FunctionSpec:
                     UserWarning,
                     stacklevel=5,
                 )
-        compiled = _compiled(call, fn, options.compile) if options.compile is not False else None
+        compiled = compile_for_captures(call, fn, options.compile) if options.compile is not False else None
         keys = plan_keys(
             resolution.mode, sizes if sizes is not None else DEFAULT_SIZES,
             uniform_query_len=batching.uniform_query_len, max_num_reqs=batching.max_num_reqs, lora=batching.lora,
@@ -113,23 +114,3 @@ class FunctionSpec:
             backend=backend, pool=pool, batching=batching, outputs=outputs, group=group, options=options,
             compiled=compiled,
         )
-
-
-def _compiled(call: str, fn: Callable, how: "bool | dict") -> Callable:
-    """`torch.compile(fn, dynamic=True, **how)` for `Options(compile=...)`; compiled lazily, on
-    the first capture that calls it. For a split function, the function it was split from,
-    compiled whole: FULL graphs record it (inductor fuses across the split ops), PIECEWISE
-    graphs keep the pieces."""
-    import torch
-
-    split = as_split(fn)
-    if split is not None:
-        fn = split.fn
-    if getattr(fn, "_torchdynamo_orig_callable", None) is not None:
-        raise ValueError(f"{call}: the function is torch.compile'd already; pass the function itself with "
-                         "Options(compile=True), or keep torch.compile(fn) without the option")
-    # Dynamic shapes from the first compile: a transformers generate() loop meets new batch
-    # sizes and cache lengths all the time, and dynamo's default (static first, dynamic on a
-    # change, 0/1 specialised) compiled 5 times over 10 chat-like calls where this compiles
-    # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
-    return torch.compile(fn, **{"dynamic": True, **(how if isinstance(how, dict) else {})})

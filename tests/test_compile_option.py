@@ -189,3 +189,54 @@ def test_a_split_function_is_compiled_whole_for_full_graphs_and_kept_in_pieces_f
     by_mode = {r.mode: r.calls for r in g.stats.by_mode()}
     assert by_mode[Mode.FULL] >= 3 and by_mode[Mode.PIECEWISE] >= 2  # decode batches FULL, mixed ones in pieces
     assert len(counting.shapes) == compiles  # replays never compile
+
+
+def test_compiled_code_lives_as_long_as_the_graphs_not_as_dynamos_caches(backend):
+    """Graphs launch the code the compile made; `torch._dynamo.reset()` drops dynamo's
+    caches, not that code, and the graphs replay right after it. Freed with the function."""
+    import gc
+    import weakref
+
+    made = []
+
+    def keeping_track(gm, example_inputs):
+        made.append(weakref.ref(gm))
+        return gm.forward
+
+    g = graphify(mlp, backend=backend[0], axes=AXES, options=Options(compile={"backend": keeping_track}))
+    w1, w2 = torch.randn(16, 32, device=backend[1]), torch.randn(32, 8, device=backend[1])
+    for _ in range(2):  # first use: the second call captures, compiling
+        x = torch.randn(4, 16, device=backend[1])
+        g(x, w1, w2)
+    assert len(made) == 1
+    before = replays(g)
+    torch._dynamo.reset()
+    gc.collect()
+    assert made[0]() is not None  # held by graphify, not only by dynamo
+    for _ in range(3):
+        x = torch.randn(4, 16, device=backend[1])
+        assert torch.allclose(g(x, w1, w2), mlp(x, w1, w2), atol=1e-5)
+    assert replays(g) == before + 3 and len(made) == 1
+    del g
+    gc.collect()
+    assert made[0]() is None  # and let go with the function
+
+
+@pytest.mark.cuda
+def test_inductor_graphs_replay_after_dynamo_resets(backend):
+    if backend[0] != "cuda":
+        pytest.skip("the kernels that could be unloaded are inductor's CUDA kernels")
+    import gc
+
+    g = graphify(mlp, backend="cuda", axes=AXES, options=Options(compile=True))
+    w1, w2 = torch.randn(64, 128, device="cuda"), torch.randn(128, 32, device="cuda")
+    for _ in range(2):
+        g(torch.randn(8, 64, device="cuda"), w1, w2)
+    before = replays(g)
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.synchronize()
+    for _ in range(3):
+        x = torch.randn(8, 64, device="cuda")
+        torch.testing.assert_close(g(x, w1, w2), mlp(x, w1, w2), rtol=2e-3, atol=2e-3)
+    assert replays(g) == before + 3

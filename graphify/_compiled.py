@@ -1,0 +1,66 @@
+"""torch.compile for `Options(compile=...)`, holding on to what it compiles.
+
+A graph captured over a compiled function launches the kernels inductor generated for it.
+Dynamo keeps those only in its caches, which `torch._dynamo.reset()` (and
+`torch.compiler.reset()`) drop while graphs still replay them. Compiling through a backend
+that keeps every compiled callable makes them live as long as the graphified function and
+so as long as its graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .extend import as_split
+
+__all__ = ["compile_for_captures", "KeptCompiles"]
+
+
+class KeptCompiles:
+    """A torch.compile backend: `backend` (inductor by default, with `mode` and `options`
+    as torch.compile applies them) whose compiled callables are kept in `outputs`."""
+
+    def __init__(self, backend="inductor", mode=None, options=None, dynamic=None):
+        if backend == "inductor":
+            self.inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        else:
+            self.inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
+        self.outputs: list[Callable] = []
+
+    @property
+    def __name__(self) -> str:  # dynamo names the backend after it
+        return getattr(self.inner, "compiler_name", "inductor")
+
+    def __call__(self, gm, example_inputs):
+        compiled = self.inner(gm, example_inputs)
+        self.outputs.append(compiled)
+        return compiled
+
+    def reset(self) -> None:
+        if hasattr(self.inner, "reset"):
+            self.inner.reset()
+
+
+def compile_for_captures(call: str, fn: Callable, how: "bool | dict") -> Callable:
+    """`torch.compile(fn, dynamic=True, **how)`, compiled lazily on the first capture that
+    calls it, through `KeptCompiles`. For a split function, the function it was split from,
+    compiled whole: FULL graphs record it (inductor fuses across the split ops), PIECEWISE
+    graphs keep the pieces."""
+    split = as_split(fn)
+    if split is not None:
+        fn = split.fn
+    if getattr(fn, "_torchdynamo_orig_callable", None) is not None:
+        raise ValueError(f"{call}: the function is torch.compile'd already; pass the function itself with "
+                         "Options(compile=True), or keep torch.compile(fn) without the option")
+    # Dynamic shapes from the first compile: a transformers generate() loop meets new batch
+    # sizes and cache lengths all the time, and dynamo's default (static first, dynamic on a
+    # change, 0/1 specialised) compiled 5 times over 10 chat-like calls where this compiles
+    # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
+    how = dict(how) if isinstance(how, dict) else {}
+    dynamic = how.pop("dynamic", True)
+    backend = KeptCompiles(how.pop("backend", "inductor"), how.pop("mode", None), how.pop("options", None), dynamic)
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)
+    compiled.kept_compiles = backend  # what keeps the kernels alive, for tests and inspection
+    return compiled
