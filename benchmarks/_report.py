@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-
 import datetime as _dt
 import json
 import platform

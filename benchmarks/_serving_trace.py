@@ -154,9 +154,8 @@ def decode_rows(setup: Setup, candidates: dict, b: int = 8) -> list[dict]:
                 "host_us": host_pipelined_us(lambda i: call(*batch, cache)),  # noqa: B023
                 "max_err_vs_eager": err,
             })
-        for row in rows:  # after every timing: the profiler slows later launches
-            if torch.cuda.is_available():
-                row["kernels_per_step"] = kernels(lambda: candidates[row["config"]](*batch, cache))[0]  # noqa: B023
+        for row in rows if torch.cuda.is_available() else ():  # after every timing: the profiler slows later launches
+            row["kernels_per_step"] = kernels(lambda: candidates[row["config"]](*batch, cache))[0]  # noqa: B023
     return rows
 
 
