@@ -7,6 +7,9 @@
 # some of them (the 10-minute limit of one device command may not hold all four):
 #   tests     the 2-GPU tests: tests/test_distributed.py and tests/test_hf_tensor_parallel.py,
 #             CUDA ones included; summary and failures into benchmarks/results/gpu-tests-<device>-x<N>.txt
+#   tests-hf  the CUDA tests of tests/test_hf_tensor_parallel.py alone, under a longer limit (each
+#             scenario's ranks get 240 s; a rank still running near then dumps its stacks), appended
+#             to the same file
 #   bench     torchrun -m benchmarks.tensor_parallel (0.5B and 8B decode, TP=1 and TP=N, hand floor),
 #             TP=N once per all-reduce kind: nccl and symm_mem (one-shot, NVLink P2P, no multicast)
 #   serving   torchrun -m benchmarks.tensor_parallel --what serving (the main job's trace, F&P), per kind
@@ -28,7 +31,7 @@ BUDGET=${BUDGET:-535}  # seconds for all steps: the run's 10-minute limit less s
 GPUS=${GPUS:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
 TESTS=${TESTS:-tests/test_distributed.py tests/test_hf_tensor_parallel.py}
 EXTRA=${EXTRA:-}  # more benchmark arguments (a dry run on a CPU: EXTRA="--smoke --cpu" GPUS=2)
-STEPS=${STEPS:-tests bench serving again}
+STEPS=${STEPS:-tests bench serving again}  # and tests-hf, alone: STEPS=tests-hf
 ALL_REDUCE=${ALL_REDUCE:-nccl symm_mem}  # the TP all-reduce kinds the benchmark measures
 RESULTS=benchmarks/results
 SLUG=$(python3 -c "
@@ -103,6 +106,21 @@ cat "$LOGS/tests-gloo.txt" >> "$LOGS/tests.txt"
 } > "$TESTS_FILE" 2>&1
 pack
 tail -n 25 "$LOGS/tests.txt"
+fi
+
+# 1b. the transformers TP tests on NCCL alone: on 2026-11-24 they did not finish inside the
+# 180 s the whole CUDA step had left (slow or hung: their ranks' stacks now say which)
+if wanted tests-hf; then
+step tests-hf 540 python3 -m pytest -q -rfEsxX -p no:cacheprovider --durations=5 -v -m cuda tests/test_hf_tensor_parallel.py
+hf_rc=$?
+{
+  echo
+  echo "--- tests/test_hf_tensor_parallel.py, CUDA tests alone ($(date -u '+%Y-%m-%d %H:%M UTC')), exit: $hf_rc"
+  grep -E '^=* ?[0-9]+ (passed|failed|errors?|skipped|xfailed).* in [0-9.]+s' "$LOGS/tests-hf.txt" | tr -d '='
+  grep -E '^(FAILED|ERROR|SKIPPED|XFAIL|XPASS) ' "$LOGS/tests-hf.txt"
+} >> "$TESTS_FILE" 2>&1
+pack
+tail -n 40 "$LOGS/tests-hf.txt"
 fi
 
 # 2-4. the benchmark, the serving trace, the benchmark again

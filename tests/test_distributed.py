@@ -70,10 +70,11 @@ def launch(commands: list[list[str]], envs: list[dict], timeout: float) -> list[
     for t in threads:
         t.join(timeout + 5)
     alive = [r for r, p in enumerate(procs) if p.poll() is None]
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    assert not alive, f"rank(s) {alive} still running after {timeout} s"
+    for r in alive:  # killed, then read: what it wrote, the stacks rank_launcher.py dumped included
+        procs[r].kill()
+        outs[r] = procs[r].communicate()
+    assert not alive, f"rank(s) {alive} still running after {timeout} s; their stderr, last lines:\n" + "\n".join(
+        f"--- rank {r}:\n{outs[r][1][-4000:]}" for r in alive)
     return [{"returncode": p.returncode, "stdout": out, "stderr": err, "ended": t}
             for p, (out, err), t in zip(procs, outs, ended)]
 
@@ -81,11 +82,13 @@ def launch(commands: list[list[str]], envs: list[dict], timeout: float) -> list[
 def run_ranks(scenario: str, timeout: float = 240, worker: str = "tp_worker.py", args: tuple = (),
               cpu: bool = False) -> list[dict]:
     """Start the ranks of `scenario` (`tests/<worker> scenario rank world port *args`, in
-    torchrun's environment; `cpu` hides the GPUs); each rank's RESULT, plus
+    torchrun's environment, through tests/rank_launcher.py so a rank still running near
+    `timeout` dumps its stacks; `cpu` hides the GPUs); each rank's RESULT, plus
     `exit_after_result_s`: how long the process lived after printing it (its teardown)."""
     port = free_port()
-    commands = [[sys.executable, str(ROOT / "tests" / worker), scenario, str(r), str(WORLD), str(port), *args]
-                for r in range(WORLD)]
+    dump_after = str(max(timeout - 20, timeout / 2))  # stacks to stderr before the harness kills a rank
+    commands = [[sys.executable, str(ROOT / "tests" / "rank_launcher.py"), dump_after, str(ROOT / "tests" / worker),
+                 scenario, str(r), str(WORLD), str(port), *args] for r in range(WORLD)]
     results = []
     for done in launch(commands, [rank_env(r, port, cpu) for r in range(WORLD)], timeout):
         out, err = done["stdout"], done["stderr"]
@@ -333,3 +336,19 @@ def test_a_failure_on_one_nccl_rank_ends_the_rank_replaying_graphs_that_wait_for
     # ended by itself (launch fails the test otherwise): through the store ("stopping: rank 1
     # failed") or, should NCCL notice the lost peer first, through its own error handling
     assert rank0["returncode"] != 0, rank0["stderr"][-2000:]
+
+
+def test_a_rank_that_does_not_end_is_killed_and_shows_where_it_was():
+    """The harness's own contract: a rank still running at the timeout fails the test, and
+    the failure carries the rank's stacks (dumped by tests/rank_launcher.py before the kill)."""
+    stuck = ROOT / "tests" / "rank_launcher.py"
+    script = "import time\ndef waiting_for_a_peer():\n    time.sleep(60)\nwaiting_for_a_peer()\n"
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"graphify-stuck-rank-{os.getpid()}.py"
+    path.write_text(script)
+    try:
+        with pytest.raises(AssertionError) as info:
+            launch([[sys.executable, str(stuck), "1", str(path)]], [base_env(cpu=True)], timeout=4)
+    finally:
+        path.unlink()
+    message = str(info.value)
+    assert "still running after 4 s" in message and "waiting_for_a_peer" in message, message
