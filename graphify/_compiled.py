@@ -61,6 +61,4 @@ def compile_for_captures(call: str, fn: Callable, how: "bool | dict") -> Callabl
     how = dict(how) if isinstance(how, dict) else {}
     dynamic = how.pop("dynamic", True)
     backend = KeptCompiles(how.pop("backend", "inductor"), how.pop("mode", None), how.pop("options", None), dynamic)
-    compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)
-    compiled.kept_compiles = backend  # what keeps the kernels alive, for tests and inspection
-    return compiled
+    return torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs

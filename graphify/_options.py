@@ -91,8 +91,9 @@ class Options:
       and a batch of 1 after larger ones (or the reverse) one more; other shapes reuse it.
       `graphify(torch.compile(fn))` instead compiles every call, eager ones included.
       What the compile made lives as long as the graphified function, whose graphs launch
-      it (`torch._dynamo.reset()` does not free it). For a split function, FULL graphs record the function it was split from, compiled
-      whole, and PIECEWISE graphs keep its pieces. Measured on the H100 (batch-8 decode of
+      it (`torch._dynamo.reset()` does not free it). For a split function, FULL graphs
+      record the function it was split from, compiled whole, and PIECEWISE graphs keep its
+      pieces. Measured on the H100 (batch-8 decode of
       the reference model, `benchmarks.decode_profile`): as fast as compiled pieces
       (`split(..., compile=True)`: 317 vs 318 kernels a step, 1.156 vs 1.155 ms) for three
       times their compile (46.5 s vs 14.3 s), so compiled pieces stay the way to compile.

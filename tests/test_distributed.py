@@ -338,17 +338,14 @@ def test_a_failure_on_one_nccl_rank_ends_the_rank_replaying_graphs_that_wait_for
     assert rank0["returncode"] != 0, rank0["stderr"][-2000:]
 
 
-def test_a_rank_that_does_not_end_is_killed_and_shows_where_it_was():
+def test_a_rank_that_does_not_end_is_killed_and_shows_where_it_was(tmp_path):
     """The harness's own contract: a rank still running at the timeout fails the test, and
     the failure carries the rank's stacks (dumped by tests/rank_launcher.py before the kill)."""
     stuck = ROOT / "tests" / "rank_launcher.py"
     script = "import time\ndef waiting_for_a_peer():\n    time.sleep(60)\nwaiting_for_a_peer()\n"
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"graphify-stuck-rank-{os.getpid()}.py"
+    path = tmp_path / "stuck_rank.py"
     path.write_text(script)
-    try:
-        with pytest.raises(AssertionError) as info:
-            launch([[sys.executable, str(stuck), "1", str(path)]], [base_env(cpu=True)], timeout=4)
-    finally:
-        path.unlink()
+    with pytest.raises(AssertionError) as info:
+        launch([[sys.executable, str(stuck), "1", str(path)]], [base_env(cpu=True)], timeout=4)
     message = str(info.value)
     assert "still running after 4 s" in message and "waiting_for_a_peer" in message, message

@@ -37,9 +37,9 @@ def prepare(spec: FunctionSpec, example_args: tuple, example_kwargs: dict) -> Pr
     call, fn = spec.call, spec.fn
     layout = CallLayout.build(call, fn, example_args, example_kwargs)
     split = as_split(fn)
-    twin = eager_twin(fn)
     if spec.compiled is not None:  # Options(compile=...): captures record the compiled function
-        fn, twin = spec.compiled, eager_twin(spec.compiled)  # (a split function's: compiled whole, for FULL)
+        fn = spec.compiled  # (a split function's: compiled whole, for FULL)
+    twin = eager_twin(fn)
     args = layout.bind(example_args, example_kwargs)
     library = foreign_library(call, args)
     if library is not None:  # CuPy / NumPy arrays: capture a torch-facing view of fn
