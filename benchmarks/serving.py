@@ -1,7 +1,7 @@
 """The main job: the varlen reference model through one seeded synthetic serving trace
 (`benchmarks/trace.py`: arrivals over time, chunked prefills mixed with decodes, batch
 sizes from 1 up, some speculative-decode steps) under every graphify mode, graphify over
-inductor-compiled pieces, and torch.compile(mode="reduce-overhead"); then a batch-8
+inductor-compiled pieces (FULL_AND_PIECEWISE and FULL), and torch.compile(mode="reduce-overhead"); then a batch-8
 decode step of the peers side by side.
 
 Per configuration: tokens per second, step latency p50/p99, start-up seconds (split +
@@ -56,7 +56,8 @@ def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tupl
 
 
 def second_process_startup(which: str, num_requests: int, seed: int) -> float | None:
-    """Start-up seconds of graphify F&P + inductor ("graphify") or reduce-overhead ("ro") in
+    """Start-up seconds of graphify + inductor ("graphify": FULL_AND_PIECEWISE, "graphify-full":
+    FULL) or reduce-overhead ("ro") in
     a new process on this machine: torch's compile caches on disk are warm now."""
     import json
     import subprocess
@@ -73,8 +74,8 @@ def second_process_startup(which: str, num_requests: int, seed: int) -> float | 
 def startup_only(which: str, num_requests: int, seed: int) -> dict:
     """This process's start-up for `which` (see `second_process_startup`)."""
     setup = Setup(True, num_requests, seed)
-    if which == "graphify":
-        _, seconds = setup.graphify("FULL_AND_PIECEWISE", inductor=True)
+    if which in ("graphify", "graphify-full"):
+        _, seconds = setup.graphify("FULL_AND_PIECEWISE" if which == "graphify" else "FULL", inductor=True)
         return {"startup_s": seconds}
     from .peers import reduce_overhead_row
 
@@ -134,10 +135,17 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
                            "host_us": host_pipelined_us(lambda i: inductor(*static)), "max_err_vs_eager": err,
                            "kernels_per_step": kernels(lambda: inductor(*static))[0]})  # last: the profiler slows what follows
         del plain, inductor, static
+        # The reference model's attention op captures into FULL graphs at every batch, so FULL
+        # graphs of the same compiled pieces serve the mixed steps too: one launch a step, no
+        # eager attention between pieces. Its pieces are the row above's compiles (caches warm).
+        row, full = graphify_row(setup, "FULL", timed, inductor=True)
+        rows.append(row)
+        del full
         peer_row, peer_decode = run_peer(num_requests, seed)
         rows.append(peer_row)
-        inductor_row = next(r for r in rows if r["config"].startswith("graphify FULL_AND_PIECEWISE + inductor"))
-        inductor_row["startup_s_again"] = second_process_startup("graphify", num_requests, seed)
+        for which, mode in (("graphify", "FULL_AND_PIECEWISE"), ("graphify-full", "FULL")):
+            by_name = next(r for r in rows if r["config"] == f"graphify {mode} + inductor (specialised)")
+            by_name["startup_s_again"] = second_process_startup(which, num_requests, seed)
         peer_row["startup_s_again"] = second_process_startup("ro", num_requests, seed)
         decode.insert(1, peer_decode)
         for r in decode:
@@ -190,7 +198,8 @@ def render(result: dict) -> str:
                 + (f" ({s['ran_as']})" if s.get("ran_as") else "") for s in steps))
     lines.append("\nStart-up: split + capture for graphify; for torch.compile its first pass over the trace "
                  "(compile, recompiles, graph recordings) less a steady pass; 'next process': the same in a new "
-                 "process on this machine, torch's compile caches on disk warm. Graph MiB: graphify's pool as its "
+                 "process on this machine, torch's compile caches on disk warm (the FULL + inductor row's own start-up "
+                 "is warm too: its pieces are the row above's compiles). Graph MiB: graphify's pool as its "
                  "allocator counts it; torch.compile's growth of torch.cuda.memory_reserved(). Max err: largest "
                  "|logit - eager| over every step (bf16 on the GPU; inductor rounds differently).")
     return "\n".join(lines)
@@ -200,7 +209,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--startup-only", choices=("graphify", "ro"), help=argparse.SUPPRESS)
+    parser.add_argument("--startup-only", choices=("graphify", "graphify-full", "ro"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.startup_only:
         import json

@@ -72,6 +72,39 @@ def test_specialised_sizes_get_static_compiles_made_by_warm_ups(recorded, rule, 
     assert sorted(c[0] for c in recorded if c[1] == "from_graph") == sorted(distinct)
 
 
+def test_full_keys_compile_outside_every_dispatch_mode(monkeypatch):
+    """FULL keys of compiled pieces with no PIECEWISE schedule to warm them: the first
+    warm-up runs under the capture's write recorder (and, for the first key, the op guard).
+    A compile made there failed on the H100 and kept an eager fallback for the size, so the
+    FULL graphs replayed eager kernels. Every compile happens outside those modes, and each
+    captured size still has its static compile before its capture."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    calls = []
+
+    def fake(gm, inputs, shapes, options):
+        traced = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+        rows = next(t.shape[0] for t, v in zip(inputs, traced)
+                    if isinstance(v, torch.Tensor) and v.dim() and isinstance(v.shape[0], torch.SymInt))
+        calls.append((id(gm), shapes, rows, _get_current_dispatch_mode()))
+        return gm
+
+    monkeypatch.setattr(compile_mod, "_compile", fake)
+    cfg, step, cache, tables, example = tiny(layers=4)
+    pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=True)
+    sizes = (2, 4, 8)
+    g = graphify(pw, mode="FULL", sizes=sizes, backend="sim", options=Options(compile_sizes="all")).capture(*example, cache)
+    assert calls and [c[3] for c in calls if c[3] is not None] == []
+    static = {(piece, rows) for piece, shapes, rows, _ in calls if shapes == "from_example_inputs"}
+    distinct = {id(p.module.shared.gm) for p in pw.pieces if p.kind == "graph"}
+    assert static >= {(piece, n) for piece in distinct for n in sizes}
+    for q, ctx in (((1,) * 4, (30,) * 4), ((2, 1, 3), (0, 9, 20))):
+        batch = tables.batch(cfg, tuple(range(10, 10 + len(q))), q, ctx, device="cpu", seed=len(q) + 7)
+        ref = cache.clone()
+        torch.testing.assert_close(g(*batch, cache), step(*batch, ref), rtol=1e-5, atol=1e-5)
+    assert {r.mode.value: r.calls for r in g.stats.by_mode()}["FULL"] == 2
+
+
 def test_specialised_sizes_rules():
     keys = plan_keys("FULL_AND_PIECEWISE", vllm_sizes(512))
     assert specialised_sizes("all", keys) == frozenset(vllm_sizes(512))

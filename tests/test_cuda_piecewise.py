@@ -57,9 +57,14 @@ def replayed_kernels(call) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-def test_full_graphs_of_compiled_pieces_hold_inductor_kernels():
+@pytest.mark.parametrize("compile_sizes", ["none", (8,)])
+def test_full_graphs_of_compiled_pieces_hold_inductor_kernels(compile_sizes, caplog):
+    """Also with the size specialised: with no PIECEWISE schedule before them, FULL keys
+    once compiled under the capture's write recorder, which failed and kept eager kernels."""
     step, cache, example, pw = build(compile=True)
-    g = graphify(pw, mode="FULL", sizes=(8,)).capture(*example, cache)
+    with caplog.at_level("WARNING", logger="graphify"):
+        g = graphify(pw, mode="FULL", sizes=(8,), options=Options(compile_sizes=compile_sizes)).capture(*example, cache)
+    assert "compile failed" not in caplog.text
     plain = graphify(build()[3], mode="FULL", sizes=(8,)).capture(*example, cache)
     batch = BatchLayout((1,) * 8, (5, 3, 9, 40, 2, 7, 11, 1), 16, 16).build(CFG, device="cuda", seed=8)
     compiled_kernels = replayed_kernels(lambda: g(*batch, cache))

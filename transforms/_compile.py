@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
 from graphify.extend import taping
 
 __all__ = ["CompiledPiece", "piece_key", "compile_pieces", "specialised"]
@@ -111,7 +113,11 @@ class CompiledPiece:
         self.shared, self.original = shared, original
 
     def __call__(self, *inputs):
-        if taping():  # the CPU simulation records ATen ops, which inductor's kernels hide
+        # The piece as traced runs instead where inductor's code must not: while the CPU
+        # simulation records ATen ops (inductor's kernels hide them), and under a dispatch
+        # mode (capture's op guard, its write recorder): a compile made there fails or
+        # falls back to eager for good, and that fallback would be kept for the size.
+        if taping() or _get_current_dispatch_mode() is not None:
             return self.original(*inputs)
         return self.shared.run(inputs)
 

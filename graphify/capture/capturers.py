@@ -18,7 +18,8 @@ same code at another batch size, so they skip what the size cannot change:
   ops at this key's shape, compiling or tuning what they need, in a few milliseconds
   instead of an eager pass over the whole model.
 
-Compiled pieces (inductor) keep a warm-up at every size, since a new shape may compile,
+Compiled pieces (inductor) keep a warm-up at every size, since a new shape may compile
+(two for FULL keys: the first, recorded under a dispatch mode, runs the pieces as traced),
 and so does FULL of an unsplit function (unknown code may set itself up per shape). At the
 sizes chosen for specialisation (`Options(compile_sizes=...)`) compiled pieces run, in
 warm-ups and capture alike, a compile for the key's exact shapes (made by the warm-up, never
@@ -71,7 +72,7 @@ def mode_capturers(
         if whole:  # the first key checks the eager original under the op guard; each warms up
             return backend.capture(fn, args, warmups=max(warmups, 2), guard=twin if first else False,
                                    keeper=keeper, **kw)
-        if quick and twin is None:
+        if quick and twin is None and not compiled:
             # First use, a structure whose kin (the same code at other static shapes, such as
             # a new transformers cache length) captured before: capture straight away. A
             # capture executes nothing on CUDA, so nothing to record or undo there.
@@ -94,7 +95,10 @@ def mode_capturers(
             # compiles on these very arguments and the capture records inductor's kernels.
             return backend.capture(fn, args, warmups=max(warmups, 2), guard=twin if first or not split else False,
                                    keeper=keeper, **kw)
-        return backend.capture(fn, args, warmups=max(warmups, 1), guard=first or not split, keeper=keeper, **kw)
+        # Compiled pieces run as traced in the first, recorded warm-up (no compile under a
+        # dispatch mode), so a second one compiles what this key's shapes need before capture.
+        return backend.capture(fn, args, warmups=max(warmups, 2 if compiled else 1), guard=first or not split,
+                               keeper=keeper, **kw)
 
     capturers = {Mode.FULL: full}
     if piecewise_fn is not None:
