@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from graphify.extend import taping
