@@ -35,14 +35,17 @@ def test_identical_layers_have_one_key():
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """inductor replaced by a recorder that returns the piece itself (eager)."""
+    """inductor replaced by a recorder that returns the piece itself (eager). Each call:
+    (piece, "from_graph" | "from_example_inputs", rows, the dispatch mode active or None)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
     calls = []
 
     def fake(gm, inputs, shapes, options):
         traced = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
         rows = next(t.shape[0] for t, v in zip(inputs, traced)  # an input whose dim 0 the trace made symbolic
                     if isinstance(v, torch.Tensor) and v.dim() and isinstance(v.shape[0], torch.SymInt))
-        calls.append((id(gm), shapes, rows))
+        calls.append((id(gm), shapes, rows, _get_current_dispatch_mode()))
         return gm
 
     monkeypatch.setattr(compile_mod, "_compile", fake)
@@ -61,7 +64,7 @@ def test_specialised_sizes_get_static_compiles_made_by_warm_ups(recorded, rule, 
     static = [c for c in recorded if c[1] == "from_example_inputs"]
     # one dynamic compile per distinct piece, made when a size that is not specialised first needs it
     assert sorted(c[0] for c in dynamic) == ([] if rule == "all" else sorted(distinct))
-    assert {rows for _, _, rows in static} == static_rows  # size 1 always: the dynamic compile assumes >= 2
+    assert {rows for _, _, rows, _ in static} == static_rows  # size 1 always: the dynamic compile assumes >= 2
     assert len(static) == 3 * len(static_rows)  # once per distinct piece and size, shared by the layers
     cfg = DecoderConfig.tiny(max_seq_len=256, layers=4)
     big = ((40, 40), (0, 0))  # above the largest size: the program runs eagerly, on the dynamic compile
@@ -72,30 +75,18 @@ def test_specialised_sizes_get_static_compiles_made_by_warm_ups(recorded, rule, 
     assert sorted(c[0] for c in recorded if c[1] == "from_graph") == sorted(distinct)
 
 
-def test_full_keys_compile_outside_every_dispatch_mode(monkeypatch):
+def test_full_keys_compile_outside_every_dispatch_mode(recorded):
     """FULL keys of compiled pieces with no PIECEWISE schedule to warm them: the first
     warm-up runs under the capture's write recorder (and, for the first key, the op guard).
     A compile made there failed on the H100 and kept an eager fallback for the size, so the
     FULL graphs replayed eager kernels. Every compile happens outside those modes, and each
     captured size still has its static compile before its capture."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    calls = []
-
-    def fake(gm, inputs, shapes, options):
-        traced = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-        rows = next(t.shape[0] for t, v in zip(inputs, traced)
-                    if isinstance(v, torch.Tensor) and v.dim() and isinstance(v.shape[0], torch.SymInt))
-        calls.append((id(gm), shapes, rows, _get_current_dispatch_mode()))
-        return gm
-
-    monkeypatch.setattr(compile_mod, "_compile", fake)
     cfg, step, cache, tables, example = tiny(layers=4)
     pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=True)
     sizes = (2, 4, 8)
     g = graphify(pw, mode="FULL", sizes=sizes, backend="sim", options=Options(compile_sizes="all")).capture(*example, cache)
-    assert calls and [c[3] for c in calls if c[3] is not None] == []
-    static = {(piece, rows) for piece, shapes, rows, _ in calls if shapes == "from_example_inputs"}
+    assert recorded and [c[3] for c in recorded if c[3] is not None] == []
+    static = {(piece, rows) for piece, shapes, rows, _ in recorded if shapes == "from_example_inputs"}
     distinct = {id(p.module.shared.gm) for p in pw.pieces if p.kind == "graph"}
     assert static >= {(piece, n) for piece in distinct for n in sizes}
     for q, ctx in (((1,) * 4, (30,) * 4), ((2, 1, 3), (0, 9, 20))):
