@@ -16,6 +16,7 @@ program needs no copy between the op and the next piece).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import attrs
@@ -33,6 +34,11 @@ def triton_kernels(q: torch.Tensor):
     """The Triton kernels module for CUDA tensors, or None (CPU, no Triton, switched off)."""
     if not (USE_TRITON and q.is_cuda):
         return None
+    return _load_triton()
+
+
+@functools.cache
+def _load_triton():
     try:
         from . import _triton_attention
     except ImportError:

@@ -55,3 +55,48 @@ def test_triton_kernels_in_bfloat16_are_as_close_to_float32_as_the_torch_path(mo
             out = run(cfg16, p16, attention, batch, cache16.clone(), use_triton, monkeypatch).float()
             err[use_triton] = ((out - truth).norm() / truth.norm()).item()
         assert err[True] < 2e-2 and err[True] <= 1.5 * err[False] + 1e-3, err
+
+
+def test_direct_launches_share_a_kernel_only_where_triton_would(monkeypatch):
+    """The fast launch path reuses a compiled kernel for every call with the same
+    `launch_key`: that is only right if calls with one key get one Triton specialisation.
+    Over arguments that move every specialised property (pointer alignment, ints of 1,
+    multiples of 16, other), equal keys must mean equal specialisations, and the direct
+    launches must equal Triton's own."""
+    from models import _triton_attention as tri
+
+    cfg = DecoderConfig.tiny(max_seq_len=256, hidden=256, heads=8, kv_heads=2, ffn=256, dtype=torch.bfloat16)
+    binder = tri._attention_kernel.device_caches[torch.cuda.current_device()][-1]
+    seen = {}
+    rnd = random.Random(5)
+    for case in range(24):
+        reqs = rnd.choice([1, 2, 16, 17])
+        layout = BatchLayout(tuple(rnd.randint(1, 9) for _ in range(reqs)),
+                             tuple(rnd.randint(0, 60) for _ in range(reqs)), 16, rnd.choice([8, 16, 17]))
+        ids, pos, slots, ql, sl, bt = layout.build(cfg, device="cuda", seed=case)
+        t, h, kvh, d = ids.shape[0], cfg.heads, cfg.kv_heads, cfg.head_dim
+        shift = rnd.choice([0, 1, 8])  # elements: moves q's, k's and v's 16-byte alignment
+        qkv = torch.randn(t, (h + 2 * kvh) * d + shift, device="cuda", dtype=cfg.dtype)[:, shift:]
+        q, k, v = (x.reshape(t, -1, d) for x in qkv.split((h * d, kvh * d, kvh * d), dim=-1))
+        cache = new_paged_cache(cfg, 200, 16, device="cuda", seed=case)
+        layer = rnd.randrange(cfg.layers)
+        out = torch.empty_like(q)
+        kc, vc = cache[layer][0], cache[layer][1]
+        ints = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *out.stride()[:2], bt.stride(0), bt.shape[0])
+        consts = (h // kvh, 16, d, 16, kvh, 64, False)
+        args = (q, k, v, kc, vc, out, bt, ql, pos, slots)
+        key = tri.launch_key(torch.cuda.current_device(), tuple(x.dtype for x in args),
+                             tuple(x.data_ptr() for x in args), ints, consts)
+        _, spec, _ = binder(*args, *ints, 0.125, *consts)
+        results = []
+        for fast in (False, True):
+            monkeypatch.setattr(tri, "_FAST", fast)
+            c, o = cache.clone(), torch.empty_like(q)
+            for _ in range(2):  # with the fast path on, the second call (at least) launches directly
+                tri.paged_attention(q, k, v, c, layer, slots, pos, ql, bt, o)
+            results.append((o, c))
+        assert key in tri._COMPILED  # the direct path was taken
+        torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=0)
+        torch.testing.assert_close(results[1][1], results[0][1], rtol=0, atol=0)
+        assert seen.setdefault(key, str(spec)) == str(spec), "one launch key, two Triton specialisations"
+    assert len(seen) >= 3  # the cases moved the specialisation
