@@ -129,8 +129,10 @@ def write(name: str, env: dict, payload: dict, markdown: str) -> tuple[Path, Pat
     return json_path, md_path
 
 
-def kernels(call, steps: int = 5) -> tuple[float, float, list[tuple[str, int, float]]]:
-    """(kernels per step, GPU ms per step, top kernels (name, count/step, µs/step))."""
+def kernels(call, steps: int = 5) -> tuple[float, float, float, list[tuple[str, int, float]]]:
+    """(kernels per step, GPU ms per step, GPU idle µs per step, top kernels (name,
+    count/step, µs/step)). Idle is the time between one kernel's end and the next one's
+    start over back-to-back steps: what a graph's launch gaps cost, not its kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     call()
@@ -140,11 +142,23 @@ def kernels(call, steps: int = 5) -> tuple[float, float, list[tuple[str, int, fl
             call()
         torch.cuda.synchronize()
     by = collections.defaultdict(lambda: [0, 0.0])
+    spans = []
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             by[e.name][0] += 1
             by[e.name][1] += e.time_range.elapsed_us()
+            spans.append((e.time_range.start, e.time_range.end))
     count = sum(c for c, _ in by.values()) / steps
     gpu_us = sum(t for _, t in by.values()) / steps
     top = sorted(((n[:70], c / steps, t / steps) for n, (c, t) in by.items()), key=lambda r: -r[2])[:12]
-    return count, gpu_us / 1e3, top
+    return count, gpu_us / 1e3, idle_between(spans) / steps, top
+
+
+def idle_between(spans: Sequence[tuple[float, float]]) -> float:
+    """Total time inside the union of (start, end) spans' extent that no span covers."""
+    idle, end = 0.0, None
+    for start, stop in sorted(spans):
+        if end is not None:
+            idle += max(start - end, 0.0)
+        end = stop if end is None else max(end, stop)
+    return idle

@@ -155,7 +155,7 @@ def decode_rows(setup: Setup, candidates: dict, b: int = 8) -> list[dict]:
                 "max_err_vs_eager": err,
             })
         for row in rows if torch.cuda.is_available() else ():  # after every timing: the profiler slows later launches
-            row["kernels_per_step"] = kernels(lambda: candidates[row["config"]](*batch, cache))[0]  # noqa: B023
+            row["kernels_per_step"], _, row["gpu_idle_us"], _ = kernels(lambda: candidates[row["config"]](*batch, cache))  # noqa: B023
     return rows
 
 

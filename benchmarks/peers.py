@@ -10,8 +10,6 @@ were used is read from inductor's own counter of skipped graphs, not assumed.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -79,23 +77,3 @@ def reduce_overhead_row(setup, timed) -> tuple[dict, ReduceOverhead]:
         "max_err_vs_eager": worst,
         "slowest": slowest_steps(setup, latencies),
     }, compiled
-
-
-def main(argv=None) -> None:
-    """Run the peer on the serving trace and the batch-8 decode; write JSON to --out."""
-    from ._serving_trace import Setup, decode_rows, step_timer
-
-    parser = argparse.ArgumentParser(description="torch.compile reduce-overhead on the serving trace")
-    parser.add_argument("--requests", type=int, default=48)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    setup = Setup(True, args.requests, args.seed)
-    row, compiled = reduce_overhead_row(setup, step_timer(True))
-    decode = decode_rows(setup, {"torch.compile reduce-overhead": compiled}, 8)[0]
-    with open(args.out, "w") as f:
-        json.dump({"row": row, "decode": decode}, f)
-
-
-if __name__ == "__main__":
-    main()

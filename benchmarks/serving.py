@@ -2,7 +2,9 @@
 (`benchmarks/trace.py`: arrivals over time, chunked prefills mixed with decodes, batch
 sizes from 1 up, some speculative-decode steps) under every graphify mode, graphify over
 inductor-compiled pieces (FULL_AND_PIECEWISE and FULL), and torch.compile(mode="reduce-overhead"); then a batch-8
-decode step of the peers side by side.
+decode step of the peers side by side. The graphify modes run in this process; the
+peer-compared configurations (graphify + inductor, reduce-overhead) each in a process of
+their own, twice (cold, then with torch's compile caches on disk warm).
 
 Per configuration: tokens per second, step latency p50/p99, start-up seconds (split +
 capture), graph pool MiB, padding waste, share of steps per runtime mode, and the largest
@@ -69,50 +71,68 @@ def graphify_start(setup: Setup, mode: str, inductor: bool, timed, name: str = "
     return g, startup, max(worst, worst2), latencies
 
 
-def second_process_startup(which: str, num_requests: int, seed: int) -> float | None:
-    """Start-up seconds of graphify + inductor ("graphify": FULL_AND_PIECEWISE, "graphify-full":
-    FULL) or reduce-overhead ("ro") in
-    a new process on this machine: torch's compile caches on disk are warm now."""
-    import json
-    import subprocess
-
-    done = subprocess.run([sys.executable, "-m", "benchmarks.serving", "--startup-only", which, "--requests",
-                           str(num_requests), "--seed", str(seed)], capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode != 0 or not lines:
-        print(f"second-process start-up of {which} failed: {done.stderr[-800:]}", file=sys.stderr)
-        return None
-    return json.loads(lines[-1])["startup_s"]
+OWN_PROCESS = {  # the peer-compared configurations, each run in a process of its own
+    "graphify": "graphify FULL_AND_PIECEWISE + inductor",
+    "graphify-full": "graphify FULL + inductor",
+    "ro": "torch.compile reduce-overhead",
+}
 
 
-def startup_only(which: str, num_requests: int, seed: int) -> dict:
-    """This process's start-up for `which` (see `second_process_startup`)."""
-    setup = Setup(True, num_requests, seed)
-    if which in ("graphify", "graphify-full"):
-        mode = "FULL_AND_PIECEWISE" if which == "graphify" else "FULL"
-        return {"startup_s": graphify_start(setup, mode, True, step_timer(True))[1]}
-    from .peers import reduce_overhead_row
-
-    row, _ = reduce_overhead_row(setup, step_timer(True))
-    return {"startup_s": row["startup_s"]}
-
-
-def run_peer(num_requests: int, seed: int) -> tuple[dict, dict]:
-    """torch.compile reduce-overhead on the same trace and decode batch, in its own
-    process: graphs of inductor kernels captured by graphify crash (illegal address) once
-    reduce-overhead has compiled the same code in the same process, so peers never share
-    one (see benchmarks/peers.py)."""
+def in_own_process(which: str, num_requests: int, seed: int, decode: bool = True) -> dict | None:
+    """`own_process_run(which)` in a new process on this machine: {"row", "decode"}, or None
+    if it failed. Each peer-compared configuration runs alone, as a user runs one: a process
+    that ran other configurations first steps slower (batch-8 decode 1.26-1.27 ms for
+    graphify + inductor and 1.29-1.30 for reduce-overhead in one process, against 1.16 and
+    1.21 each alone, one H100), and graphs of inductor kernels captured by graphify crash
+    (illegal address) once reduce-overhead has compiled the same code in the same process."""
     import json
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        out = f"{tmp}/peer.json"
-        subprocess.run([sys.executable, "-m", "benchmarks.peers", "--requests", str(num_requests), "--seed", str(seed),
-                        "--out", out], check=True)
+        out = f"{tmp}/{which}.json"
+        done = subprocess.run([sys.executable, "-m", "benchmarks.serving", "--own-process", which, "--out", out,
+                               "--requests", str(num_requests), "--seed", str(seed)] + ([] if decode else ["--no-decode"]),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900)
+        if done.returncode != 0:
+            print(f"{which} in its own process failed: {done.stderr[-800:]}", file=sys.stderr)
+            return None
         with open(out) as f:
-            result = json.load(f)
-    return result["row"], result["decode"]
+            return json.load(f)
+
+
+def own_process_run(which: str, num_requests: int, seed: int, decode: bool = True) -> dict:
+    """The body of `in_own_process`: one configuration's row (start-up, tokens/s, p99) and,
+    with `decode`, its batch-8 decode rows."""
+    setup = Setup(True, num_requests, seed)
+    timed = step_timer(True)
+    name = OWN_PROCESS[which]
+    if which == "ro":
+        from .peers import reduce_overhead_row
+
+        row, call = reduce_overhead_row(setup, timed)
+    else:
+        row, call = graphify_row(setup, "FULL_AND_PIECEWISE" if which == "graphify" else "FULL", timed, inductor=True)
+    rows = decode_rows(setup, {name: call}, 8) if decode else []
+    if decode and which == "graphify":  # the same, with the batch already in graphify's static buffers
+        rows.append(static_inputs_row(setup, call, 8))
+    return {"row": row, "decode": rows}
+
+
+def static_inputs_row(setup: Setup, g, b: int) -> dict:
+    """Batch-`b` decode of graphify `g` with the batch already in its static buffers:
+    the step without the input copies."""
+    static = g.static_inputs(b, b)
+    batch = setup.decode_batch(b)
+    for dst, src in zip(static, batch):
+        dst.copy_(src)
+    with torch.inference_mode():
+        ref = setup.step(*batch, setup.cache).float()
+        err = (g(*static).float() - ref).abs().max().item()
+        row = {"config": "graphify F&P + inductor, static inputs", "step_ms": time_per_call(lambda i: g(*static)),
+               "host_us": host_pipelined_us(lambda i: g(*static)), "max_err_vs_eager": err}
+        row["kernels_per_step"], _, row["gpu_idle_us"], _ = kernels(lambda: g(*static))  # last: the profiler slows what follows
+        return row
 
 
 def run(num_requests: int = 48, seed: int = 0) -> dict:
@@ -129,42 +149,30 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
         del g
         print(f"{row['config']}: {row['tokens_per_s']:.0f} tok/s", file=sys.stderr)
     if gpu:  # inductor needs a GPU toolchain here; the peer is CUDA-only
-        row, inductor = graphify_row(setup, "FULL_AND_PIECEWISE", timed, inductor=True)
-        rows.append(row)
-        b = 8
-        static = inductor.static_inputs(b, b)
-        batch = setup.decode_batch(b)
-        for dst, src in zip(static, batch):
-            dst.copy_(src)
-        decode = decode_rows(setup, {
-            "eager": setup.step,
-            "graphify FULL_AND_PIECEWISE": plain,
-            "graphify FULL_AND_PIECEWISE + inductor": inductor,
-        }, b)
-        with torch.inference_mode():  # the same, with the batch already in graphify's static buffers
-            ref = setup.step(*batch, setup.cache).float()
-            err = (inductor(*static).float() - ref).abs().max().item()
-            decode.append({"config": "graphify F&P + inductor, static inputs",
-                           "step_ms": time_per_call(lambda i: inductor(*static)),
-                           "host_us": host_pipelined_us(lambda i: inductor(*static)), "max_err_vs_eager": err,
-                           "kernels_per_step": kernels(lambda: inductor(*static))[0]})  # last: the profiler slows what follows
-        del plain, inductor, static
-        # The reference model's attention op captures into FULL graphs at every batch, so FULL
-        # graphs of the same compiled pieces serve the mixed steps too: one launch a step, no
-        # eager attention between pieces. Its pieces are the row above's compiles (caches warm).
-        row, full = graphify_row(setup, "FULL", timed, inductor=True)
-        rows.append(row)
-        del full
-        peer_row, peer_decode = run_peer(num_requests, seed)
-        rows.append(peer_row)
-        for which, mode in (("graphify", "FULL_AND_PIECEWISE"), ("graphify-full", "FULL")):
-            by_name = next(r for r in rows if r["config"] == f"graphify {mode} + inductor (specialised)")
-            by_name["startup_s_again"] = second_process_startup(which, num_requests, seed)
-        peer_row["startup_s_again"] = second_process_startup("ro", num_requests, seed)
-        decode.insert(1, peer_decode)
-        for r in decode:
-            r["step_vs_reduce_overhead"] = r["step_ms"] / peer_decode["step_ms"]
-            r["host_vs_reduce_overhead"] = r["host_us"] / peer_decode["host_us"]
+        decode = decode_rows(setup, {"eager": setup.step, "graphify FULL_AND_PIECEWISE": plain}, 8)
+        del plain
+        # The peer-compared configurations, each alone in a new process, then once more in
+        # another (torch's compile caches on disk warm: the next-process start-up). FULL +
+        # inductor runs after F&P + inductor: its pieces are the same compiles, so its own
+        # start-up is warm too. The reference model's attention op captures into FULL graphs
+        # at every batch, so FULL graphs of the compiled pieces serve mixed steps too.
+        peer_decode = None
+        for which in OWN_PROCESS:
+            first = in_own_process(which, num_requests, seed)
+            if first is None:
+                continue
+            again = in_own_process(which, num_requests, seed, decode=False)
+            first["row"]["startup_s_again"] = None if again is None else again["row"]["startup_s"]
+            rows.append(first["row"])
+            decode.extend(first["decode"])
+            print(f"{first['row']['config']}: {first['row']['tokens_per_s']:.0f} tok/s", file=sys.stderr)
+            if which == "ro":
+                peer_decode = first["decode"][0]
+        if peer_decode is not None:
+            decode.sort(key=lambda r: r["config"] != "eager" and r["config"] != OWN_PROCESS["ro"])  # eager, peer, ours
+            for r in decode:
+                r["step_vs_reduce_overhead"] = r["step_ms"] / peer_decode["step_ms"]
+                r["host_vs_reduce_overhead"] = r["host_us"] / peer_decode["host_us"]
     kinds = {k: sum(s.kind == k for s in setup.steps) for k in ("prefill", "mixed", "decode", "spec")}
     by = {r["config"]: r for r in rows}
     fp, pw, none = (by[f"graphify {m}"]["tokens_per_s"] for m in ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE"))
@@ -182,7 +190,8 @@ COLUMNS = [("config", "configuration", "s"), ("tokens_per_s", "tokens/s", ".0f")
            ("padding_waste_pct", "padding %", ".1f"), ("steps_full_pct", "FULL %", ".0f"),
            ("steps_piecewise_pct", "PIECEWISE %", ".0f"), ("steps_none_pct", "NONE %", ".0f"),
            ("uses_graphs", "uses graphs", "s"), ("max_err_vs_eager", "max err vs eager", ".3g")]
-DECODE_COLUMNS = [("config", "batch-8 decode", "s"), ("kernels_per_step", "kernels/step", ".0f"), ("step_ms", "step ms", ".3f"),
+DECODE_COLUMNS = [("config", "batch-8 decode", "s"), ("kernels_per_step", "kernels/step", ".0f"),
+                  ("gpu_idle_us", "GPU idle µs/step", ".0f"), ("step_ms", "step ms", ".3f"),
                   ("step_vs_reduce_overhead", "step ÷ reduce-overhead", ".3f"), ("host_us", "host µs/step", ".1f"),
                   ("host_vs_reduce_overhead", "host ÷ reduce-overhead", ".3f"),
                   ("max_err_vs_eager", "max err vs eager", ".3g")]
@@ -200,7 +209,7 @@ def render(result: dict) -> str:
     lines.append(f"\nFULL_AND_PIECEWISE tokens/s: {r['fp_vs_piecewise']:.2f}x PIECEWISE, {r['fp_vs_none']:.2f}x NONE (eager).")
     if result["decode"]:
         lines.append("\nBatch-8 decode step (KV length 256): kernels a step (torch.profiler, inside graph replays too), "
-                     "step time with CUDA events over back-to-back steps; host µs to issue one step while the device "
+                     "GPU idle: time between kernels (same profile); step time with CUDA events over back-to-back steps; host µs to issue one step while the device "
                      "is busy (medians).\n")
         lines.append(table(result["decode"], DECODE_COLUMNS))
     slow = [(r["config"], r["slowest"]) for r in result["rows"] if r.get("slowest")]
@@ -214,7 +223,8 @@ def render(result: dict) -> str:
                  "(what the first calls pay once); for torch.compile its first pass over the trace "
                  "(compile, recompiles, graph recordings) less a steady pass; 'next process': the same in a new "
                  "process on this machine, torch's compile caches on disk warm (the FULL + inductor row's own start-up "
-                 "is warm too: its pieces are the row above's compiles). Graph MiB: graphify's pool as its "
+                 "is warm too: its pieces are the row above's compiles). The + inductor rows and torch.compile's, "
+                 "trace and decode step, each ran in a process of its own. Graph MiB: graphify's pool as its "
                  "allocator counts it; torch.compile's growth of torch.cuda.memory_reserved(). Max err: largest "
                  "|logit - eager| over every step (bf16 on the GPU; inductor rounds differently).")
     return "\n".join(lines)
@@ -224,13 +234,17 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--startup-only", choices=("graphify", "graphify-full", "ro"), help=argparse.SUPPRESS)
+    parser.add_argument("--own-process", choices=tuple(OWN_PROCESS), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--no-decode", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.startup_only:
+    if args.own_process:
         import json
 
-        print(json.dumps(startup_only(args.startup_only, args.requests, args.seed)), flush=True)
-        return {}
+        result = own_process_run(args.own_process, args.requests, args.seed, decode=not args.no_decode)
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+        return result
     result = run(args.requests, args.seed)
     markdown = render(result)
     env = result["env"]
