@@ -4,7 +4,7 @@ of prefill and decode) with an online softmax over its request's blocks. Few lau
 matter here: split ops run eagerly between piecewise graphs, so their launch count is
 host time per layer; so is each launch's cost, and after the first launch of a
 specialisation the op launches Triton's compiled kernel directly (`launch_key` says when
-two calls may share one), ~20 us of host a launch instead of ~40 on the H100.
+two calls may share one), 20-28 us of host a launch instead of ~40 on the H100.
 
 The torch implementation in `attention.py` is the reference (and the CPU path); the CUDA
 tests compare the two.
