@@ -15,7 +15,7 @@ def plot_serving(rows: Sequence[dict], path: Path, title: str) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    names = [r["config"] for r in rows]
+    names = [r["config"] + (f" ({r['process']} process)" if r.get("process") else "") for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.5 * len(rows) + 1.8), sharey=True)
     colors = ["#4c72b0" if n.startswith("graphify") else "#dd8452" for n in names]
     for ax, key, label in ((left, "tokens_per_s", "tokens / s (higher is better)"),

@@ -78,7 +78,7 @@ OWN_PROCESS = {  # the peer-compared configurations, each run in a process of it
 }
 
 
-def in_own_process(which: str, num_requests: int, seed: int, decode: bool = True) -> dict | None:
+def in_own_process(which: str, num_requests: int, seed: int) -> dict | None:
     """`own_process_run(which)` in a new process on this machine: {"row", "decode"}, or None
     if it failed. Each peer-compared configuration runs alone, as a user runs one: a process
     that ran other configurations first steps slower (batch-8 decode 1.26-1.27 ms for
@@ -92,7 +92,7 @@ def in_own_process(which: str, num_requests: int, seed: int, decode: bool = True
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/{which}.json"
         done = subprocess.run([sys.executable, "-m", "benchmarks.serving", "--own-process", which, "--out", out,
-                               "--requests", str(num_requests), "--seed", str(seed)] + ([] if decode else ["--no-decode"]),
+                               "--requests", str(num_requests), "--seed", str(seed)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900)
         if done.returncode != 0:
             print(f"{which} in its own process failed: {done.stderr[-800:]}", file=sys.stderr)
@@ -101,9 +101,9 @@ def in_own_process(which: str, num_requests: int, seed: int, decode: bool = True
             return json.load(f)
 
 
-def own_process_run(which: str, num_requests: int, seed: int, decode: bool = True) -> dict:
-    """The body of `in_own_process`: one configuration's row (start-up, tokens/s, p99) and,
-    with `decode`, its batch-8 decode rows."""
+def own_process_run(which: str, num_requests: int, seed: int) -> dict:
+    """The body of `in_own_process`: one configuration's row (start-up, tokens/s, p99) and
+    its batch-8 decode rows."""
     setup = Setup(True, num_requests, seed)
     timed = step_timer(True)
     name = OWN_PROCESS[which]
@@ -113,8 +113,8 @@ def own_process_run(which: str, num_requests: int, seed: int, decode: bool = Tru
         row, call = reduce_overhead_row(setup, timed)
     else:
         row, call = graphify_row(setup, "FULL_AND_PIECEWISE" if which == "graphify" else "FULL", timed, inductor=True)
-    rows = decode_rows(setup, {name: call}, 8) if decode else []
-    if decode and which == "graphify":  # the same, with the batch already in graphify's static buffers
+    rows = decode_rows(setup, {name: call}, 8)
+    if which == "graphify":  # the same, with the batch already in graphify's static buffers
         rows.append(static_inputs_row(setup, call, 8))
     return {"row": row, "decode": rows}
 
@@ -135,6 +135,31 @@ def static_inputs_row(setup: Setup, g, b: int) -> dict:
         return row
 
 
+def merge_own_processes(rows: list, decode: list, runs: list) -> None:
+    """Add each (which, "1st" | "2nd", result or None) run's row and decode rows, marked by
+    process, with ratios against reduce-overhead's run in the same process kind (eager's and
+    this process's decode rows: against its 1st); decode rows ordered eager, peer, ours."""
+    peer = {}
+    for which, process, result in runs:
+        if result is None:
+            continue
+        for r in [result["row"], *result["decode"]]:
+            r["process"] = process
+        rows.append(result["row"])
+        decode.extend(result["decode"])
+        if which == "ro":
+            peer[process] = (result["row"], result["decode"][0])
+    for r in rows:
+        if r.get("process") in peer:
+            r["tokens_vs_reduce_overhead"] = r["tokens_per_s"] / peer[r["process"]][0]["tokens_per_s"]
+    for r in decode:
+        ro = peer.get(r.get("process", "1st"))
+        if ro is not None:
+            r["step_vs_reduce_overhead"] = r["step_ms"] / ro[1]["step_ms"]
+            r["host_vs_reduce_overhead"] = r["host_us"] / ro[1]["host_us"]
+    decode.sort(key=lambda r: (r["config"] != "eager", r["config"] != OWN_PROCESS["ro"]))
+
+
 def run(num_requests: int = 48, seed: int = 0) -> dict:
     env = environment()
     gpu = env["gpu"]
@@ -151,28 +176,16 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
     if gpu:  # inductor needs a GPU toolchain here; the peer is CUDA-only
         decode = decode_rows(setup, {"eager": setup.step, "graphify FULL_AND_PIECEWISE": plain}, 8)
         del plain
-        # The peer-compared configurations, each alone in a new process, then once more in
-        # another (torch's compile caches on disk warm: the next-process start-up). FULL +
-        # inductor runs after F&P + inductor: its pieces are the same compiles, so its own
-        # start-up is warm too. The reference model's attention op captures into FULL graphs
-        # at every batch, so FULL graphs of the compiled pieces serve mixed steps too.
-        peer_decode = None
-        for which in OWN_PROCESS:
-            first = in_own_process(which, num_requests, seed)
-            if first is None:
-                continue
-            again = in_own_process(which, num_requests, seed, decode=False)
-            first["row"]["startup_s_again"] = None if again is None else again["row"]["startup_s"]
-            rows.append(first["row"])
-            decode.extend(first["decode"])
-            print(f"{first['row']['config']}: {first['row']['tokens_per_s']:.0f} tok/s", file=sys.stderr)
-            if which == "ro":
-                peer_decode = first["decode"][0]
-        if peer_decode is not None:
-            decode.sort(key=lambda r: r["config"] != "eager" and r["config"] != OWN_PROCESS["ro"])  # eager, peer, ours
-            for r in decode:
-                r["step_vs_reduce_overhead"] = r["step_ms"] / peer_decode["step_ms"]
-                r["host_vs_reduce_overhead"] = r["host_us"] / peer_decode["host_us"]
+        # The peer-compared configurations, each alone in a new process, twice: the 1st
+        # process compiles with the caches as this run found them (cold on a fresh machine),
+        # the 2nd loads its compiles from torch's caches on disk. Both are what users meet:
+        # the first start, every start after. FULL + inductor runs after F&P + inductor, whose
+        # compiles are its pieces, so its 1st process is warm already. The reference model's
+        # attention op captures into FULL graphs at every batch, so FULL graphs of the
+        # compiled pieces serve mixed steps too.
+        runs = [(which, process, in_own_process(which, num_requests, seed))
+                for which in OWN_PROCESS for process in ("1st", "2nd")]
+        merge_own_processes(rows, decode, runs)
     kinds = {k: sum(s.kind == k for s in setup.steps) for k in ("prefill", "mixed", "decode", "spec")}
     by = {r["config"]: r for r in rows}
     fp, pw, none = (by[f"graphify {m}"]["tokens_per_s"] for m in ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE"))
@@ -184,13 +197,13 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
                        "attention": ATTENTION}}
 
 
-COLUMNS = [("config", "configuration", "s"), ("tokens_per_s", "tokens/s", ".0f"), ("p50_ms", "p50 ms", ".3f"),
-           ("p99_ms", "p99 ms", ".3f"), ("startup_s", "start-up s", ".2f"),
-           ("startup_s_again", "start-up s, next process", ".2f"), ("graph_mib", "graph MiB", ".1f"),
+COLUMNS = [("config", "configuration", "s"), ("process", "process", "s"), ("tokens_per_s", "tokens/s", ".0f"),
+           ("tokens_vs_reduce_overhead", "÷ reduce-overhead", ".3f"), ("p50_ms", "p50 ms", ".3f"),
+           ("p99_ms", "p99 ms", ".3f"), ("startup_s", "start-up s", ".2f"), ("graph_mib", "graph MiB", ".1f"),
            ("padding_waste_pct", "padding %", ".1f"), ("steps_full_pct", "FULL %", ".0f"),
            ("steps_piecewise_pct", "PIECEWISE %", ".0f"), ("steps_none_pct", "NONE %", ".0f"),
            ("uses_graphs", "uses graphs", "s"), ("max_err_vs_eager", "max err vs eager", ".3g")]
-DECODE_COLUMNS = [("config", "batch-8 decode", "s"), ("kernels_per_step", "kernels/step", ".0f"),
+DECODE_COLUMNS = [("config", "batch-8 decode", "s"), ("process", "process", "s"), ("kernels_per_step", "kernels/step", ".0f"),
                   ("gpu_idle_us", "GPU idle µs/step", ".0f"), ("step_ms", "step ms", ".3f"),
                   ("step_vs_reduce_overhead", "step ÷ reduce-overhead", ".3f"), ("host_us", "host µs/step", ".1f"),
                   ("host_vs_reduce_overhead", "host ÷ reduce-overhead", ".3f"),
@@ -212,7 +225,8 @@ def render(result: dict) -> str:
                      "GPU idle: time between kernels (same profile); step time with CUDA events over back-to-back steps; host µs to issue one step while the device "
                      "is busy (medians).\n")
         lines.append(table(result["decode"], DECODE_COLUMNS))
-    slow = [(r["config"], r["slowest"]) for r in result["rows"] if r.get("slowest")]
+    slow = [(r["config"] + (f" ({r['process']} process)" if r.get("process") else ""), r["slowest"])
+            for r in result["rows"] if r.get("slowest")]
     if slow:
         lines.append("\nSlowest steps (step index, kind, tokens, requests, ms, where it ran):\n")
         for config, steps in slow:
@@ -221,10 +235,11 @@ def render(result: dict) -> str:
                 + (f" ({s['ran_as']})" if s.get("ran_as") else "") for s in steps))
     lines.append("\nStart-up: for graphify split + capture, then its first pass over the trace less a steady pass "
                  "(what the first calls pay once); for torch.compile its first pass over the trace "
-                 "(compile, recompiles, graph recordings) less a steady pass; 'next process': the same in a new "
-                 "process on this machine, torch's compile caches on disk warm (the FULL + inductor row's own start-up "
-                 "is warm too: its pieces are the row above's compiles). The + inductor rows and torch.compile's, "
-                 "trace and decode step, each ran in a process of its own. Graph MiB: graphify's pool as its "
+                 "(compile, recompiles, graph recordings) less a steady pass. Process: the + inductor "
+                 "configurations and torch.compile's each ran alone in a new process, twice: the 1st compiled with the "
+                 "caches as the run found them (cold on a fresh machine; FULL + inductor's are F&P + inductor's "
+                 "compiles, so warm), the 2nd loaded its compiles from torch's caches on disk; ÷ reduce-overhead "
+                 "compares with its run in the same process kind. Graph MiB: graphify's pool as its "
                  "allocator counts it; torch.compile's growth of torch.cuda.memory_reserved(). Max err: largest "
                  "|logit - eager| over every step (bf16 on the GPU; inductor rounds differently).")
     return "\n".join(lines)
@@ -236,12 +251,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--own-process", choices=tuple(OWN_PROCESS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--no-decode", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.own_process:
         import json
 
-        result = own_process_run(args.own_process, args.requests, args.seed, decode=not args.no_decode)
+        result = own_process_run(args.own_process, args.requests, args.seed)
         with open(args.out, "w") as f:
             json.dump(result, f)
         return result

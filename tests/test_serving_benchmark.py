@@ -20,3 +20,37 @@ def test_every_mode_runs_the_trace_and_matches_eager():
     assert rows["graphify NONE"]["steps_none_pct"] == 100
     assert rows["graphify FULL_AND_PIECEWISE"]["steps_full_pct"] > 0 and rows["graphify FULL_AND_PIECEWISE"]["steps_piecewise_pct"] > 0
     assert "CPU-only" in serving.render(result)
+
+
+def test_own_process_runs_compare_with_the_peer_in_the_same_process_kind():
+    import random
+
+    rnd = random.Random(7)
+
+    def result(config):
+        row = {"config": config, "tokens_per_s": rnd.uniform(1e4, 6e4)}
+        return {"row": row, "decode": [{"config": config, "step_ms": rnd.uniform(1, 2), "host_us": rnd.uniform(20, 500)}]}
+
+    names = serving.OWN_PROCESS
+    runs = [(w, p, result(names[w])) for w in names for p in ("1st", "2nd")]
+    runs[1] = ("graphify", "2nd", None)  # a failed process leaves its rows out, nothing else
+    rows = [{"config": "graphify FULL", "tokens_per_s": 1.0}]
+    decode = [{"config": "graphify FULL_AND_PIECEWISE", "step_ms": 2.0, "host_us": 30.0},
+              {"config": "eager", "step_ms": 9.0, "host_us": 9000.0}]
+    serving.merge_own_processes(rows, decode, runs)
+    peer = {p: r for w, p, r in runs if w == "ro"}
+    assert len(rows) == 1 + 5 and "tokens_vs_reduce_overhead" not in rows[0]
+    for r in rows[1:]:
+        want = r["tokens_per_s"] / peer[r["process"]]["row"]["tokens_per_s"]
+        assert abs(r["tokens_vs_reduce_overhead"] - want) < 1e-12
+    assert [d["config"] for d in decode[:3]] == ["eager", names["ro"], names["ro"]]
+    for d in decode:
+        ro = peer[d.get("process", "1st")]["decode"][0]
+        assert abs(d["step_vs_reduce_overhead"] - d["step_ms"] / ro["step_ms"]) < 1e-12
+        assert abs(d["host_vs_reduce_overhead"] - d["host_us"] / ro["host_us"]) < 1e-12
+    assert {d.get("process") for d in decode} == {None, "1st", "2nd"}
+    text = serving.render({"env": {"gpu": True}, "rows": rows, "decode": decode,
+                           "trace": {"requests": 6, "seed": 3, "steps": 9, "tokens": 99, "max_batch_tokens": 64,
+                                     "step_kinds": {}},
+                           "ratios": {"fp_vs_piecewise": 1.0, "fp_vs_none": 2.0}})
+    assert text.count("| 2nd |") == 4 and text.count("| 1st |") == 6  # 2 + 3 rows, 2 + 3 decode rows
