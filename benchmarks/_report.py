@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
 import collections
 import datetime as _dt
 import json
+import os
 import platform
 import re
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -127,6 +131,19 @@ def write(name: str, env: dict, payload: dict, markdown: str) -> tuple[Path, Pat
     stamp = ", ".join(f"{k} {v}" for k, v in env.items() if k != "gpu" and v is not None)
     md_path.write_text(f"# {name}\n\n{stamp}\n\n{markdown}\n")
     return json_path, md_path
+
+
+def fresh_compile_caches() -> None:
+    """Point inductor's and Triton's on-disk caches at new empty folders (removed when the
+    process exits) and clear inductor's in-memory caches: what compiles next compiles cold."""
+    for var, prefix in (("TORCHINDUCTOR_CACHE_DIR", "inductor-"), ("TRITON_CACHE_DIR", "triton-")):
+        folder = tempfile.mkdtemp(prefix=prefix)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ[var] = folder
+    from torch._inductor import utils
+
+    if hasattr(utils, "clear_caches"):  # what inductor's own fresh_cache() does
+        utils.clear_caches()
 
 
 def kernels(call, steps: int = 5) -> tuple[float, float, float, list[tuple[str, int, float]]]:

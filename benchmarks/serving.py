@@ -4,7 +4,8 @@ sizes from 1 up, some speculative-decode steps) under every graphify mode, graph
 inductor-compiled pieces (FULL_AND_PIECEWISE and FULL), and torch.compile(mode="reduce-overhead"); then a batch-8
 decode step of the peers side by side. The graphify modes run in this process; the
 peer-compared configurations (graphify + inductor, reduce-overhead) each in a process of
-their own, twice (cold, then with torch's compile caches on disk warm).
+their own, twice (the 1st with torch's compile caches on disk as the processes before it
+left them, the 2nd loading its own compiles from them).
 
 Per configuration: tokens per second, step latency p50/p99, start-up seconds (split +
 capture), graph pool MiB, padding waste, share of steps per runtime mode, and the largest
@@ -34,7 +35,7 @@ from ._report import RESULTS, device_slug, environment, host_pipelined_us, kerne
 from ._serving_trace import ATTENTION, MODES, Setup, _percentile, decode_rows, run_trace, slowest_steps, step_timer
 
 def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tuple[dict, object]:
-    name = f"graphify {mode}" + (" + inductor (specialised)" if inductor else "")
+    name = f"graphify {mode}" + (" + inductor" if inductor else "")  # compiled pieces, specialised sizes
     g, startup, worst, latencies = graphify_start(setup, mode, inductor, timed, name)
     calls = len(setup.batches)
     by_mode = {r.mode: r.calls / 2 for r in g.stats.by_mode()}  # checked once, timed once
@@ -91,14 +92,18 @@ def in_own_process(which: str, num_requests: int, seed: int) -> dict | None:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/{which}.json"
-        done = subprocess.run([sys.executable, "-m", "benchmarks.serving", "--own-process", which, "--out", out,
-                               "--requests", str(num_requests), "--seed", str(seed)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900)
-        if done.returncode != 0:
-            print(f"{which} in its own process failed: {done.stderr[-800:]}", file=sys.stderr)
+        try:
+            done = subprocess.run([sys.executable, "-m", "benchmarks.serving", "--own-process", which, "--out", out,
+                                   "--requests", str(num_requests), "--seed", str(seed)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900)
+            if done.returncode != 0:
+                print(f"{which} in its own process failed: {done.stderr[-800:]}", file=sys.stderr)
+                return None
+            with open(out) as f:
+                return json.load(f)
+        except (subprocess.TimeoutExpired, OSError, json.JSONDecodeError) as e:  # the run goes on without this row
+            print(f"{which} in its own process gave no result: {e!r}", file=sys.stderr)
             return None
-        with open(out) as f:
-            return json.load(f)
 
 
 def own_process_run(which: str, num_requests: int, seed: int) -> dict:
@@ -115,13 +120,13 @@ def own_process_run(which: str, num_requests: int, seed: int) -> dict:
         row, call = graphify_row(setup, "FULL_AND_PIECEWISE" if which == "graphify" else "FULL", timed, inductor=True)
     rows = decode_rows(setup, {name: call}, 8)
     if which == "graphify":  # the same, with the batch already in graphify's static buffers
-        rows.append(static_inputs_row(setup, call, 8))
+        rows.append(static_inputs_row(setup, call, 8, name))
     return {"row": row, "decode": rows}
 
 
-def static_inputs_row(setup: Setup, g, b: int) -> dict:
-    """Batch-`b` decode of graphify `g` with the batch already in its static buffers:
-    the step without the input copies."""
+def static_inputs_row(setup: Setup, g, b: int, name: str) -> dict:
+    """Batch-`b` decode of graphify `g` (row `name`) with the batch already in its static
+    buffers: the step without the input copies."""
     static = g.static_inputs(b, b)
     batch = setup.decode_batch(b)
     for dst, src in zip(static, batch):
@@ -129,7 +134,7 @@ def static_inputs_row(setup: Setup, g, b: int) -> dict:
     with torch.inference_mode():
         ref = setup.step(*batch, setup.cache).float()
         err = (g(*static).float() - ref).abs().max().item()
-        row = {"config": "graphify F&P + inductor, static inputs", "step_ms": time_per_call(lambda i: g(*static)),
+        row = {"config": f"{name}, static inputs", "step_ms": time_per_call(lambda i: g(*static)),
                "host_us": host_pipelined_us(lambda i: g(*static)), "max_err_vs_eager": err}
         row["kernels_per_step"], _, row["gpu_idle_us"], _ = kernels(lambda: g(*static))  # last: the profiler slows what follows
         return row
@@ -177,10 +182,11 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
         decode = decode_rows(setup, {"eager": setup.step, "graphify FULL_AND_PIECEWISE": plain}, 8)
         del plain
         # The peer-compared configurations, each alone in a new process, twice: the 1st
-        # process compiles with the caches as this run found them (cold on a fresh machine),
-        # the 2nd loads its compiles from torch's caches on disk. Both are what users meet:
-        # the first start, every start after. FULL + inductor runs after F&P + inductor, whose
-        # compiles are its pieces, so its 1st process is warm already. The reference model's
+        # process compiles with torch's on-disk caches as the processes before it left them,
+        # the 2nd loads its own compiles from them: the first start, every start after. On
+        # a fresh machine F&P + inductor's 1st compiles cold; FULL + inductor's 1st finds
+        # F&P's compiles of the same pieces; reduce-overhead's 1st compiles its whole step
+        # cold, though Triton kernels the pieces share with it may be on disk already. The reference model's
         # attention op captures into FULL graphs at every batch, so FULL graphs of the
         # compiled pieces serve mixed steps too.
         runs = [(which, process, in_own_process(which, num_requests, seed))
@@ -236,10 +242,12 @@ def render(result: dict) -> str:
     lines.append("\nStart-up: for graphify split + capture, then its first pass over the trace less a steady pass "
                  "(what the first calls pay once); for torch.compile its first pass over the trace "
                  "(compile, recompiles, graph recordings) less a steady pass. Process: the + inductor "
-                 "configurations and torch.compile's each ran alone in a new process, twice: the 1st compiled with the "
-                 "caches as the run found them (cold on a fresh machine; FULL + inductor's are F&P + inductor's "
-                 "compiles, so warm), the 2nd loaded its compiles from torch's caches on disk; ÷ reduce-overhead "
-                 "compares with its run in the same process kind. Graph MiB: graphify's pool as its "
+                 "configurations and torch.compile's each ran alone in a new process, twice, in the table's order: the "
+                 "1st compiled with torch's on-disk caches as the processes before it left them (on a fresh machine "
+                 "F&P + inductor's cold; FULL + inductor's found F&P's compiles of the same pieces; reduce-overhead's "
+                 "whole-step compile its own, with Triton kernels it shares with the pieces possibly cached), the 2nd "
+                 "loaded its own compiles from them; ÷ reduce-overhead compares with reduce-overhead's run in the same "
+                 "process kind, and the rows without a process (this process) with its 1st. Graph MiB: graphify's pool as its "
                  "allocator counts it; torch.compile's growth of torch.cuda.memory_reserved(). Max err: largest "
                  "|logit - eager| over every step (bf16 on the GPU; inductor rounds differently).")
     return "\n".join(lines)
@@ -252,6 +260,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--own-process", choices=tuple(OWN_PROCESS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.own_process and not args.out:
+        parser.error("--own-process needs --out (the JSON file its result is written to)")
     if args.own_process:
         import json
 

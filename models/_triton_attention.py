@@ -31,7 +31,7 @@ __all__ = ["paged_attention", "launch_key"]
 # launch that compiled kernel directly, with raw pointers (no per-call binding).
 # `CompiledKernel.run`'s arguments are Triton's private launcher API and change between
 # releases, so the direct path is on only for the release it was written and tested on.
-_FAST = knobs is not None and triton.__version__.startswith("3.6.")
+_FAST = knobs is not None and triton.__version__.startswith("3.6.") and torch.version.hip is None  # CUDA's launcher
 _COMPILED: dict = {}
 
 
@@ -126,6 +126,9 @@ def paged_attention(q, k, v, kv_cache, layer: int, slot_mapping, positions, quer
     tensors = (q, k, v, out, block_tables, query_lens, positions, slot_mapping)
     fast = _FAST and _no_launch_hooks()  # launch hooks (profilers) go through Triton
     if fast:
+        if not -kv_cache.shape[0] <= layer < kv_cache.shape[0]:  # what kv_cache[layer] would raise below
+            raise IndexError(f"layer {layer} is out of range for a KV cache of {kv_cache.shape[0]} layers")
+        layer %= kv_cache.shape[0]
         es = kv_cache.element_size()
         kc = kv_cache.data_ptr() + layer * kv_cache.stride(0) * es  # kv_cache[layer][0], no view made
         ptrs = (tensors[0].data_ptr(), tensors[1].data_ptr(), tensors[2].data_ptr(), kc, kc + kv_cache.stride(1) * es,

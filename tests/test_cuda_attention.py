@@ -60,11 +60,13 @@ def test_triton_kernels_in_bfloat16_are_as_close_to_float32_as_the_torch_path(mo
 def test_direct_launches_share_a_kernel_only_where_triton_would(monkeypatch):
     """The fast launch path reuses a compiled kernel for every call with the same
     `launch_key`: that is only right if calls with one key get one Triton specialisation.
-    Over arguments that move every specialised property (pointer alignment, ints of 1,
-    multiples of 16, other), equal keys must mean equal specialisations, and the direct
-    launches must equal Triton's own."""
+    Over bfloat16 arguments that move q's, k's, v's and out's 16-byte alignment and the
+    ints' classes (1, multiples of 16, other; all 32-bit here), equal keys must mean equal
+    specialisations, and the direct launches must equal Triton's own."""
     from models import _triton_attention as tri
 
+    if not tri._FAST:
+        pytest.skip(f"the direct launch is off with Triton {tri.triton.__version__} (written for 3.6)")
     cfg = DecoderConfig.tiny(max_seq_len=256, hidden=256, heads=8, kv_heads=2, ffn=256, dtype=torch.bfloat16)
     binder = tri._attention_kernel.device_caches[torch.cuda.current_device()][-1]
     seen = {}
@@ -100,3 +102,32 @@ def test_direct_launches_share_a_kernel_only_where_triton_would(monkeypatch):
         torch.testing.assert_close(results[1][1], results[0][1], rtol=0, atol=0)
         assert seen.setdefault(key, str(spec)) == str(spec), "one launch key, two Triton specialisations"
     assert len(seen) >= 3  # the cases moved the specialisation
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_layers_index_the_cache_as_python_does_on_both_launch_paths(monkeypatch, fast):
+    """A negative layer counts from the end and one out of range raises IndexError, through
+    Triton's launch and through the direct one (which computes the layer's address itself)."""
+    from models import _triton_attention as tri
+
+    if fast and not tri._FAST:
+        pytest.skip(f"the direct launch is off with Triton {tri.triton.__version__} (written for 3.6)")
+    monkeypatch.setattr(tri, "_FAST", fast)
+    cfg = DecoderConfig.tiny(max_seq_len=256, hidden=256, heads=8, kv_heads=2, ffn=256, dtype=torch.bfloat16)
+    ids, pos, slots, ql, sl, bt = BatchLayout((3, 1), (5, 40), 16, 8).build(cfg, device="cuda", seed=2)
+    t, d = ids.shape[0], cfg.head_dim
+    q = torch.randn(t, cfg.heads, d, device="cuda", dtype=cfg.dtype)
+    k, v = (torch.randn(t, cfg.kv_heads, d, device="cuda", dtype=cfg.dtype) for _ in range(2))
+    cache = new_paged_cache(cfg, 200, 16, device="cuda", seed=4)
+    results = []
+    for layer in (cfg.layers - 1, -1):
+        c, o = cache.clone(), torch.empty_like(q)
+        for _ in range(2):  # the second call launches directly where the fast path is on
+            tri.paged_attention(q, k, v, c, layer, slots, pos, ql, bt, o)
+        results.append((o, c))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=0)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=0, atol=0)
+    assert not torch.equal(results[0][1], cache)  # the keys and values were written
+    for layer in (cfg.layers, -cfg.layers - 1):
+        with pytest.raises(IndexError):
+            tri.paged_attention(q, k, v, cache.clone(), layer, slots, pos, ql, bt, torch.empty_like(q))
