@@ -1,25 +1,28 @@
-"""Does a cold compile in a process slow the CUDA graphs it replays?
+"""Does a cold compile in a process slow the CUDA graphs it replays, and why?
 
 On one H100 (session 36) the batch-8 FULL graph of inductor pieces stepped in 1.265 ms in
 processes that compiled the pieces cold, 1.146-1.150 ms where they came from the on-disk
-caches: same kernels, same kernel time, more idle time between kernels. Reduce-overhead's
-step in a process that had compiled graphify's pieces cold was slow too (1.29-1.30 ms, 1.17-1.19
-alone). This script tells a process-wide effect from one of the cold-compiled code:
+caches: same kernels, same kernel time, more idle time between kernels. This script builds
+both kinds in one process and tells a process-wide effect from one of the cold-compiled code:
 
-1. graph A: the pieces compiled with the caches as found (run it once before: warm);
-2. an unrelated small function compiled cold (fresh inductor and Triton cache folders);
-3. graph B: the same pieces compiled cold (fresh folders again), captured beside A;
+1. graph B: the pieces compiled cold (fresh inductor and Triton cache folders);
+2. graph A: the same pieces loaded from the caches B filled (inductor's in-memory caches
+   cleared first), captured beside B;
+3. an unrelated small function compiled cold (fresh folders again);
 4. inductor's compile workers shut down.
 
-After each stage both graphs' batch-8 step (CUDA events) and GPU idle time between kernels.
+After each stage every graph's batch-8 step (CUDA events) and GPU idle time between
+kernels; at the end, per kernel name, the idle time before it in each graph, the kernels'
+launch set-up as the driver holds it (a verbose DOT dump of each batch-8 graph, under
+--dump), and how many kernels of each inductor launcher class the process holds.
 
-    python -m benchmarks.compile_state
+    python -m benchmarks.compile_state [--dump DIR]
 """
 
 from __future__ import annotations
 
+import collections
 import os
-import tempfile
 
 import torch
 
@@ -27,30 +30,19 @@ from graphify import Mode, Options, graphify, sglang_piecewise_sizes
 from models import model_support, split_ops, varlen_axes
 from transforms import split
 
-from ._report import environment, kernels, publish, table, time_per_call
+from ._report import environment, fresh_compile_caches, kernels, publish, table, time_per_call
 from ._serving_trace import ATTENTION, Setup
 
 B = 8
 
 
-def fresh_caches() -> None:
-    """Point inductor's and Triton's on-disk caches at new empty folders: what compiles
-    next compiles cold."""
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-")
-    from torch._inductor import utils
-
-    if hasattr(utils, "clear_caches"):  # the in-memory ones too (what inductor's own fresh_cache() does)
-        utils.clear_caches()
-
-
-def run() -> dict:
+def run(dump: str | None = None) -> dict:
     env = environment()
     setup = Setup(True, 48, 0)
     batch, cache = setup.decode_batch(B), setup.cache
     sizes = sglang_piecewise_sizes(setup.max_tokens)
     graphs: dict = {}
-    rows = []
+    rows, launchers = [], {}
 
     def build(name: str) -> None:
         fn = split(setup.step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes(), compile=True)
@@ -59,31 +51,89 @@ def run() -> dict:
                      options=Options(compile_sizes=tuple(s for s in sizes if s >= 256)))
         graphs[name] = g.capture(*setup.example, cache)
         assert any(e.mode is Mode.FULL and e.key.num_tokens == B for e in graphs[name].table)
+        launchers[name] = launcher_counts()
 
     def measure(stage: str) -> None:
-        for name, g in graphs.items():
-            call = lambda: g(*batch, cache)  # noqa: E731, B023
-            n, gpu_ms, idle_us, _ = kernels(call)
-            rows.append({"stage": stage, "graph": name, "step_ms": time_per_call(lambda i: call()),
-                         "gpu_ms": gpu_ms, "gpu_idle_us": idle_us, "kernels": n})
-            print(rows[-1], flush=True)
+        calls = {name: (lambda g=g: g(*batch, cache)) for name, g in graphs.items()}
+        timed = [{"stage": stage, "graph": name, "step_ms": time_per_call(lambda i, c=call: c())}
+                 for name, call in calls.items()]  # every graph timed before any is profiled:
+        for row in timed:  # the profiler slows the launches after it
+            row["kernels"], row["gpu_ms"], row["gpu_idle_us"], _ = kernels(calls[row["graph"]])
+            rows.append(row)
+            print(row, flush=True)
 
-    with torch.inference_mode():
-        build("A (caches as found)")
-        measure("1. A built")
-        fresh_caches()
-        small = torch.compile(lambda x, w: torch.nn.functional.silu(x @ w) * x.sum(-1, keepdim=True))
-        small(torch.randn(B, 256, device="cuda"), torch.randn(256, 256, device="cuda"))
+    original_graph = torch.cuda.CUDAGraph
+
+    def debug_graph(*args, **kwargs):  # keeps each graph's topology for the DOT dump
+        g = original_graph(*args, **kwargs)
+        g.enable_debug_mode()
+        return g
+
+    torch.cuda.CUDAGraph = debug_graph
+    try:
+        with torch.inference_mode():
+            fresh_compile_caches()
+            build("B (compiled cold)")
+            measure("1. B built cold")
+            from torch._inductor import utils
+
+            utils.clear_caches()  # in memory only: A loads what B's compile left on disk
+            build("A (from the disk caches)")
+            measure("2. A built from B's caches")
+            fresh_compile_caches()
+            small = torch.compile(lambda x, w: torch.nn.functional.silu(x @ w) * x.sum(-1, keepdim=True))
+            small(torch.randn(B, 256, device="cuda"), torch.randn(256, 256, device="cuda"))
+            torch.cuda.synchronize()
+            measure("3. after a small cold compile")
+            from torch._inductor import async_compile
+
+            async_compile.shutdown_compile_workers()
+            measure("4. compile workers shut down")
+            gaps = {name: gaps_by_kernel(lambda g=g: g(*batch, cache)) for name, g in graphs.items()}
+            dumps = {}
+            if dump:
+                os.makedirs(dump, exist_ok=True)
+                for i, (name, g) in enumerate(graphs.items()):
+                    entry = next(e for e in g.table if e.mode is Mode.FULL and e.key.num_tokens == B)
+                    path = os.path.join(dump, f"graph-{'AB'[i == 0]}.dot")
+                    entry.graph.debug_dump(path)
+                    dumps[name] = path
+    finally:
+        torch.cuda.CUDAGraph = original_graph
+    return {"env": env, "rows": rows, "gaps": gaps, "launchers": launchers, "dumps": dumps,
+            "static_launcher": bool(getattr(torch._inductor.config, "use_static_cuda_launcher", False))}
+
+
+def launcher_counts() -> dict[str, int]:
+    """How many objects of each inductor/Triton launcher class the process holds."""
+    import gc
+
+    wanted = {"StaticallyLaunchedCudaKernel", "CompiledKernel", "StaticTritonCompileResult", "TritonCompileResult",
+              "CachingAutotuner"}
+    counts = collections.Counter(type(o).__name__ for o in gc.get_objects() if type(o).__name__ in wanted)
+    return dict(counts)
+
+
+def gaps_by_kernel(call, steps: int = 5) -> dict[str, list[float]]:
+    """Per kernel name (first 60 characters): [launches per step, µs of idle GPU before
+    those launches per step, µs of their own time per step], over back-to-back steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            call()
         torch.cuda.synchronize()
-        measure("2. after a small cold compile")
-        fresh_caches()
-        build("B (compiled cold)")
-        measure("3. B built cold")
-        from torch._inductor import async_compile
-
-        async_compile.shutdown_compile_workers()
-        measure("4. compile workers shut down")
-    return {"env": env, "rows": rows}
+    spans = sorted((e.time_range.start, e.time_range.end, e.name[:60]) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+    for previous, (start, end, name) in zip([None, *spans], spans):
+        row = out[name]
+        row[0] += 1 / steps
+        row[1] += (max(start - previous[1], 0.0) if previous else 0.0) / steps
+        row[2] += (end - start) / steps
+    return dict(out)
 
 
 COLUMNS = [("stage", "stage", "s"), ("graph", "graph", "s"), ("step_ms", "step ms", ".3f"),
@@ -93,12 +143,30 @@ COLUMNS = [("stage", "stage", "s"), ("graph", "graph", "s"), ("step_ms", "step m
 def main(argv=None) -> dict:
     import argparse
 
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dump", help="folder for verbose DOT dumps of the batch-8 graphs")
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.compile_state needs a CUDA GPU (inductor's CUDA kernels and graphs)")
-    result = run()
-    publish("compile-state", result, "Batch-8 decode step after each stage (CUDA events; idle: between kernels, "
-            "torch.profiler).\n\n" + table(result["rows"], COLUMNS))
+    result = run(args.dump)
+    names = list(result["gaps"])
+    gap_rows = []
+    for kernel in sorted({k for g in result["gaps"].values() for k in g},
+                         key=lambda k: -max(abs(result["gaps"][n].get(k, [0, 0, 0])[1]) for n in names)):
+        row = {"kernel": kernel, "per_step": result["gaps"][names[0]].get(kernel, [0, 0, 0])[0]}
+        for i, n in enumerate(names):
+            row[f"idle{i}"], row[f"time{i}"] = result["gaps"][n].get(kernel, [0, 0, 0])[1:]
+        gap_rows.append(row)
+    gap_cols = [("kernel", "kernel", "s"), ("per_step", "per step", ".0f")]
+    for i, n in enumerate(names):
+        gap_cols += [(f"idle{i}", f"idle µs before, {n}", ".1f"), (f"time{i}", f"µs, {n}", ".1f")]
+    markdown = ("Batch-8 decode step after each stage (CUDA events; idle: between kernels, torch.profiler).\n\n"
+                + table(result["rows"], COLUMNS)
+                + "\n\nIdle GPU time before each kernel, per step, by kernel (largest first):\n\n"
+                + table(gap_rows[:25], gap_cols)
+                + f"\n\nLauncher objects after each build: {result['launchers']}; "
+                  f"use_static_cuda_launcher={result['static_launcher']}")
+    publish("compile-state", result, markdown)
     return result
 
 

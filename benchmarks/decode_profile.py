@@ -7,6 +7,7 @@ launch alone and graphify's own work.
     python -m benchmarks.decode_profile          # graphify: plain, inductor pieces, whole step compiled
     python -m benchmarks.decode_profile --peer   # torch.compile reduce-overhead (own process)
     python -m benchmarks.decode_profile --fresh-caches   # inductor and Triton compile cold, in this process
+    python -m benchmarks.decode_profile --variants pieces,pieces-static,pieces-cdt   # inductor settings side by side
 
 A step's GPU idle time (between kernels) is its own column: on one H100 the same inductor
 pieces stepped in 1.27 ms where this process compiled them cold and 1.15 ms where they came
@@ -24,20 +25,29 @@ from graphify import Mode, Options, graphify
 from models import model_support, split_ops, varlen_axes
 from transforms import split
 
-from ._report import environment, host_pipelined_us, kernels, publish, table, time_per_call
+from ._report import environment, fresh_compile_caches, host_pipelined_us, kernels, publish, table, time_per_call
 from .peers import ReduceOverhead
 from ._serving_trace import ATTENTION, Setup
 
 B = 8
 
 
-def run(peer: bool = False, fresh_caches: bool = False) -> dict:
-    if fresh_caches:  # before anything compiles: inductor's and Triton's on-disk caches start empty
-        import os
-        import tempfile
+# name in the table, split(compile=...), graphify's Options
+VARIANTS = {
+    "plain": ("graphify FULL", False, Options()),
+    "pieces": ("graphify FULL + inductor pieces", True, Options()),
+    "whole": ("graphify FULL, whole step compiled (Options(compile=True))", True, Options(compile=True)),
+    "pieces-static": ("graphify FULL + inductor pieces, compiled for batch 8", True, Options(compile_sizes=(B,))),
+    "pieces-cdt": ("graphify FULL + inductor pieces, coordinate descent tuning",
+                   {"coordinate_descent_tuning": True}, Options()),
+    "pieces-static-cdt": ("graphify FULL + inductor pieces, compiled for batch 8, coordinate descent tuning",
+                          {"coordinate_descent_tuning": True}, Options(compile_sizes=(B,))),
+}
 
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
-        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-")
+
+def run(peer: bool = False, fresh_caches: bool = False, variants: tuple[str, ...] = ("plain", "pieces", "whole")) -> dict:
+    if fresh_caches:  # before anything compiles
+        fresh_compile_caches()
     env = environment()
     env["compile_caches"] = "fresh" if fresh_caches else "as found"
     setup = Setup(True, 48, 0)
@@ -46,14 +56,13 @@ def run(peer: bool = False, fresh_caches: bool = False) -> dict:
     out = {}
     with torch.inference_mode():
         graphs = {}
-        variants = (("graphify FULL", False, False), ("graphify FULL + inductor pieces", True, False),
-                    ("graphify FULL, whole step compiled (Options(compile=True))", True, True))
         capture_s = {}
-        for name, pieces, whole in () if peer else variants:
+        for key in () if peer else variants:
+            name, pieces, options = VARIANTS[key]
             t0 = time.perf_counter()
             fn = split(setup.step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes(), compile=pieces)
             g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=(B,), axes=varlen_axes(), outputs="view",
-                         support=model_support(ATTENTION), options=Options(compile=whole)).capture(*setup.example, cache)
+                         support=model_support(ATTENTION), options=options).capture(*setup.example, cache)
             capture_s[name] = time.perf_counter() - t0  # split, compiles and captures
             graphs[name] = g
         calls = {name: (lambda g=g: g(*batch, cache)) for name, g in graphs.items()}
@@ -94,8 +103,13 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer", action="store_true", help="profile torch.compile reduce-overhead instead")
     parser.add_argument("--fresh-caches", action="store_true", help="compile with empty inductor and Triton caches")
+    parser.add_argument("--variants", default="plain,pieces,whole",
+                        help=f"comma-separated graphify variants, of: {', '.join(VARIANTS)}")
     args = parser.parse_args(argv)
-    result = run(args.peer, args.fresh_caches)
+    variants = tuple(v for v in args.variants.split(",") if v)
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    result = run(args.peer, args.fresh_caches, variants)
     name = "decode-profile-peer" if args.peer else "decode-profile"
     publish(name + ("-fresh-caches" if args.fresh_caches else ""), result, render(result))
     return result

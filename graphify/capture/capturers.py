@@ -19,7 +19,9 @@ same code at another batch size, so they skip what the size cannot change:
   instead of an eager pass over the whole model.
 
 Compiled pieces (inductor) keep a warm-up at every size, since a new shape may compile
-(two for FULL keys: the first, recorded under a dispatch mode, runs the pieces as traced),
+(two for FULL keys, schedule or not: the first, recorded under a dispatch mode, runs the
+pieces as traced; the second runs their compiled code at the key's shapes, without which
+the FULL graph replayed ~10% slower on the H100),
 and so does FULL of an unsplit function (unknown code may set itself up per shape). At the
 sizes chosen for specialisation (`Options(compile_sizes=...)`) compiled pieces run, in
 warm-ups and capture alike, a compile for the key's exact shapes (made by the warm-up, never
@@ -77,11 +79,12 @@ def mode_capturers(
             # a new transformers cache length) captured before: capture straight away. A
             # capture executes nothing on CUDA, so nothing to record or undo there.
             return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
-        # A specialised compile for this key's request rows may not exist yet: a capture
-        # must never compile, so warm up (below) rather than take the sibling's shortcut.
-        fresh_shapes = compiled and key.num_tokens in specialise and sibling is not None \
-            and sibling.key.reqs_rows != key.reqs_rows
-        if not first and sibling is not None and not fresh_shapes:
+        # Compiled pieces never take the sibling's shortcut: their FULL graph captured straight
+        # after the schedule (no eager run of the compiled code at these shapes first) replayed
+        # the same kernels, launch dimensions and topology ~10% slower on the H100 (more idle time
+        # between every pair of kernels: 1.25 vs 1.14 ms a batch-8 step, four probes), and a
+        # specialised compile for this key's request rows may not exist yet.
+        if not first and sibling is not None and not compiled:
             if sibling.key.reqs_rows != key.reqs_rows:
                 # Warm up through the same-size PIECEWISE schedule, split ops at this shape.
                 keeper.record_writes(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
