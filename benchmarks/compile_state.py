@@ -1,9 +1,9 @@
-"""Does a cold compile in a process slow the CUDA graphs it replays, and why?
+"""Does how the pieces were compiled (cold, or loaded from the caches) change the CUDA graphs
+that replay them?
 
-On one H100 (session 36) the batch-8 FULL graph of inductor pieces stepped in 1.265 ms in
-processes that compiled the pieces cold, 1.146-1.150 ms where they came from the on-disk
-caches: same kernels, same kernel time, more idle time between kernels. This script builds
-both kinds in one process and tells a process-wide effect from one of the cold-compiled code:
+Session 36 saw the batch-8 FULL graph of inductor pieces step in 1.265 ms in processes that
+compiled the pieces cold and 1.146-1.150 ms where they came from the on-disk caches. This
+script builds both kinds in one process, FULL_AND_PIECEWISE at the main job's sizes:
 
 1. graph B: the pieces compiled cold (fresh inductor and Triton cache folders);
 2. graph A: the same pieces loaded from the caches B filled (inductor's in-memory caches
@@ -15,6 +15,12 @@ After each stage every graph's batch-8 step (CUDA events) and GPU idle time betw
 kernels; at the end, per kernel name, the idle time before it in each graph, the kernels'
 launch set-up as the driver holds it (a verbose DOT dump of each batch-8 graph, under
 --dump), and how many kernels of each inductor launcher class the process holds.
+
+Session 37's run: A and B alike slow (1.27 ms), every launcher static, so not the compile.
+The cause was the capture: FULL keys of compiled pieces captured straight after their
+same-size PIECEWISE schedule, with no eager run of the compiled code at their shapes,
+replayed ~10% slower with identical DOT dumps (nodes, launch dimensions, edges); they now
+warm up twice (graphify/capture/capturers.py), and both graphs here step as FULL mode's do.
 
     python -m benchmarks.compile_state [--dump DIR]
 """

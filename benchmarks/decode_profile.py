@@ -9,10 +9,9 @@ launch alone and graphify's own work.
     python -m benchmarks.decode_profile --fresh-caches   # inductor and Triton compile cold, in this process
     python -m benchmarks.decode_profile --variants pieces,pieces-static,pieces-cdt   # inductor settings side by side
 
-A step's GPU idle time (between kernels) is its own column: on one H100 the same inductor
-pieces stepped in 1.27 ms where this process compiled them cold and 1.15 ms where they came
-from the on-disk caches, with the same kernels (session 36); `--fresh-caches` against a
-plain run shows whether that still holds.
+A step's GPU idle time (between kernels) is its own column: it is what told the FULL graphs
+of compiled pieces captured straight after their same-size schedule (1.25 ms) from those
+warmed up first (1.14 ms), same kernels, in session 37 (see benchmarks.compile_state).
 """
 
 from __future__ import annotations
@@ -40,6 +39,8 @@ VARIANTS = {
     "pieces-static": ("graphify FULL + inductor pieces, compiled for batch 8", True, Options(compile_sizes=(B,))),
     "pieces-cdt": ("graphify FULL + inductor pieces, coordinate descent tuning",
                    {"coordinate_descent_tuning": True}, Options()),
+    "pieces-static-autotune": ("graphify FULL + inductor pieces, compiled for batch 8, max-autotune",
+                               {"max_autotune": True}, Options(compile_sizes=(B,))),
     "pieces-static-cdt": ("graphify FULL + inductor pieces, compiled for batch 8, coordinate descent tuning",
                           {"coordinate_descent_tuning": True}, Options(compile_sizes=(B,))),
 }
