@@ -10,13 +10,13 @@ same code at another batch size, so they skip what the size cannot change:
 - PIECEWISE on CUDA: uncompiled graph pieces are plain ATen ops, warmed up at the first
   size; later sizes capture them straight away (a capture executes nothing), and only the
   split ops, which run eagerly in the capture pass, have their writes recorded;
-- FULL of a split function: the PIECEWISE schedule of the same token count was captured
-  just before. Where its key has as many request rows as this one (a decode batch of one
-  token per request), its capture pass already ran every op the FULL graph holds at these
-  very shapes (graph pieces captured, split ops eagerly), so FULL captures straight away.
-  Otherwise (several query tokens per request) the schedule is replayed once with its split
-  ops at this key's shape, compiling or tuning what they need, in a few milliseconds
-  instead of an eager pass over the whole model.
+- FULL of a split function of plain pieces: the PIECEWISE schedule of the same token
+  count was captured just before. Where its key has as many request rows as this one (a
+  decode batch of one token per request), its capture pass already ran every op the FULL
+  graph holds at these very shapes (graph pieces captured, split ops eagerly), so FULL
+  captures straight away. Otherwise (several query tokens per request) the schedule is
+  replayed once with its split ops at this key's shape, compiling or tuning what they
+  need, in a few milliseconds instead of an eager pass over the whole model.
 
 Compiled pieces (inductor) keep a warm-up at every size, since a new shape may compile
 (two for FULL keys, schedule or not: the first, recorded under a dispatch mode, runs the
