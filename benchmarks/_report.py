@@ -146,10 +146,9 @@ def fresh_compile_caches() -> None:
         utils.clear_caches()
 
 
-def kernels(call, steps: int = 5) -> tuple[float, float, float, list[tuple[str, int, float]]]:
-    """(kernels per step, GPU ms per step, GPU idle µs per step, top kernels (name,
-    count/step, µs/step)). Idle is the time between one kernel's end and the next one's
-    start over back-to-back steps: what a graph's launch gaps cost, not its kernels."""
+def cuda_spans(call, steps: int = 5) -> list[tuple[float, float, str]]:
+    """(start µs, end µs, kernel name) of every GPU activity over `steps` back-to-back calls
+    (torch.profiler, which sees the kernels inside graph replays), after one unprofiled call."""
     from torch.profiler import ProfilerActivity, profile
 
     call()
@@ -158,17 +157,23 @@ def kernels(call, steps: int = 5) -> tuple[float, float, float, list[tuple[str, 
         for _ in range(steps):
             call()
         torch.cuda.synchronize()
+    return [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernels(call, steps: int = 5) -> tuple[float, float, float, list[tuple[str, int, float]]]:
+    """(kernels per step, GPU ms per step, GPU idle µs per step, top kernels (name,
+    count/step, µs/step)). Idle is the time between one kernel's end and the next one's
+    start over back-to-back steps: what a graph's launch gaps cost, not its kernels."""
+    spans = cuda_spans(call, steps)
     by = collections.defaultdict(lambda: [0, 0.0])
-    spans = []
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            by[e.name][0] += 1
-            by[e.name][1] += e.time_range.elapsed_us()
-            spans.append((e.time_range.start, e.time_range.end))
+    for start, end, name in spans:
+        by[name][0] += 1
+        by[name][1] += end - start
     count = sum(c for c, _ in by.values()) / steps
     gpu_us = sum(t for _, t in by.values()) / steps
     top = sorted(((n[:70], c / steps, t / steps) for n, (c, t) in by.items()), key=lambda r: -r[2])[:12]
-    return count, gpu_us / 1e3, idle_between(spans) / steps, top
+    return count, gpu_us / 1e3, idle_between([(a, b) for a, b, _ in spans]) / steps, top
 
 
 def idle_between(spans: Sequence[tuple[float, float]]) -> float:

@@ -36,7 +36,7 @@ from graphify import Mode, Options, graphify, sglang_piecewise_sizes
 from models import model_support, split_ops, varlen_axes
 from transforms import split
 
-from ._report import environment, fresh_compile_caches, kernels, publish, table, time_per_call
+from ._report import cuda_spans, environment, fresh_compile_caches, kernels, publish, table, time_per_call
 from ._serving_trace import ATTENTION, Setup
 
 B = 8
@@ -70,12 +70,21 @@ def run(dump: str | None = None) -> dict:
 
     original_graph = torch.cuda.CUDAGraph
 
-    def debug_graph(*args, **kwargs):  # keeps each graph's topology for the DOT dump
-        g = original_graph(*args, **kwargs)
-        g.enable_debug_mode()
-        return g
+    class DebugGraph(original_graph):
+        """Keeps its graph after instantiating it, so `debug_dump` has something to print
+        (torch drops it otherwise, debug mode or not)."""
 
-    torch.cuda.CUDAGraph = debug_graph
+        def __new__(cls, keep_graph=False):
+            return super().__new__(cls, True)
+
+        def __init__(self, keep_graph=False):
+            super().__init__(True)
+
+        def capture_end(self):
+            super().capture_end()
+            self.instantiate()  # kept graphs are not instantiated by capture_end
+
+    torch.cuda.CUDAGraph = DebugGraph
     try:
         with torch.inference_mode():
             fresh_compile_caches()
@@ -99,9 +108,9 @@ def run(dump: str | None = None) -> dict:
             dumps = {}
             if dump:
                 os.makedirs(dump, exist_ok=True)
-                for i, (name, g) in enumerate(graphs.items()):
+                for name, g in graphs.items():
                     entry = next(e for e in g.table if e.mode is Mode.FULL and e.key.num_tokens == B)
-                    path = os.path.join(dump, f"graph-{'AB'[i == 0]}.dot")
+                    path = os.path.join(dump, f"graph-{name.split()[0]}.dot")  # graph-A.dot, graph-B.dot
                     entry.graph.debug_dump(path)
                     dumps[name] = path
     finally:
@@ -123,16 +132,7 @@ def launcher_counts() -> dict[str, int]:
 def gaps_by_kernel(call, steps: int = 5) -> dict[str, list[float]]:
     """Per kernel name (first 60 characters): [launches per step, µs of idle GPU before
     those launches per step, µs of their own time per step], over back-to-back steps."""
-    from torch.profiler import ProfilerActivity, profile
-
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            call()
-        torch.cuda.synchronize()
-    spans = sorted((e.time_range.start, e.time_range.end, e.name[:60]) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    spans = sorted((start, end, name[:60]) for start, end, name in cuda_spans(call, steps))
     out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
     for previous, (start, end, name) in zip([None, *spans], spans):
         row = out[name]

@@ -46,7 +46,10 @@ VARIANTS = {
 }
 
 
-def run(peer: bool = False, fresh_caches: bool = False, variants: tuple[str, ...] = ("plain", "pieces", "whole")) -> dict:
+DEFAULT_VARIANTS = ("plain", "pieces", "whole")
+
+
+def run(peer: bool = False, fresh_caches: bool = False, variants: tuple[str, ...] = DEFAULT_VARIANTS) -> dict:
     if fresh_caches:  # before anything compiles
         fresh_compile_caches()
     env = environment()
@@ -104,7 +107,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer", action="store_true", help="profile torch.compile reduce-overhead instead")
     parser.add_argument("--fresh-caches", action="store_true", help="compile with empty inductor and Triton caches")
-    parser.add_argument("--variants", default="plain,pieces,whole",
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated graphify variants, of: {', '.join(VARIANTS)}")
     args = parser.parse_args(argv)
     variants = tuple(v for v in args.variants.split(",") if v)
