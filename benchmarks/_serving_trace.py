@@ -137,6 +137,15 @@ def slowest_steps(setup: Setup, latencies: list[float], g=None, count: int = 3) 
     return out
 
 
+def ms_by_kind(setup: Setup, latencies: list[float]) -> dict[str, float]:
+    """Milliseconds spent per step kind over the trace (prefill, mixed, decode, spec): where a
+    configuration wins or loses against another on the same trace."""
+    out: dict[str, float] = {}
+    for s, ms in zip(setup.steps, latencies):
+        out[s.kind] = out.get(s.kind, 0.0) + ms
+    return out
+
+
 def decode_rows(setup: Setup, candidates: dict, b: int = 8) -> list[dict]:
     """Batch-`b` decode: step time (CUDA events, back to back), host cost per step
     (issued while the device is busy) and, on a GPU, kernels per step (torch.profiler), each

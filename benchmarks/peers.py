@@ -55,7 +55,7 @@ def reduce_overhead_row(setup, timed) -> tuple[dict, ReduceOverhead]:
     sync()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_reserved()
-    from ._serving_trace import _percentile, run_trace, slowest_steps
+    from ._serving_trace import _percentile, ms_by_kind, run_trace, slowest_steps
 
     compiled = ReduceOverhead(setup.step, [setup.cache, *setup.params.values()])
     t0 = time.perf_counter()
@@ -76,4 +76,5 @@ def reduce_overhead_row(setup, timed) -> tuple[dict, ReduceOverhead]:
         "uses_graphs": "yes" if skips == 0 else f"no ({skips} skips)",
         "max_err_vs_eager": worst,
         "slowest": slowest_steps(setup, latencies),
+        "ms_by_kind": ms_by_kind(setup, latencies),
     }, compiled

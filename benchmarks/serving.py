@@ -32,7 +32,8 @@ from graphify import Mode
 
 from ._plot import plot_serving
 from ._report import RESULTS, device_slug, environment, host_pipelined_us, kernels, publish, table, time_per_call
-from ._serving_trace import ATTENTION, MODES, Setup, _percentile, decode_rows, run_trace, slowest_steps, step_timer
+from ._serving_trace import (ATTENTION, MODES, Setup, _percentile, decode_rows, ms_by_kind, run_trace, slowest_steps,
+                             step_timer)
 
 def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tuple[dict, object]:
     name = f"graphify {mode}" + (" + inductor" if inductor else "")  # compiled pieces, specialised sizes
@@ -54,6 +55,7 @@ def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tupl
         "uses_graphs": "yes" if mode != "NONE" else "no",
         "max_err_vs_eager": worst,
         "slowest": slowest_steps(setup, latencies, g),
+        "ms_by_kind": ms_by_kind(setup, latencies),
     }, g
 
 
@@ -224,6 +226,13 @@ def render(result: dict) -> str:
     lines.append(f"Trace: {t['requests']} requests (seed {t['seed']}), {t['steps']} steps, {t['tokens']} tokens, "
                  f"at most {t['max_batch_tokens']} tokens a step; step kinds {t['step_kinds']}.\n")
     lines.append(table(result["rows"], COLUMNS))
+    kinds = [k for k in ("prefill", "mixed", "decode", "spec") if t["step_kinds"].get(k)]
+    by_kind = [{"config": r["config"], "process": r.get("process", ""),
+                **{k: r["ms_by_kind"].get(k, 0.0) for k in kinds}} for r in result["rows"] if r.get("ms_by_kind")]
+    if by_kind:
+        lines.append("\nMilliseconds per step kind, summed over the timed pass (where each configuration gains or loses):\n")
+        lines.append(table(by_kind, [("config", "configuration", "s"), ("process", "process", "s"),
+                                     *((k, f"{k} ms", ".2f") for k in kinds)]))
     r = result["ratios"]
     lines.append(f"\nFULL_AND_PIECEWISE tokens/s: {r['fp_vs_piecewise']:.2f}x PIECEWISE, {r['fp_vs_none']:.2f}x NONE (eager).")
     if result["decode"]:

@@ -139,13 +139,25 @@ class StateKeeper:
         self.saved_bytes = 0
         self.peak_bytes = 0  # the most snapshot memory held at once
         self.restored: set[int] = set()  # storages restored over the whole capture
+        self._covered = False
 
     def record_writes(self, fn: Callable, *args):
-        """`fn(*args)` with its outside writes recorded; call `restore()` after it."""
-        if not self.enabled:
+        """`fn(*args)` with its outside writes recorded; call `restore()` after it. While
+        `covering()`, nothing is recorded: the record so far covers the run."""
+        if not self.enabled or self._covered:
             return fn(*args)
         with _Recorder(self):
             return fn(*args)
+
+    @contextlib.contextmanager
+    def covering(self):
+        """Within, runs write only what the current record already holds (a schedule
+        replay at the same shapes learnt it), so `record_writes` just runs them."""
+        self._covered = True
+        try:
+            yield
+        finally:
+            self._covered = False
 
     def restore(self) -> None:
         """Write back what the recorded run overwrote (newest first)."""

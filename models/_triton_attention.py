@@ -35,7 +35,11 @@ _FAST = knobs is not None and triton.__version__.startswith("3.6.") and torch.ve
 _COMPILED: dict = {}
 
 
-@triton.jit
+# Not specialised on num_reqs: Triton would compile a kernel of its own for a batch of one
+# request (value 1) and for request counts divisible by 16, on first sight; a captured graph
+# never saw a single-request prefill, so its first one compiled in the middle of serving
+# (0.8-1.2 s on the H100, with the launcher's C stub built by gcc).
+@triton.jit(do_not_specialize=["num_reqs"])
 def _attention_kernel(
     Q, K, V, KC, VC, Out, block_tables, query_lens, positions, slots,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,

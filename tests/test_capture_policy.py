@@ -7,6 +7,8 @@ backend that records its calls (the GPU and simulation suites check the graphs' 
 
 from __future__ import annotations
 
+import contextlib
+
 import attrs
 import pytest
 
@@ -21,17 +23,28 @@ class FakeBackend:
         self.name, self.calls = name, []
 
     def capture(self, fn, args, *, pool, warmups, weak_outputs, stream=None, guard=True, keeper=None):
-        self.calls.append({"fn": fn, "warmups": warmups, "guard": guard, "keeper": keeper})
+        # whether the warm-ups' first run would be recorded again (not while a record covers them)
+        recorded = keeper is not None and warmups > 0 and not keeper.covered
+        self.calls.append({"fn": fn, "warmups": warmups, "guard": guard, "keeper": keeper, "recorded": recorded})
         return Captured(lambda: None, None, None, 0)
 
 
 class FakeKeeper:
     def __init__(self):
-        self.recorded, self.restores = [], 0
+        self.recorded, self.restores, self.covered = [], 0, False
 
     def record_writes(self, fn, *args):
-        self.recorded.append((fn, args))
+        if not self.covered:
+            self.recorded.append((fn, args))
         return fn(*args)
+
+    @contextlib.contextmanager
+    def covering(self):
+        self.covered = True
+        try:
+            yield
+        finally:
+            self.covered = False
 
     def restore(self):
         self.restores += 1
@@ -43,6 +56,7 @@ class FakeKeeper:
 @attrs.define
 class FakeSplit:
     compiled: bool = False
+    pieces_write_outside: bool = False
     calls: list = attrs.field(factory=list)
 
     def capture_pieces(self, backend, args, **kw):
@@ -120,13 +134,30 @@ def test_full_of_a_split_function_captures_straight_away_where_the_schedule_ran_
 @pytest.mark.parametrize("rows", [8, 3])
 def test_full_of_compiled_pieces_warms_up_twice_even_beside_a_same_size_schedule(rows):
     """The schedule's capture never ran the compiled code eagerly at this key's shapes;
-    a FULL graph captured without that run replayed ~10% slower on the H100."""
+    a FULL graph captured without that run replayed ~10% slower on the H100. One replay
+    of the schedule at the key's shapes learns what the warm-ups write, instead of a
+    recorded eager run of the whole function."""
     backend, keeper, schedule = FakeBackend(), FakeKeeper(), FakeSchedule()
     key = BatchDescriptor(8, rows, True)
     full = mode_capturers(backend, fn, None, FakeSplit(compiled=True))[Mode.FULL]
     capture(full, keeper, first=False, sibling=sibling_of(key, schedule), key=key)
-    assert schedule.replays == []  # the warm-ups run the key's own shapes
-    assert backend.calls[-1]["warmups"] == 2 and backend.calls[-1]["guard"] is False
+    assert schedule.replays == [(8, rows, True)]  # split ops through the dispatcher, at this key's rows
+    assert [f for f, _ in keeper.recorded] == [schedule.replay] and keeper.restores == 1
+    last = backend.calls[-1]
+    assert last["warmups"] == 2 and last["guard"] is False and last["recorded"] is False
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_schedule_stands_in_for_no_warm_up_where_graph_pieces_write_outside_state(compiled):
+    """Replaying graph pieces writes for real and unrecorded: where a piece writes an input
+    or a closed-over tensor, FULL keys warm up eagerly with their first run recorded."""
+    backend, keeper, schedule = FakeBackend(), FakeKeeper(), FakeSchedule()
+    key = BatchDescriptor(24, 8, True)
+    full = mode_capturers(backend, fn, None, FakeSplit(compiled=compiled, pieces_write_outside=True))[Mode.FULL]
+    capture(full, keeper, first=False, sibling=sibling_of(key, schedule), key=key)
+    assert schedule.replays == []
+    last = backend.calls[-1]
+    assert last["warmups"] == (2 if compiled else 1) and last["recorded"] is True and last["guard"] is False
 
 
 def test_compiled_full_keeps_two_warm_ups_and_guards_its_eager_twin():
@@ -138,19 +169,22 @@ def test_compiled_full_keeps_two_warm_ups_and_guards_its_eager_twin():
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_piecewise_later_keys_on_cuda_skip_warm_ups_unless_compiled(compiled):
-    split = FakeSplit(compiled=compiled)
+@pytest.mark.parametrize("pieces_write_outside", [False, True])
+def test_piecewise_later_keys_on_cuda_skip_warm_ups_unless_compiled(compiled, pieces_write_outside):
+    split = FakeSplit(compiled=compiled, pieces_write_outside=pieces_write_outside)
     pw = mode_capturers(FakeBackend(), fn, None, split)[Mode.PIECEWISE]
     first, later = FakeKeeper(), FakeKeeper()
     capture(pw, first, first=True)
     capture(pw, later, first=False)
     assert split.calls[0]["warmups"] == 1 and split.calls[0]["guard"] is True and split.calls[0]["record"] is False
-    assert [f for f, _ in first.recorded] == [probe]  # the whole function's writes, learnt once per size that runs eagerly
-    if compiled:  # inductor may compile for a new shape: warm up (unguarded), probe the writes
+    assert [f for f, _ in first.recorded] == [probe]  # the whole function's writes, learnt at the first key
+    if compiled:  # inductor may compile for a new shape: warm up (unguarded)
         assert split.calls[1]["warmups"] == 1 and split.calls[1]["guard"] is False
-        assert [f for f, _ in later.recorded] == [probe] and split.calls[1]["record"] is False
-    else:  # a capture executes nothing: only the split ops' eager runs write, recorded as they run
+    else:  # a capture executes nothing
         assert split.calls[1]["warmups"] == 0 and split.calls[1]["guard"] is False
+    if compiled and pieces_write_outside:  # warm-ups of graph pieces may write outside state: probe first
+        assert [f for f, _ in later.recorded] == [probe] and split.calls[1]["record"] is False
+    else:  # only the split ops' eager runs write outside state, recorded as they run
         assert later.recorded == [] and split.calls[1]["record"] is True and split.calls[1]["keeper"] is later
     assert later.restores >= 1
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from graphify import Options, Pool, graphify, sglang_piecewise_sizes
+from graphify import Batching, Options, Pool, graphify, sglang_piecewise_sizes
 from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
@@ -44,6 +44,38 @@ def test_inductor_compiled_pieces_match_eager():
         batch = lay.build(CFG, device="cuda", seed=len(lay.query_lens))
         ref_cache = cache.clone()
         torch.testing.assert_close(g(*batch, cache), step(*batch, ref_cache), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["plain", "inductor"])
+@pytest.mark.parametrize("piece_writes", [False, True], ids=["attention-writes", "piece-writes-too"])
+def test_capture_leaves_the_cache_and_closed_over_state_as_it_found_them(compile, piece_writes):
+    """Later keys learn their writes from the split ops as they run, or from one schedule
+    replay, only where no graph piece writes outside state; a counter bumped in a graph
+    piece must send them back to recorded eager warm-ups (spec-decode FULL keys: the
+    schedule's request rows differ from theirs)."""
+    step, cache, example, _ = build()
+    counter = torch.zeros((), device="cuda")
+
+    def fn(*args):
+        if piece_writes:
+            counter.add_(1)
+        return step(*args)
+
+    pw = split(fn, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=compile)
+    assert pw.pieces_write_outside is piece_writes
+    is_uniform = lambda *args: bool((args[3] == 2).all())  # noqa: E731
+    before, count = cache.clone(), counter.clone()
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(8, 16, 32), batching=Batching(uniform_query_len=2, uniform=is_uniform),
+                 options=Options(compile_sizes=(16,) if compile else ())).capture(*example, cache)
+    torch.cuda.synchronize()
+    assert torch.equal(cache, before) and torch.equal(counter, count)
+    for lay in (BatchLayout((2,) * 7, (5, 3, 9, 40, 2, 7, 11), 16, 16), BatchLayout((9, 1, 12), (0, 30, 4), 16, 16)):
+        batch = lay.build(CFG, device="cuda", seed=len(lay.query_lens))
+        ref_cache = cache.clone()
+        torch.testing.assert_close(g(*batch, cache), step(*batch, ref_cache), rtol=2e-3, atol=2e-3)
+        # block 0 is scratch: padded rows write there, eager writes nothing
+        torch.testing.assert_close(cache[:, :, 1:], ref_cache[:, :, 1:], rtol=2e-3, atol=2e-3)
+    assert {r.mode.value for r in g.stats.rows()} == {"FULL", "PIECEWISE"}
 
 
 def replayed_kernels(call) -> list[str]:

@@ -19,7 +19,12 @@ def test_every_mode_runs_the_trace_and_matches_eager():
         assert abs(r["steps_full_pct"] + r["steps_piecewise_pct"] + r["steps_none_pct"] - 100) < 1e-6
     assert rows["graphify NONE"]["steps_none_pct"] == 100
     assert rows["graphify FULL_AND_PIECEWISE"]["steps_full_pct"] > 0 and rows["graphify FULL_AND_PIECEWISE"]["steps_piecewise_pct"] > 0
+    for r in rows.values():
+        total_ms = result["trace"]["tokens"] / r["tokens_per_s"] * 1e3  # every timed step lands in its kind
+        assert sum(r["ms_by_kind"].values()) == pytest.approx(total_ms)
+        assert set(r["ms_by_kind"]) == {k for k, n in result["trace"]["step_kinds"].items() if n}
     assert "CPU-only" in serving.render(result)
+    assert "Milliseconds per step kind" in serving.render(result)
 
 
 def test_own_process_runs_compare_with_the_peer_in_the_same_process_kind():

@@ -27,6 +27,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.split_module import split_module
 
+from ._writes import outside_writes
+
 __all__ = ["split", "Piecewise", "Piece", "SplitError", "op_name"]
 
 
@@ -73,6 +75,9 @@ class Piecewise:
     compiled: bool = False
     out_axes: tuple = ()
     op_names: frozenset = frozenset()  # every op the trace calls ('aten::mm', 'ns::attention', ...)
+    # whether a graph piece may write in place to an input or closed-over tensor (only split
+    # ops, run eagerly, do in a model whose attention op writes its KV cache); see `_writes`
+    pieces_write_outside: bool = True
 
     is_split = True
 
@@ -238,6 +243,7 @@ def split(
             current += 1
         else:
             part[node] = current
+    pieces_write_outside = any(part[n] not in split_ids for n in outside_writes(gm))
     program = split_module(gm, None, lambda node: part[node], keep_original_order=True)
     pieces = []
     for node in program.graph.nodes:
@@ -255,7 +261,8 @@ def split(
             object.__setattr__(program, name, piece)  # the stitching program calls it in the piece's place
         pieces = [Piece(p.name, p.kind, compiled.get(p.name, p.module)) for p in pieces]
     return Piecewise(
-        fn, names, program, tuple(pieces), axes, symbols, bool(compile), _out_axes(gm, symbols), frozenset(found)
+        fn, names, program, tuple(pieces), axes, symbols, bool(compile), _out_axes(gm, symbols), frozenset(found),
+        pieces_write_outside,
     )
 
 

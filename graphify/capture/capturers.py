@@ -18,15 +18,24 @@ same code at another batch size, so they skip what the size cannot change:
   replayed once with its split ops at this key's shape, compiling or tuning what they
   need, in a few milliseconds instead of an eager pass over the whole model.
 
-Compiled pieces (inductor) keep a warm-up at every size, since a new shape may compile
-(two for FULL keys, schedule or not: the first, recorded under a dispatch mode, runs the
-pieces as traced; the second runs their compiled code at the key's shapes, without which
-the FULL graph replayed ~10% slower on the H100),
-and so does FULL of an unsplit function (unknown code may set itself up per shape). At the
+Replaying a schedule runs its graph pieces unrecorded, so it stands in for a warm-up only
+where `split` found that no graph piece writes in place to the function's inputs or
+closed-over tensors (`Piecewise.pieces_write_outside`; a model whose attention op writes
+its KV cache qualifies); otherwise those keys warm up eagerly, recorded.
+
+Compiled pieces (inductor) keep a warm-up at every size, since a new shape may compile. For
+PIECEWISE keys after the first, where graph pieces write nothing outside, the split ops'
+writes are recorded as they run in the pass (as for plain pieces) instead of by an eager,
+recorded run of the whole function first. FULL keys warm up twice, running the compiled
+code at the key's shapes (without that run, a FULL graph captured straight after its
+schedule replayed ~10% slower on the H100); the writes those warm-ups make are learnt from
+one replay of the same-size schedule where it can stand in, else from a first warm-up
+recorded under a dispatch mode, which runs the pieces as traced. At the
 sizes chosen for specialisation (`Options(compile_sizes=...)`) compiled pieces run, in
 warm-ups and capture alike, a compile for the key's exact shapes (made by the warm-up, never
-inside a capture). The simulation backend executes what it "captures", so there every size
-records everything.
+inside a capture). FULL of an unsplit function warms up at every key (unknown code may set
+itself up per shape). The simulation backend executes what it "captures", so there every
+size records everything.
 """
 
 from __future__ import annotations
@@ -84,14 +93,28 @@ def mode_capturers(
         # the same kernels, launch dimensions and topology ~10% slower on the H100 (more idle time
         # between every pair of kernels: 1.25 vs 1.14 ms a batch-8 step, four probes), and a
         # specialised compile for this key's request rows may not exist yet.
+        # Replaying the schedule runs its graph pieces for real, unrecorded: only where they
+        # write nothing outside the call (`Piecewise.pieces_write_outside`).
+        replayable = sibling is not None and not first and not getattr(piecewise_fn, "pieces_write_outside", True)
         if not first and sibling is not None and not compiled:
             if sibling.key.reqs_rows != key.reqs_rows:
-                # Warm up through the same-size PIECEWISE schedule, split ops at this shape.
-                keeper.record_writes(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
-                keeper.restore()
-                keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
+                if replayable:
+                    # Warm up through the same-size PIECEWISE schedule, split ops at this shape.
+                    keeper.record_writes(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
+                    keeper.restore()
+                    keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
+                else:
+                    return backend.capture(fn, args, warmups=max(warmups, 1), guard=False, keeper=keeper, **kw)
             # else the sibling's capture pass ran every op of this graph at these very shapes
             return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
+        if replayable and twin is None:
+            # Compiled pieces: the schedule's replay, split ops at this shape, records every write
+            # the warm-ups make (~2 ms instead of an eager pass of the whole function under the
+            # recorder's dispatch mode, ~45 ms at 0.5B); both warm-ups run the compiled code.
+            keeper.record_writes(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
+            keeper.restore()
+            with keeper.covering():
+                return backend.capture(fn, args, warmups=max(warmups, 2), guard=False, keeper=keeper, **kw)
         if twin is not None:
             # torch.compile'd code called under the op guard's dispatch mode falls back to
             # eager for good, so the guard checks the eager twin; an unguarded warm-up then
@@ -108,14 +131,18 @@ def mode_capturers(
 
         def piecewise(args, *, key, warmups, keeper, probe, first, sibling, quick=False, **kw):
             warm = first or compiled or executes
-            if warm and probe is not None:  # the pass runs pieces eagerly: learn the writes first
+            # The pass runs graph pieces eagerly (warm-ups): learn the whole function's writes
+            # first, unless only the split ops can write outside state (their writes are then
+            # recorded as they run in the pass).
+            probed = warm and probe is not None and (first or executes or piecewise_fn.pieces_write_outside)
+            if probed:
                 keeper.record_writes(probe, *args)
                 keeper.restore()
             try:
                 with shaped(key):
                     return piecewise_fn.capture_pieces(
                         backend, args, warmups=max(warmups, 1) if warm else 0, guard=first, keeper=keeper,
-                        record=not warm, **kw,
+                        record=not probed, **kw,
                     )
             finally:
                 keeper.restore()

@@ -1,0 +1,64 @@
+"""Which nodes of a traced graph write, in place, to state from outside the call.
+
+A capture's warm-ups run the function for real, so graphify must undo what they write to
+tensors that existed before the call (a KV cache, a counter, a closed-over buffer). For a
+split function the traced ATen graph tells, before anything runs, which ops can do that: an
+op whose schema marks an argument written (`Tensor(a!)`) where that argument is, through
+views and other in-place ops, an input of the graph or a tensor it closed over (a
+`get_attr` constant). graphify's capture uses the answer to skip an eager, recorded run of
+the whole function at sizes where only the split ops (run eagerly, recorded as they run)
+can write outside state.
+
+The answer over-approximates: a callable without a schema that takes such a tensor, or an
+op returning an alias of one, counts as reaching outside state. Saying "writes" where
+nothing does costs start-up time; the reverse would leave state changed by a capture.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+__all__ = ["outside_writes"]
+
+
+def _tensor_nodes(value) -> list:
+    nodes: list = []
+    torch.fx.node.map_arg(value, nodes.append)
+    return nodes
+
+
+def outside_writes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The call nodes of `gm` that may write in place to a graph input or constant."""
+    outside: set = set()  # nodes whose value is (or may alias) outside state
+    writers = []
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            outside.add(node)
+            continue
+        if node.op != "call_function":
+            continue
+        inputs = node.all_input_nodes
+        if node.target is operator.getitem:  # an item of a result: aliases whatever the result did
+            if inputs and inputs[0] in outside:
+                outside.add(node)
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:  # unknown Python: assume it writes what it reads and returns it
+            if any(n in outside for n in inputs):
+                outside.add(node)
+                writers.append(node)
+            continue
+        by_name = {a.name: a for a in schema.arguments}
+        bound = list(zip(schema.arguments, node.args)) + [(by_name[k], v) for k, v in node.kwargs.items() if k in by_name]
+        written = [v for a, v in bound if a.alias_info is not None and a.alias_info.is_write]
+        if any(n in outside for v in written for n in _tensor_nodes(v)):
+            writers.append(node)
+        aliased = {s for r in schema.returns if r.alias_info is not None for s in r.alias_info.before_set}
+        if aliased and any(
+            n in outside for a, v in bound if a.alias_info is not None and set(a.alias_info.before_set) & aliased
+            for n in _tensor_nodes(v)
+        ):
+            outside.add(node)
+    return writers
