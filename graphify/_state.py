@@ -44,6 +44,17 @@ _INDEXED = {  # op -> how to read back and write back exactly the rows it writes
     "aten::scatter_reduce_": "scatter",
 }
 _UNRESTORABLE = {"aten::set_", "aten::resize_", "aten::resize_as_"}
+# What some schemas do not say. Batch norm in training mode updates its running statistics
+# (arguments 3 and 4) in place, with no `Tensor(a!)` annotation; these ops return views of
+# their first argument with none either. `transforms._writes` reads the same tables.
+UNANNOTATED_WRITES = {
+    "aten::native_batch_norm": (3, 4), "aten::cudnn_batch_norm": (3, 4), "aten::miopen_batch_norm": (3, 4),
+    "aten::_batch_norm_impl_index": (3, 4), "aten::_native_batch_norm_legit": (3, 4),
+}
+UNANNOTATED_VIEWS = frozenset({
+    "aten::_unsafe_view", "aten::_reshape_alias", "aten::unsafe_split", "aten::unsafe_split_with_sizes",
+    "aten::unsafe_chunk", "aten::lift",
+})
 _schema_facts: dict = {}
 
 
@@ -53,9 +64,10 @@ def _facts(func) -> tuple[tuple[int, ...], bool]:
     found = _schema_facts.get(func)
     if found is None:
         schema = func._schema
+        written = {i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write}
         found = _schema_facts[func] = (
-            tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write),
-            any(r.alias_info is not None for r in schema.returns),
+            tuple(sorted(written | set(UNANNOTATED_WRITES.get(schema.name, ())))),
+            any(r.alias_info is not None for r in schema.returns) or schema.name in UNANNOTATED_VIEWS,
         )
     return found
 
@@ -153,11 +165,11 @@ class StateKeeper:
     def covering(self):
         """Within, runs write only what the current record already holds (a schedule
         replay at the same shapes learnt it), so `record_writes` just runs them."""
-        self._covered = True
+        outer, self._covered = self._covered, True
         try:
             yield
         finally:
-            self._covered = False
+            self._covered = outer
 
     def restore(self) -> None:
         """Write back what the recorded run overwrote (newest first)."""

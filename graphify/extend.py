@@ -27,6 +27,7 @@ class SplitFunction(Protocol):
     fn: Callable  # the function as written: eager calls, the op guard's and state recorder's probe
     op_names: frozenset  # every op its trace calls ('aten::mm', 'ns::attention', ...)
     compiled: bool  # its pieces are inductor-compiled (warm-ups at every size; `fn` runs eagerly)
+    pieces_write_outside: bool  # a graph piece may write in place to an input or closed-over tensor
     axes: Any  # the argument axes it was traced with (graphify's default for `axes=`)
     out_axes: Any  # per flat output: 'tokens', 'reqs' or None
 

@@ -80,6 +80,11 @@ def probe(*args):
     return "probed"
 
 
+def eager_twin(*args):
+    """What `prepare` pairs a compiled split function with: the function as written."""
+    return None
+
+
 KEY = BatchDescriptor(8, 8, True)
 
 
@@ -139,7 +144,7 @@ def test_full_of_compiled_pieces_warms_up_twice_even_beside_a_same_size_schedule
     recorded eager run of the whole function."""
     backend, keeper, schedule = FakeBackend(), FakeKeeper(), FakeSchedule()
     key = BatchDescriptor(8, rows, True)
-    full = mode_capturers(backend, fn, None, FakeSplit(compiled=True))[Mode.FULL]
+    full = mode_capturers(backend, fn, eager_twin, FakeSplit(compiled=True))[Mode.FULL]  # as prepare() builds it
     capture(full, keeper, first=False, sibling=sibling_of(key, schedule), key=key)
     assert schedule.replays == [(8, rows, True)]  # split ops through the dispatcher, at this key's rows
     assert [f for f, _ in keeper.recorded] == [schedule.replay] and keeper.restores == 1
@@ -153,7 +158,8 @@ def test_a_schedule_stands_in_for_no_warm_up_where_graph_pieces_write_outside_st
     or a closed-over tensor, FULL keys warm up eagerly with their first run recorded."""
     backend, keeper, schedule = FakeBackend(), FakeKeeper(), FakeSchedule()
     key = BatchDescriptor(24, 8, True)
-    full = mode_capturers(backend, fn, None, FakeSplit(compiled=compiled, pieces_write_outside=True))[Mode.FULL]
+    split = FakeSplit(compiled=compiled, pieces_write_outside=True)
+    full = mode_capturers(backend, fn, eager_twin if compiled else None, split)[Mode.FULL]
     capture(full, keeper, first=False, sibling=sibling_of(key, schedule), key=key)
     assert schedule.replays == []
     last = backend.calls[-1]

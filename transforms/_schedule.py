@@ -15,6 +15,7 @@ captured on (an op that writes into an `out` buffer needs no copy).
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -242,9 +243,7 @@ def capture_pieces(
                                            weak_outputs=False, stream=stream, guard=guard and not pw.compiled)
                 graphs.append(captured.graph if captured.graph is not None else captured)
                 if keeper is not None:  # split ops write into these (`out` buffers): graph memory, not outside state
-                    keeper.exclude.update(
-                        t.untyped_storage().data_ptr() for t in pytree.tree_leaves(captured.outputs) if isinstance(t, torch.Tensor)
-                    )
+                    keeper.exclude.update(_graph_memory(captured.outputs, inputs, module))
                 nbytes += captured.nbytes
                 env[node] = captured.outputs
                 new_slot(node, pytree.tree_map(lambda t: _weak(t, weak), captured.outputs), True)
@@ -279,6 +278,19 @@ def capture_pieces(
     env.clear()
     schedule = Schedule(steps, len(slot_of), static_values, tuple(final_copies), graphs)
     return Captured(schedule.replay, schedule, outputs, nbytes, sized=True)
+
+
+def _graph_memory(outputs, inputs, module) -> set[int]:
+    """Storages of a captured piece's outputs that the piece made: not those of its inputs or
+    constants, which a piece may hand on as views (`cache[0]` passed to a split op that
+    writes it): writes there are outside state, to be recorded and undone."""
+    gm = getattr(module, "original", module)  # a CompiledPiece's traced piece
+    held = [*pytree.tree_leaves(inputs)]
+    if isinstance(gm, torch.fx.GraphModule):
+        held += [functools.reduce(getattr, n.target.split("."), gm) for n in gm.graph.nodes if n.op == "get_attr"]
+    theirs = {t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor)}
+    made = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)}
+    return made - theirs
 
 
 def _direct_call(module: torch.fx.GraphModule) -> Callable:

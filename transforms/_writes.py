@@ -20,6 +20,8 @@ import operator
 
 import torch
 
+from graphify._state import UNANNOTATED_VIEWS, UNANNOTATED_WRITES
+
 __all__ = ["outside_writes"]
 
 
@@ -37,14 +39,14 @@ def outside_writes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
         if node.op in ("placeholder", "get_attr"):
             outside.add(node)
             continue
-        if node.op != "call_function":
+        if node.op not in ("call_function", "call_module", "call_method"):
             continue
         inputs = node.all_input_nodes
         if node.target is operator.getitem:  # an item of a result: aliases whatever the result did
             if inputs and inputs[0] in outside:
                 outside.add(node)
             continue
-        schema = getattr(node.target, "_schema", None)
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
         if schema is None:  # unknown Python: assume it writes what it reads and returns it
             if any(n in outside for n in inputs):
                 outside.add(node)
@@ -52,13 +54,25 @@ def outside_writes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
             continue
         by_name = {a.name: a for a in schema.arguments}
         bound = list(zip(schema.arguments, node.args)) + [(by_name[k], v) for k, v in node.kwargs.items() if k in by_name]
-        written = [v for a, v in bound if a.alias_info is not None and a.alias_info.is_write]
+        unannotated = {schema.arguments[i].name for i in UNANNOTATED_WRITES.get(schema.name, ())}
+        written = [v for a, v in bound if (a.alias_info is not None and a.alias_info.is_write) or a.name in unannotated]
         if any(n in outside for v in written for n in _tensor_nodes(v)):
             writers.append(node)
-        aliased = {s for r in schema.returns if r.alias_info is not None for s in r.alias_info.before_set}
-        if aliased and any(
-            n in outside for a, v in bound if a.alias_info is not None and set(a.alias_info.before_set) & aliased
-            for n in _tensor_nodes(v)
-        ):
+        if schema.name in UNANNOTATED_VIEWS and any(n in outside for n in inputs):
+            outside.add(node)
+            continue
+        if schema.name == "aten::set_" and any(n in outside for n in inputs):
+            # the written tensor now shares an outside storage: it and everything after it is outside
+            outside.update(n for _, v in bound[:1] for n in _tensor_nodes(v))
+            outside.add(node)
+            continue
+        returns = [r for r in schema.returns if r.alias_info is not None]
+        if not returns:
+            continue
+        # a list return (split, unbind: `Tensor(a)[]`) names no alias set at the top: any
+        # annotated argument may be what it views
+        sets = {s for r in returns for s in r.alias_info.before_set}
+        if any(n in outside for a, v in bound if a.alias_info is not None
+               and (not sets or set(a.alias_info.before_set) & sets) for n in _tensor_nodes(v)):
             outside.add(node)
     return writers

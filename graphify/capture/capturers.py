@@ -35,7 +35,7 @@ sizes chosen for specialisation (`Options(compile_sizes=...)`) compiled pieces r
 warm-ups and capture alike, a compile for the key's exact shapes (made by the warm-up, never
 inside a capture). FULL of an unsplit function warms up at every key (unknown code may set
 itself up per shape). The simulation backend executes what it "captures", so there every
-size records everything.
+PIECEWISE key records the whole function's writes; its FULL keys follow the rules above.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def mode_capturers(
         # specialised compile for this key's request rows may not exist yet.
         # Replaying the schedule runs its graph pieces for real, unrecorded: only where they
         # write nothing outside the call (`Piecewise.pieces_write_outside`).
-        replayable = sibling is not None and not first and not getattr(piecewise_fn, "pieces_write_outside", True)
+        replayable = sibling is not None and not first and not piecewise_fn.pieces_write_outside
         if not first and sibling is not None and not compiled:
             if sibling.key.reqs_rows != key.reqs_rows:
                 if replayable:
@@ -107,7 +107,7 @@ def mode_capturers(
                     return backend.capture(fn, args, warmups=max(warmups, 1), guard=False, keeper=keeper, **kw)
             # else the sibling's capture pass ran every op of this graph at these very shapes
             return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
-        if replayable and twin is None:
+        if replayable and compiled:
             # Compiled pieces: the schedule's replay, split ops at this shape, records every write
             # the warm-ups make (~2 ms instead of an eager pass of the whole function under the
             # recorder's dispatch mode, ~45 ms at 0.5B); both warm-ups run the compiled code.
