@@ -63,8 +63,9 @@ def _percentile(values, q: float) -> float:
 class Setup:
     """The model, its paged cache, the trace as batches, and an example batch for split."""
 
-    def __init__(self, gpu: bool, num_requests: int, seed: int):
+    def __init__(self, gpu: bool, num_requests: int, seed: int, specialise_from: int = SPECIALISE_FROM):
         device = "cuda" if gpu else "cpu"
+        self.specialise_from = specialise_from
         self.gpu, self.device = gpu, device
         self.cfg = cfg = DecoderConfig.qwen2_5_0_5b(max_seq_len=1024) if gpu else DecoderConfig.tiny(max_seq_len=256)
         self.block, self.max_blocks = 16, 64
@@ -90,15 +91,19 @@ class Setup:
         if mode != "NONE":
             fn = split(self.step, split_ops(ATTENTION), *self.example, self.cache, axes=varlen_axes(), compile=inductor)
         sizes = sglang_piecewise_sizes(self.max_tokens)
-        # Specialised compiles where they pay: the large sizes (2.7% at 512 tokens on the H100,
-        # nothing measurable at decode sizes: benchmarks/results/compile-sizes-*.md).
-        options = Options(compile_sizes=tuple(s for s in sizes if s >= SPECIALISE_FROM)) if inductor else None
+        options = Options(compile_sizes=self.compile_sizes(sizes)) if inductor else None
         g = graphify(fn, mode=mode, sizes=sizes, axes=varlen_axes(), outputs="view", support=model_support(ATTENTION),
                      options=options)
         if mode != "NONE":
             g = g.capture(*self.example, self.cache)
         sync()
         return g, time.perf_counter() - t0
+
+    def compile_sizes(self, sizes) -> tuple[int, ...]:
+        """The capture sizes whose inductor pieces get a compile of their own: the large ones,
+        where it pays (2.7% at 512 tokens on the H100, nothing measurable at decode sizes:
+        benchmarks/results/compile-sizes-*.md), each ~4 s of cold start."""
+        return tuple(s for s in sizes if s >= self.specialise_from)
 
     def decode_batch(self, b: int, context: int = 256) -> tuple:
         """A uniform decode batch of `b` requests at KV length `context` (own KV blocks)."""

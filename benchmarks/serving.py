@@ -16,7 +16,10 @@ the simulation backend, and the timings say so.
 Output: a table in the terminal; Markdown, JSON and a PNG plot (throughput and p99 by
 configuration) under benchmarks/results/, stamped with device, date and versions.
 
-    python -m benchmarks.serving [--requests 48] [--seed 0]
+    python -m benchmarks.serving [--requests 48] [--seed 0] [--specialise-from 256] [--fresh-caches]
+
+One configuration alone, e.g. to weigh specialised compiles against cold start on one machine:
+`python -m benchmarks.serving --own-process graphify --out a.json --fresh-caches --specialise-from 1024`.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ import torch
 from graphify import Mode
 
 from ._plot import plot_serving
-from ._report import RESULTS, device_slug, environment, host_pipelined_us, kernels, publish, table, time_per_call
-from ._serving_trace import (ATTENTION, MODES, Setup, _percentile, decode_rows, ms_by_kind, run_trace, slowest_steps,
-                             step_timer)
+from ._report import (RESULTS, device_slug, environment, fresh_compile_caches, host_pipelined_us, kernels, publish, table,
+                      time_per_call)
+from ._serving_trace import (ATTENTION, MODES, SPECIALISE_FROM, Setup, _percentile, decode_rows, ms_by_kind, run_trace,
+                             slowest_steps, step_timer)
 
 def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tuple[dict, object]:
     name = f"graphify {mode}" + (" + inductor" if inductor else "")  # compiled pieces, specialised sizes
@@ -81,7 +85,7 @@ OWN_PROCESS = {  # the peer-compared configurations, each run in a process of it
 }
 
 
-def in_own_process(which: str, num_requests: int, seed: int) -> dict | None:
+def in_own_process(which: str, num_requests: int, seed: int, specialise_from: int = SPECIALISE_FROM) -> dict | None:
     """`own_process_run(which)` in a new process on this machine: {"row", "decode"}, or None
     if it failed. Each peer-compared configuration runs alone, as a user runs one: a process
     that ran other configurations first steps slower (batch-8 decode 1.26-1.27 ms for
@@ -96,7 +100,8 @@ def in_own_process(which: str, num_requests: int, seed: int) -> dict | None:
         out = f"{tmp}/{which}.json"
         try:
             done = subprocess.run([sys.executable, "-m", "benchmarks.serving", "--own-process", which, "--out", out,
-                                   "--requests", str(num_requests), "--seed", str(seed)],
+                                   "--requests", str(num_requests), "--seed", str(seed),
+                                   "--specialise-from", str(specialise_from)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900)
             if done.returncode != 0:
                 print(f"{which} in its own process failed: {done.stderr[-800:]}", file=sys.stderr)
@@ -108,10 +113,10 @@ def in_own_process(which: str, num_requests: int, seed: int) -> dict | None:
             return None
 
 
-def own_process_run(which: str, num_requests: int, seed: int) -> dict:
+def own_process_run(which: str, num_requests: int, seed: int, specialise_from: int = SPECIALISE_FROM) -> dict:
     """The body of `in_own_process`: one configuration's row (start-up, tokens/s, p99) and
     its batch-8 decode rows."""
-    setup = Setup(True, num_requests, seed)
+    setup = Setup(True, num_requests, seed, specialise_from)
     timed = step_timer(True)
     name = OWN_PROCESS[which]
     if which == "ro":
@@ -167,10 +172,10 @@ def merge_own_processes(rows: list, decode: list, runs: list) -> None:
     decode.sort(key=lambda r: (r["config"] != "eager", r["config"] != OWN_PROCESS["ro"]))
 
 
-def run(num_requests: int = 48, seed: int = 0) -> dict:
+def run(num_requests: int = 48, seed: int = 0, specialise_from: int = SPECIALISE_FROM) -> dict:
     env = environment()
     gpu = env["gpu"]
-    setup = Setup(gpu, num_requests, seed)
+    setup = Setup(gpu, num_requests, seed, specialise_from)
     timed = step_timer(gpu)
     rows, decode = [], []
     for mode in MODES:
@@ -191,7 +196,7 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
         # cold, though Triton kernels the pieces share with it may be on disk already. The reference model's
         # attention op captures into FULL graphs at every batch, so FULL graphs of the
         # compiled pieces serve mixed steps too.
-        runs = [(which, process, in_own_process(which, num_requests, seed))
+        runs = [(which, process, in_own_process(which, num_requests, seed, specialise_from))
                 for which in OWN_PROCESS for process in ("1st", "2nd")]
         merge_own_processes(rows, decode, runs)
     kinds = {k: sum(s.kind == k for s in setup.steps) for k in ("prefill", "mixed", "decode", "spec")}
@@ -202,7 +207,7 @@ def run(num_requests: int = 48, seed: int = 0) -> dict:
             "trace": {"requests": num_requests, "seed": seed, "steps": len(setup.steps), "tokens": setup.tokens,
                       "step_kinds": kinds, "max_batch_tokens": setup.max_tokens},
             "config": {"model": "qwen2.5-0.5b-shape" if gpu else "tiny", "dtype": str(setup.cfg.dtype),
-                       "attention": ATTENTION}}
+                       "attention": ATTENTION, "specialise_from": specialise_from}}
 
 
 COLUMNS = [("config", "configuration", "s"), ("process", "process", "s"), ("tokens_per_s", "tokens/s", ".0f"),
@@ -266,19 +271,27 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--own-process", choices=tuple(OWN_PROCESS), help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--specialise-from", type=int, default=SPECIALISE_FROM,
+                        help="inductor pieces get a compile of their own at capture sizes of this many tokens and up "
+                             "(each ~4 s of cold start; above 512: none)")
+    parser.add_argument("--fresh-caches", action="store_true",
+                        help="compile with empty inductor and Triton caches (what a fresh machine's first process pays)")
+    parser.add_argument("--own-process", choices=tuple(OWN_PROCESS),
+                        help="run only this peer-compared configuration (what the main job runs in a process of its own)")
+    parser.add_argument("--out", help="with --own-process: the JSON file its result is written to")
     args = parser.parse_args(argv)
+    if args.fresh_caches:  # before anything compiles; own processes inherit the folders
+        fresh_compile_caches()
     if args.own_process and not args.out:
         parser.error("--own-process needs --out (the JSON file its result is written to)")
     if args.own_process:
         import json
 
-        result = own_process_run(args.own_process, args.requests, args.seed)
+        result = own_process_run(args.own_process, args.requests, args.seed, args.specialise_from)
         with open(args.out, "w") as f:
             json.dump(result, f)
         return result
-    result = run(args.requests, args.seed)
+    result = run(args.requests, args.seed, args.specialise_from)
     markdown = render(result)
     env = result["env"]
     title = (f"serving trace, {result['config']['model']} on {env['device']}, torch {env['torch']}"

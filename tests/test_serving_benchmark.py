@@ -59,3 +59,12 @@ def test_own_process_runs_compare_with_the_peer_in_the_same_process_kind():
                                      "step_kinds": {}},
                            "ratios": {"fp_vs_piecewise": 1.0, "fp_vs_none": 2.0}})
     assert text.count("| 2nd |") == 4 and text.count("| 1st |") == 6  # 2 + 3 rows, 2 + 3 decode rows
+
+
+def test_the_sizes_that_get_their_own_compile_start_where_asked():
+    from benchmarks._serving_trace import SPECIALISE_FROM, Setup
+
+    sizes = (16, 32, 256, 288, 512)
+    assert Setup(False, 4, 1).compile_sizes(sizes) == tuple(s for s in sizes if s >= SPECIALISE_FROM)
+    assert Setup(False, 4, 1, specialise_from=288).compile_sizes(sizes) == (288, 512)
+    assert Setup(False, 4, 1, specialise_from=1024).compile_sizes(sizes) == ()
