@@ -88,31 +88,33 @@ def mode_capturers(
             # a new transformers cache length) captured before: capture straight away. A
             # capture executes nothing on CUDA, so nothing to record or undo there.
             return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
-        # Compiled pieces never take the sibling's shortcut: their FULL graph captured straight
-        # after the schedule (no eager run of the compiled code at these shapes first) replayed
-        # the same kernels, launch dimensions and topology ~10% slower on the H100 (more idle time
-        # between every pair of kernels: 1.25 vs 1.14 ms a batch-8 step, four probes), and a
-        # specialised compile for this key's request rows may not exist yet.
         # Replaying the schedule runs its graph pieces for real, unrecorded: only where they
         # write nothing outside the call (`Piecewise.pieces_write_outside`).
         replayable = sibling is not None and not first and not piecewise_fn.pieces_write_outside
-        if not first and sibling is not None and not compiled:
-            if sibling.key.reqs_rows != key.reqs_rows:
-                if replayable:
-                    # Warm up through the same-size PIECEWISE schedule, split ops at this shape.
-                    keeper.record_writes(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
-                    keeper.restore()
-                    keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
-                else:
-                    return backend.capture(fn, args, warmups=max(warmups, 1), guard=False, keeper=keeper, **kw)
-            # else the sibling's capture pass ran every op of this graph at these very shapes
-            return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
-        if replayable and compiled:
-            # Compiled pieces: the schedule's replay, split ops at this shape, records every write
-            # the warm-ups make (~2 ms instead of an eager pass of the whole function under the
-            # recorder's dispatch mode, ~45 ms at 0.5B); both warm-ups run the compiled code.
+
+        def learn_from_schedule():
+            """Replay the same-size PIECEWISE schedule with its split ops at this key's shape
+            (compiling or tuning what they need) under the recorder: it writes what a run at
+            this key writes, in ~2 ms instead of an eager pass over the whole function."""
             keeper.record_writes(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
             keeper.restore()
+
+        if not first and sibling is not None and not compiled:
+            if sibling.key.reqs_rows == key.reqs_rows:  # its capture pass ran every op of this graph at these shapes
+                return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
+            if not replayable:
+                return backend.capture(fn, args, warmups=max(warmups, 1), guard=False, keeper=keeper, **kw)
+            learn_from_schedule()
+            keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
+            return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
+        if replayable and compiled:
+            # Compiled pieces never capture straight after the schedule: their FULL graph, with no
+            # eager run of the compiled code at these shapes first, replayed the same kernels,
+            # launch dimensions and topology ~10% slower on the H100 (more idle time between every
+            # pair of kernels: 1.25 vs 1.14 ms a batch-8 step, four probes), and a specialised
+            # compile for this key's request rows may not exist yet. Both warm-ups run the
+            # compiled code; the schedule's record covers what they write.
+            learn_from_schedule()
             with keeper.covering():
                 return backend.capture(fn, args, warmups=max(warmups, 2), guard=False, keeper=keeper, **kw)
         if twin is not None:
