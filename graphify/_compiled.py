@@ -9,13 +9,22 @@ so as long as its graphs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 
 from .extend import as_split
 
-__all__ = ["compile_for_captures", "KeptCompiles"]
+__all__ = ["compile_for_captures", "KeptCompiles", "DYNAMO_CONFIG"]
+
+# Dynamo settings while the function compiles. With dynamic shapes dynamo makes every float
+# it meets a symbol (a module's `eps`, attention `scaling`), then inductor's pass that turns
+# such symbols into tensors gives up and dynamo traces the whole function again with them
+# specialised: two traces and two AOT runs of the model for one compile (logged as
+# "Restarting analysis due to ... _tensorify_python_scalars"). Specialising floats from the
+# start traces once; a float that changes is a new static value to graphify anyway.
+DYNAMO_CONFIG = {"specialize_float": True}
 
 
 class KeptCompiles:
@@ -61,4 +70,20 @@ def compile_for_captures(call: str, fn: Callable, how: "bool | dict") -> Callabl
     how = dict(how) if isinstance(how, dict) else {}
     dynamic = how.pop("dynamic", True)
     backend = KeptCompiles(how.pop("backend", "inductor"), how.pop("mode", None), how.pop("options", None), dynamic)
-    return torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs
+    return _with_dynamo_config(compiled, dict(DYNAMO_CONFIG))
+
+
+def _with_dynamo_config(compiled: Callable, config: dict) -> Callable:
+    """`compiled`, called with dynamo's `config` in force (it applies when a call compiles).
+    Keeps what marks it as torch.compile'd (`_torchdynamo_orig_callable`): captures find its
+    eager original through it."""
+    if not config:
+        return compiled
+
+    @functools.wraps(compiled)
+    def call(*args, **kwargs):
+        with torch._dynamo.config.patch(**config):
+            return compiled(*args, **kwargs)
+
+    return call

@@ -87,8 +87,9 @@ class Options:
       `torch.compile` keywords) compiles the function, with dynamic shapes unless the dict
       says otherwise, for the calls that capture graphs; calls that run without a graph
       (transformers' prefill, sizes not captured) run it as written, so they never compile.
-      The first capture pays the compile (tens of seconds for a 0.5B model on the H100),
-      and a batch of 1 after larger ones (or the reverse) one more; other shapes reuse it.
+      The first capture pays the compile (45-57 s cold for a 0.5B model on the H100; Python
+      floats such as `eps` are specialised, so dynamo traces the model once, not twice), and
+      a batch of 1 after larger ones (or the reverse) one more; other shapes reuse it.
       `graphify(torch.compile(fn))` instead compiles every call, eager ones included.
       What the compile made lives as long as the graphified function, whose graphs launch
       it (`torch._dynamo.reset()` does not free it). For a split function, FULL graphs

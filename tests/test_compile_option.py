@@ -240,3 +240,47 @@ def test_inductor_graphs_replay_after_dynamo_resets(backend):
         x = torch.randn(8, 64, device="cuda")
         torch.testing.assert_close(g(x, w1, w2), mlp(x, w1, w2), rtol=2e-3, atol=2e-3)
     assert replays(g) == before + 3
+
+
+class Scaled(torch.nn.Module):
+    """Float attributes as transformers layers have them (`eps`, attention `scaling`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.eps, self.scaling = torch.nn.Linear(16, 16), 1e-6, 0.25
+
+    def forward(self, x):
+        x = self.lin(x)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        q = x.view(x.shape[0], 1, 4, 4).transpose(1, 2)  # an op that takes the float as a number
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, scale=self.scaling).reshape(x.shape)
+
+
+@pytest.mark.parametrize("floats", ["specialised", "symbolic"])
+def test_a_compile_with_dynamic_shapes_traces_the_function_once(backend, monkeypatch, floats):
+    """With dynamic shapes dynamo made float attributes symbols, and AOTAutograd's pass that
+    turns them into tensors restarted the whole trace: every compile traced the model twice.
+    Floats are specialised while graphify's compile runs, so the backend is called once."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    import graphify._compiled as compiled
+
+    if floats == "symbolic":  # the old setting: shows what the test would catch
+        monkeypatch.setattr(compiled, "DYNAMO_CONFIG", {})
+    calls = []
+
+    def counted(gm, example_inputs):
+        calls.append(len(example_inputs))
+        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward))(gm, example_inputs)
+
+    model = Scaled().to(backend[1])
+    g = graphify(model, backend=backend[0], options=Options(compile={"backend": counted}))
+    for n in (4, 4, 4, 6):  # captured at 4 (one compile), then 6 reuses it (dynamic shapes)
+        x = torch.randn(n, 16, device=backend[1])
+        with torch.no_grad():
+            assert torch.allclose(g(x), model(x), atol=1e-5)
+    assert replays(g) >= 2
+    if floats == "symbolic" and len(calls) == 1:
+        pytest.skip("this torch no longer restarts the trace for symbolic floats")
+    assert len(calls) == (1 if floats == "specialised" else 2)
