@@ -14,9 +14,10 @@ bf16, greedy. Per configuration and batch, in a process of its own: the first ge
 (compile and capture included), ms per new token in a 64-token generate() (median after
 the first call; prefill excluded), steady ms per token (a 192-token call minus a 64-token
 call; the first 192-token call is timed apart, since transformers recompiles for a longer
-cache), and the largest logit difference to eager over the first decode steps. Then the
-chat-like workload, in a fresh process: 20 seeded generate() calls (batch 1-8, prompts
-16-256 tokens, 16-256 new tokens), total wall time with every compile and capture.
+cache), on a GPU the kernels and GPU time per token (torch.profiler), and the largest
+logit difference to eager over the first decode steps. Then the chat-like workload, in a
+fresh process: 20 seeded generate() calls (batch 1-8, prompts 16-256 tokens, 16-256 new
+tokens), total wall time with every compile and capture.
 
 On a machine without a GPU: a tiny config on the CPU simulation backend, labelled as not
 GPU timings.
@@ -113,6 +114,17 @@ def chat_calls(vocab: int, gpu: bool) -> list[tuple[int, int, int]]:
     return [(rng.randint(1, 8), rng.randint(16, 256), rng.randint(16, 256)) for _ in range(CHAT_CALLS)]
 
 
+def gpu_per_token(call, prefill, new: int) -> dict:
+    """Kernels and GPU milliseconds per new token of `call` (a `new`-token generate()), less
+    those of `prefill` (a 1-token one), from torch.profiler, which sees kernels inside graph
+    replays. Against ms/token it tells GPU work from host time the GPU waits out."""
+    from ._report import kernels
+
+    count, gpu_ms, _, _ = kernels(call, steps=1)
+    count_1, gpu_ms_1, _, _ = kernels(prefill, steps=1)
+    return {"kernels_per_token": (count - count_1) / (new - 1), "gpu_ms_per_token": (gpu_ms - gpu_ms_1) / (new - 1)}
+
+
 def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: int, ref_dir: str) -> list[dict]:
     """One configuration at every batch size, in this process."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -132,6 +144,8 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
             row["first_longer_ms_per_token"] = (timed(lambda: generate(model, name, ids, longer)) - call) * 1e3 / (longer - new)  # noqa: B023
             call_long = statistics.median(timed(lambda: generate(model, name, ids, longer)) for _ in range(reps))  # noqa: B023
             row["steady_ms_per_token"] = (call_long - call) * 1e3 / (longer - new)
+        if device == "cuda":  # the GPU's share of a token: kernels and their time, prefill taken out
+            row.update(gpu_per_token(lambda: generate(model, name, ids, new), lambda: generate(model, name, ids, 1), new))  # noqa: B023
         out = generate(model, name, ids, LOGIT_STEPS + 1, output_logits=True, return_dict_in_generate=True)
         logits = torch.stack(out.logits[1:], 1).float().cpu()  # the decode steps' logits
         ref_path = Path(ref_dir) / f"{shape}-{batch}.pt"
@@ -203,6 +217,7 @@ def spawn(config: str, shape: str, args, ref: str, out: str, chat: bool = False)
 COLUMNS = [
     ("model", "model", ""), ("batch", "B", "d"), ("config", "configuration", ""),
     ("ms_per_token", "ms/token, 64-token call", ".2f"), ("vs_peer", "÷ peer", ".2f"),
+    ("gpu_ms_per_token", "GPU ms/token", ".2f"), ("kernels_per_token", "kernels/token", ".0f"),
     ("steady_ms_per_token", "steady ms/token", ".2f"), ("steady_vs_peer", "÷ peer", ".2f"),
     ("first_longer_ms_per_token", "first 192-token call, ms/extra token", ".1f"),
     ("first_generate_s", "first generate() s", ".1f"), ("first_vs_peer", "÷ peer", ".2f"),
