@@ -19,9 +19,9 @@ from .extend import as_split
 __all__ = ["compile_for_captures", "KeptCompiles", "DYNAMO_CONFIG"]
 
 # Dynamo settings while the function compiles. With dynamic shapes dynamo makes every float
-# it meets a symbol (a module's `eps`, attention `scaling`), then inductor's pass that turns
-# such symbols into tensors gives up and dynamo traces the whole function again with them
-# specialised: two traces and two AOT runs of the model for one compile (logged as
+# it meets a symbol (a module's `eps`, attention `scaling`); AOTAutograd's pass that turns
+# such symbols into tensors cannot take one an op gets as a number (SDPA's `scale`), and
+# dynamo traces the whole function again with floats specialised: two traces and two AOT runs of the model for one compile (logged as
 # "Restarting analysis due to ... _tensorify_python_scalars"). Specialising floats from the
 # start traces once; a float that changes is a new static value to graphify anyway.
 DYNAMO_CONFIG = {"specialize_float": True}
