@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 
 from ._guard import CaptureGuard
 
-__all__ = ["StateKeeper"]
+__all__ = ["StateKeeper", "schema_facts", "UNANNOTATED_VIEWS", "UNANNOTATED_WRITES"]
 
 log = logging.getLogger("graphify")
 _aten = torch.ops.aten
@@ -58,9 +58,10 @@ UNANNOTATED_VIEWS = frozenset({
 _schema_facts: dict = {}
 
 
-def _facts(func) -> tuple[tuple[int, ...], bool]:
+def schema_facts(func) -> tuple[tuple[int, ...], bool]:
     """(positions of the arguments `func` writes in place, whether it returns a view of
-    an input), from its schema's `Tensor(a!)` / `Tensor(a)` annotations; cached per op."""
+    an input), from its schema's `Tensor(a!)` / `Tensor(a)` annotations and the tables of
+    what schemas do not say; cached per op. The recorder and `transforms._writes` both ask."""
     found = _schema_facts.get(func)
     if found is None:
         schema = func._schema
@@ -88,7 +89,7 @@ class _Recorder(TorchDispatchMode):
         if any(t is not torch.Tensor and is_traceable_wrapper_subclass_type(t) for t in types):
             return NotImplemented  # a tensor subclass (DTensor) dispatches itself: see the plain ops it issues
         kwargs = kwargs or {}
-        written, aliases = _facts(func)
+        written, aliases = schema_facts(func)
         if written and not _capturing():
             name = func._schema.name
             schema_args = func._schema.arguments

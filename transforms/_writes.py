@@ -20,7 +20,7 @@ import operator
 
 import torch
 
-from graphify._state import UNANNOTATED_VIEWS, UNANNOTATED_WRITES
+from graphify._state import UNANNOTATED_VIEWS, schema_facts
 
 __all__ = ["outside_writes"]
 
@@ -54,8 +54,8 @@ def outside_writes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
             continue
         by_name = {a.name: a for a in schema.arguments}
         bound = list(zip(schema.arguments, node.args)) + [(by_name[k], v) for k, v in node.kwargs.items() if k in by_name]
-        unannotated = {schema.arguments[i].name for i in UNANNOTATED_WRITES.get(schema.name, ())}
-        written = [v for a, v in bound if (a.alias_info is not None and a.alias_info.is_write) or a.name in unannotated]
+        written_names = {schema.arguments[i].name for i in schema_facts(node.target)[0]}
+        written = [v for a, v in bound if a.name in written_names]
         if any(n in outside for v in written for n in _tensor_nodes(v)):
             writers.append(node)
         if schema.name in UNANNOTATED_VIEWS and any(n in outside for n in inputs):
