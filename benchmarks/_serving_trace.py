@@ -142,6 +142,14 @@ def slowest_steps(setup: Setup, latencies: list[float], g=None, count: int = 3) 
     return out
 
 
+STEP_KINDS = ("prefill", "mixed", "decode", "spec")
+
+
+def step_kinds(setup: Setup) -> dict[str, int]:
+    """How many steps of the trace are of each kind."""
+    return {k: sum(s.kind == k for s in setup.steps) for k in STEP_KINDS}
+
+
 def ms_by_kind(setup: Setup, latencies: list[float]) -> dict[str, float]:
     """Milliseconds spent per step kind over the trace (prefill, mixed, decode, spec): where a
     configuration wins or loses against another on the same trace."""

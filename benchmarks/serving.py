@@ -36,8 +36,8 @@ from graphify import Mode
 from ._plot import plot_serving
 from ._report import (RESULTS, device_slug, environment, fresh_compile_caches, host_pipelined_us, kernels, publish, table,
                       time_per_call)
-from ._serving_trace import (ATTENTION, MODES, SPECIALISE_FROM, Setup, _percentile, decode_rows, ms_by_kind, run_trace,
-                             slowest_steps, step_timer)
+from ._serving_trace import (ATTENTION, MODES, SPECIALISE_FROM, STEP_KINDS, Setup, _percentile, decode_rows, ms_by_kind,
+                             run_trace, slowest_steps, step_kinds, step_timer)
 
 def graphify_row(setup: Setup, mode: str, timed, inductor: bool = False) -> tuple[dict, object]:
     name = f"graphify {mode}" + (" + inductor" if inductor else "")  # compiled pieces, specialised sizes
@@ -199,7 +199,7 @@ def run(num_requests: int = 48, seed: int = 0, specialise_from: int = SPECIALISE
         runs = [(which, process, in_own_process(which, num_requests, seed, specialise_from))
                 for which in OWN_PROCESS for process in ("1st", "2nd")]
         merge_own_processes(rows, decode, runs)
-    kinds = {k: sum(s.kind == k for s in setup.steps) for k in ("prefill", "mixed", "decode", "spec")}
+    kinds = step_kinds(setup)
     by = {r["config"]: r for r in rows}
     fp, pw, none = (by[f"graphify {m}"]["tokens_per_s"] for m in ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE"))
     return {"env": env, "rows": rows, "decode": decode,
@@ -231,7 +231,7 @@ def render(result: dict) -> str:
     lines.append(f"Trace: {t['requests']} requests (seed {t['seed']}), {t['steps']} steps, {t['tokens']} tokens, "
                  f"at most {t['max_batch_tokens']} tokens a step; step kinds {t['step_kinds']}.\n")
     lines.append(table(result["rows"], COLUMNS))
-    kinds = [k for k in ("prefill", "mixed", "decode", "spec") if t["step_kinds"].get(k)]
+    kinds = [k for k in STEP_KINDS if t["step_kinds"].get(k)]
     by_kind = [{"config": r["config"], "process": r.get("process", ""),
                 **{k: r["ms_by_kind"].get(k, 0.0) for k in kinds}} for r in result["rows"] if r.get("ms_by_kind")]
     if by_kind:

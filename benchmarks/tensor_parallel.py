@@ -224,7 +224,7 @@ def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startu
 def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
     """The main job's trace (benchmarks/serving.py) through graphify FULL_AND_PIECEWISE at
     TP=1 (each rank its own single-GPU model) and TP=world (`group=`) per all-reduce kind."""
-    from ._serving_trace import ATTENTION, Setup, step_timer
+    from ._serving_trace import ATTENTION, Setup, step_kinds, step_timer
 
     gpu = device.type == "cuda"
     setup = Setup(gpu, args.requests, args.seed)
@@ -255,7 +255,7 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
         del g, fn, step, cache
         ratios[label] = {"tokens_per_s": tp["tokens_per_s"] / one["tokens_per_s"], "p99": tp["p99_ms"] / one["p99_ms"]}
         rows.append({**tp, "all_reduce": label})
-    kinds = {k: sum(s.kind == k for s in setup.steps) for k in ("prefill", "mixed", "decode", "spec")}
+    kinds = step_kinds(setup)
     return {"env": {**environment(), "world": world}, "world": world, "rows": rows, "ratios": ratios,
             "trace": {"requests": args.requests, "seed": args.seed, "steps": len(setup.steps), "tokens": setup.tokens,
                       "step_kinds": kinds, "max_batch_tokens": setup.max_tokens},
