@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import attrs
 import torch
 
 from graphify import Options, freeze_gc, graphify, sglang_piecewise_sizes
@@ -92,8 +93,8 @@ class Setup:
             fn = split(self.step, split_ops(ATTENTION), *self.example, self.cache, axes=varlen_axes(), compile=inductor)
         sizes = sglang_piecewise_sizes(self.max_tokens)
         options = Options(compile_sizes=self.compile_sizes(sizes)) if inductor else None
-        g = graphify(fn, mode=mode, sizes=sizes, axes=varlen_axes(), outputs="view", support=model_support(ATTENTION),
-                     options=options)
+        g = graphify(fn, mode=mode, sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION),
+                     options=attrs.evolve(options or Options(), outputs="view"))
         if mode != "NONE":
             g = g.capture(*self.example, self.cache)
         sync()

@@ -16,7 +16,7 @@ import time
 import attrs
 import torch
 
-from graphify import graphify, persistent, tokens, vllm_sizes
+from graphify import Options, graphify, persistent, tokens, vllm_sizes
 from graphify import static as static_axis
 from models import DecoderConfig, decode_step, init_params, new_kv_cache
 
@@ -33,7 +33,7 @@ def run(batch_sizes=(1, 8)) -> dict:
     axes = (tokens(), tokens(), tokens(), persistent())
     example = (torch.zeros(1, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device),
                torch.ones(1, dtype=torch.long, device=device), cache)
-    views = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes, outputs="view").capture(*example)
+    views = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes, options=Options(outputs="view")).capture(*example)
     copies = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes).capture(*example)
     holder = _Holder(cache)
     held = graphify(_step_over(step), mode="FULL", sizes=vllm_sizes(max(batch_sizes)),

@@ -39,7 +39,7 @@ def run(sizes=(1, 8, 32, 128, 512)) -> dict:
     t0 = time.perf_counter()  # the dynamic compile, once, so no size's row carries it
     warm = BatchLayout((1, 1), (256, 256), 16, 17).build(cfg, device="cuda", seed=2)
     graphify(pw, mode="FULL", sizes=[2], axes=varlen_axes(), support=model_support("unified"),
-             options=Options(compile_sizes="none", progress=False)).capture(*warm, cache).release()
+             options=Options(compile_sizes="none")).capture(*warm, cache).release()
     rows.append({"what": "dynamic compile + capture of size 2", "seconds": time.perf_counter() - t0})
     out = []
     for n in sizes:
@@ -50,7 +50,7 @@ def run(sizes=(1, 8, 32, 128, 512)) -> dict:
             sync()
             t0 = time.perf_counter()
             g = graphify(pw, mode="FULL", sizes=[n], axes=varlen_axes(), support=model_support("unified"),
-                         outputs="view", options=Options(compile_sizes=rule, progress=False)).capture(*batch, cache)
+                         options=Options(outputs="view", compile_sizes=rule)).capture(*batch, cache)
             sync()
             row[f"{name}_capture_s"] = time.perf_counter() - t0
             with torch.inference_mode():

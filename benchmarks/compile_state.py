@@ -52,9 +52,8 @@ def run(dump: str | None = None) -> dict:
 
     def build(name: str) -> None:
         fn = split(setup.step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes(), compile=True)
-        g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=sizes, axes=varlen_axes(), outputs="view",
-                     support=model_support(ATTENTION),
-                     options=Options(compile_sizes=tuple(s for s in sizes if s >= 256)))
+        g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION),
+                     options=Options(outputs="view", compile_sizes=tuple(s for s in sizes if s >= 256)))
         graphs[name] = g.capture(*setup.example, cache)
         assert any(e.mode is Mode.FULL and e.key.num_tokens == B for e in graphs[name].table)
         launchers[name] = launcher_counts()

@@ -20,7 +20,7 @@ import attrs
 
 import torch
 
-from graphify import graphify, persistent, tokens, vllm_sizes
+from graphify import Options, graphify, persistent, tokens, vllm_sizes
 from models import DecoderConfig, decode_step, init_params, new_kv_cache
 
 from . import dispatch as dispatch_bench
@@ -74,11 +74,11 @@ def run(batch_sizes=(1, 8, 64), model: str = "0.5b") -> dict:
     step = decode_step(cfg, params)
     axes = (tokens(), tokens(), tokens(), persistent())
 
-    g = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes, backend="auto", outputs="view")
+    g = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes, options=Options(backend="auto", outputs="view"))
     g = g.capture(*make_inputs(cfg, 1, device, 0)[0], cache)
     print(g.summary(), file=sys.stderr)
     # The default path: copies inputs in and outputs out (a second table, same sizes).
-    g_copy = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes, backend="auto")
+    g_copy = graphify(step, mode="FULL", sizes=vllm_sizes(max(batch_sizes)), axes=axes, options=Options(backend="auto"))
     g_copy = g_copy.capture(*make_inputs(cfg, 1, device, 0)[0], cache)
 
     rows = []

@@ -20,6 +20,7 @@ import argparse
 import sys
 import time
 
+import attrs
 import torch
 
 from graphify import Options, Pool, graphify, sglang_piecewise_sizes, vllm_sizes
@@ -59,7 +60,8 @@ class Bench:
         if mode != "NONE" or kw.get("force_split"):
             fn = split(self.step, split_ops(ATTENTION), *example, self.cache, axes=varlen_axes(), compile=self.inductor)
         kw.pop("force_split", None)
-        g = graphify(fn, mode=mode, sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION), outputs="view", **kw)
+        options = attrs.evolve(kw.pop("options", Options()), outputs="view")
+        g = graphify(fn, mode=mode, sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION), options=options, **kw)
         if mode == "NONE":
             return g
         sync()

@@ -24,7 +24,7 @@ def log(name, text):
 
 def startup(count):
     import gc
-    from graphify import Options, graphify, vllm_sizes
+    from graphify import graphify, vllm_sizes
     from models import model_support, split_ops, varlen_axes
     from transforms import split
     from benchmarks.startup import ATTENTION, MAX_SIZE, Model, tracing_setup
@@ -40,7 +40,7 @@ def startup(count):
     log(f, f"second split s {time.perf_counter() - t0:.3f}")
     sizes = vllm_sizes(MAX_SIZE[count])
     def cap():
-        g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION), options=Options(progress=False))
+        g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION))
         torch.cuda.synchronize(); t0 = time.perf_counter()
         g = g.capture(*model.example)
         torch.cuda.synchronize()
@@ -81,7 +81,7 @@ def startup(count):
 
 
 def host():
-    from graphify import graphify, persistent, tokens, vllm_sizes
+    from graphify import Options, graphify, persistent, tokens, vllm_sizes
     from models import decode_step, init_params, new_kv_cache
     from benchmarks.decode import MODELS, make_inputs, own_cost_us
     from benchmarks._report import host_costs_us
@@ -90,7 +90,7 @@ def host():
     cache = new_kv_cache(cfg, 64, device="cuda", seed=1)
     step = decode_step(cfg, params)
     axes = (tokens(), tokens(), tokens(), persistent())
-    g = graphify(step, mode="FULL", sizes=vllm_sizes(64), axes=axes, outputs="view").capture(*make_inputs(cfg, 1, "cuda", 0)[0], cache)
+    g = graphify(step, mode="FULL", sizes=vllm_sizes(64), axes=axes, options=Options(outputs="view")).capture(*make_inputs(cfg, 1, "cuda", 0)[0], cache)
     rt = g._runtime
     f = "host.txt"
     for mode in ("inference", "no_grad"):

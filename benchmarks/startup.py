@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from graphify import Options, graphify, vllm_sizes
+from graphify import graphify, vllm_sizes
 from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
@@ -79,8 +79,7 @@ def timed(fn):
 
 
 def graphify_startup(model: Model, pw, sizes) -> dict:
-    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION),
-                 options=Options(progress=False))
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=sizes, axes=varlen_axes(), support=model_support(ATTENTION))
     g, seconds = timed(lambda: g.capture(*model.example))
     report = g.table.pool.report()
     errors = []

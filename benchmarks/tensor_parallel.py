@@ -43,6 +43,7 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
+import attrs  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -119,10 +120,10 @@ def decode_rows(name: str, args, rank: int, world: int, device: torch.device) ->
     batches = {b: tables.batch(cfg, tuple(range(b)), (1,) * b, (kv_len,) * b, device=device, seed=b)
                for b in batch_sizes}
     single = varlen_step(cfg, full)
-    options = Options(progress=rank == 0 and not args.smoke)
+    options = Options(outputs="view")
     sizes = vllm_sizes(max(batch_sizes))
 
-    g1 = graphify(single, mode="FULL", sizes=sizes, axes=varlen_axes(), outputs="view", options=options)
+    g1 = graphify(single, mode="FULL", sizes=sizes, axes=varlen_axes(), options=options)
     g1 = g1.capture(*batches[batch_sizes[0]], full_cache)
     tp1 = {}
     with torch.inference_mode():
@@ -150,8 +151,7 @@ def _tp_rows(kind, name, args, rank, tcfg, full, full_cache, batches, single, op
     step = tp_varlen_step(tcfg, full, rank, all_reduce=kind)
     used = step.all_reduce.kind
     first = next(iter(batches.values()))
-    g = graphify(step, mode="FULL", sizes=sizes, axes=varlen_axes(), outputs="view", options=options,
-                 group=dist.group.WORLD).capture(*first, cache)
+    g = graphify(step, mode="FULL", sizes=sizes, axes=varlen_axes(), options=attrs.evolve(options, group=dist.group.WORLD)).capture(*first, cache)
     floors = {b: HandWrittenGraph(step, batch, cache) for b, batch in batches.items()} if device.type == "cuda" else {}
     rows = {}
     with torch.inference_mode():
@@ -245,8 +245,7 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
         t0 = time.perf_counter()
         fn = split(step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes())
         g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=sglang_piecewise_sizes(setup.max_tokens),
-                     axes=varlen_axes(), outputs="view", support=model_support(ATTENTION), group=dist.group.WORLD,
-                     options=Options(progress=rank == 0 and not args.smoke)).capture(*setup.example, cache)
+                     axes=varlen_axes(), support=model_support(ATTENTION), options=Options(outputs="view", group=dist.group.WORLD)).capture(*setup.example, cache)
         sync()
         startup = time.perf_counter() - t0
         tp = trace_row(setup, g, cache, initial, f"TP={world} graphify FULL_AND_PIECEWISE {label}", world, startup,
@@ -322,6 +321,8 @@ def run(args, rank: int, world: int, device: torch.device) -> dict:
 def main(argv=None) -> dict | None:
     args = parse(argv)
     rank, world, device = init(args.cpu, args.timeout)
+    if rank != 0 or args.smoke:  # one progress bar: rank 0's
+        os.environ["TQDM_DISABLE"] = "1"
     together = ExitTogether(rank)
     try:
         maybe_fail(args, rank, "start")

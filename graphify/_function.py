@@ -24,7 +24,6 @@ from ._pool import Pool
 from ._signature import fn_name
 from ._sizes import normalize_sizes, vllm_sizes
 from ._support import Resolution, resolve_mode, weakest
-from .backends import BACKENDS
 from .extend import as_split
 
 __all__ = ["FunctionSpec", "DEFAULT_SIZES"]
@@ -32,7 +31,6 @@ __all__ = ["FunctionSpec", "DEFAULT_SIZES"]
 log = logging.getLogger("graphify")
 
 DEFAULT_SIZES = vllm_sizes(512)  # what capture() captures when no sizes are given
-OUTPUTS = ("copy", "view")
 
 
 @attrs.frozen(kw_only=True)
@@ -46,14 +44,26 @@ class FunctionSpec:
     sizes: tuple[int, ...] | None
     keys: KeySet  # the graphs capture() plans
     axes: Any
-    out_axes: Any
-    backend: str
     pool: Pool | None
     batching: Batching
-    outputs: str
-    group: Any
     options: Options
     compiled: Callable | None = None  # `fn` compiled for captures (Options.compile), else None
+
+    @property
+    def backend(self) -> str:
+        return self.options.backend
+
+    @property
+    def outputs(self) -> str:
+        return self.options.outputs
+
+    @property
+    def out_axes(self) -> Any:
+        return self.options.out_axes
+
+    @property
+    def group(self) -> Any:
+        return self.options.group
 
     @property
     def split(self):
@@ -67,23 +77,16 @@ class FunctionSpec:
 
     @classmethod
     def build(
-        cls, *, fn: Callable, mode: "Mode | str", sizes: Iterable[int] | None, axes: Any, out_axes: Any,
-        support: Any, backend: str, pool: Pool | None, batching: Batching | None, outputs: str, group: Any,
-        options: Options | None, announce: bool = True,
+        cls, fn: Callable, *, mode: "Mode | str", sizes: Iterable[int] | None, axes: Any, support: Any,
+        batching: Batching | None, pool: Pool | None, options: Options | None,
     ) -> "FunctionSpec":
-        """Check and resolve `graphify`'s arguments. `announce`: log (and for PIECEWISE
-        without a split function, warn) when the mode is downgraded; once, when a callable
-        is built, not again per capture."""
+        """Check and resolve `graphify`'s arguments."""
         options = Options() if options is None else options
         if not isinstance(options, Options):
             raise TypeError(f"graphify: options must be a graphify.Options, got {type(options).__name__}")
         batching = Batching() if batching is None else batching
         if not isinstance(batching, Batching):
             raise TypeError(f"graphify: batching must be a graphify.Batching, got {type(batching).__name__}")
-        if backend != "auto" and backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; valid backends are 'auto', {', '.join(map(repr, BACKENDS))}")
-        if outputs not in OUTPUTS:
-            raise ValueError(f"graphify: outputs must be one of {OUTPUTS}, got {outputs!r}")
         mode = Mode.parse(mode)
         sizes = None if sizes is None else normalize_sizes(sizes, allow_empty=True)
         call = f"graphify({fn_name(fn)}, mode={mode.value!r})"
@@ -92,25 +95,31 @@ class FunctionSpec:
                 f"{call}: sizes is empty, so no graph could be captured; give capture sizes, leave sizes out "
                 "for the default, or use mode='NONE' (eager, no graphs)"
             )
-        split = as_split(fn) is not None
-        resolution = resolve_mode(mode, weakest(support), split=split, uniform_query_len=batching.uniform_query_len)
-        if resolution.changed and announce:
-            log.warning("%s: %s", call, "; ".join(resolution.reasons))
-            if mode is Mode.PIECEWISE and resolution.mode is Mode.NONE and not split:
-                warnings.warn(
-                    f"{call}: the function is not split, so PIECEWISE has no pieces to capture and it runs "
-                    "eagerly (mode NONE, no graphs); wrap it with graphify.split(fn, ops, *example) to capture "
-                    "the pieces between its graph-unsafe ops, or use mode='FULL' for one graph of the whole function",
-                    UserWarning,
-                    stacklevel=5,
-                )
+        resolution = resolve_mode(
+            mode, weakest(support), split=as_split(fn) is not None, uniform_query_len=batching.uniform_query_len,
+        )
         compiled = compile_for_captures(call, fn, options.compile) if options.compile is not False else None
         keys = plan_keys(
             resolution.mode, sizes if sizes is not None else DEFAULT_SIZES,
             uniform_query_len=batching.uniform_query_len, max_num_reqs=batching.max_num_reqs, lora=batching.lora,
         )
         return cls(
-            fn=fn, call=call, mode=mode, resolution=resolution, sizes=sizes, keys=keys, axes=axes, out_axes=out_axes,
-            backend=backend, pool=pool, batching=batching, outputs=outputs, group=group, options=options,
-            compiled=compiled,
+            fn=fn, call=call, mode=mode, resolution=resolution, sizes=sizes, keys=keys, axes=axes, pool=pool,
+            batching=batching, options=options, compiled=compiled,
         )
+
+    def announce(self) -> None:
+        """Log (and for PIECEWISE without a split function, warn) that the mode was
+        downgraded: once, when a callable is built, not again per capture."""
+        resolution, call = self.resolution, self.call
+        if not resolution.changed:
+            return
+        log.warning("%s: %s", call, "; ".join(resolution.reasons))
+        if self.mode is Mode.PIECEWISE and resolution.mode is Mode.NONE and self.split is None:
+            warnings.warn(
+                f"{call}: the function is not split, so PIECEWISE has no pieces to capture and it runs "
+                "eagerly (mode NONE, no graphs); wrap it with graphify.split(fn, ops, *example) to capture "
+                "the pieces between its graph-unsafe ops, or use mode='FULL' for one graph of the whole function",
+                UserWarning,
+                stacklevel=5,
+            )

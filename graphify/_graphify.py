@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 import torch
+from attrs.converters import default_if_none
 
 from . import _calls
 from ._batching import Batching
@@ -47,14 +48,10 @@ class Graphified:
         default=None, converter=lambda v: None if v is None else normalize_sizes(v, allow_empty=True)
     )
     axes: Any = None
-    out_axes: Any = None
     support: Support = attrs.field(default=Support.ALWAYS, converter=weakest)
-    backend: str = "auto"
+    batching: Batching = attrs.field(factory=Batching, converter=default_if_none(factory=Batching))
     pool: Pool | None = None
-    batching: Batching = attrs.field(factory=Batching, converter=lambda b: Batching() if b is None else b)
-    outputs: str = "copy"
-    group: Any = None
-    options: Options = attrs.field(factory=Options, converter=lambda o: Options() if o is None else o)
+    options: Options = attrs.field(factory=Options, converter=default_if_none(factory=Options))
     table: GraphTable | None = attrs.field(default=None, repr=False)
     spec: FunctionSpec = attrs.field(init=False, repr=False)
     stats: Stats = attrs.field(init=False, repr=False)
@@ -63,11 +60,11 @@ class Graphified:
 
     def __attrs_post_init__(self):
         spec = FunctionSpec.build(
-            fn=self.fn, mode=self.mode, sizes=self.sizes, axes=self.axes, out_axes=self.out_axes,
-            support=self.support, backend=self.backend, pool=self.pool, batching=self.batching,
-            outputs=self.outputs, group=self.group, options=self.options,
-            announce=self.table is None,  # once, when built; not again per capture
+            self.fn, mode=self.mode, sizes=self.sizes, axes=self.axes, support=self.support,
+            batching=self.batching, pool=self.pool, options=self.options,
         )
+        if self.table is None:  # once, when built; not again per capture
+            spec.announce()
         stats = Stats()
         runtime = _calls.runtime_for(spec, self.table) if self.table is not None else None
         first_use = None

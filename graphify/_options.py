@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
 from ._distributed import LOCKSTEP_POLICIES
+from .backends import BACKENDS
 
-__all__ = ["Options"]
+__all__ = ["Options", "OUTPUTS"]
+
+OUTPUTS = ("copy", "view")
 
 
 COMPILE_SIZE_RULES = ("none", "all")
@@ -38,6 +42,16 @@ def _compile_choice(instance, attribute, value):
         raise TypeError(f"Options: compile must be True, False or a dict of torch.compile keywords, got {value!r}")
 
 
+def _backend_name(instance, attribute, value):
+    if value != "auto" and value not in BACKENDS:
+        raise ValueError(f"unknown backend {value!r}; valid backends are 'auto', {', '.join(map(repr, BACKENDS))}")
+
+
+def _outputs_choice(instance, attribute, value):
+    if value not in OUTPUTS:
+        raise ValueError(f"graphify: outputs must be one of {OUTPUTS}, got {value!r}")
+
+
 def _non_negative(instance, attribute, value):
     if value < 0:
         raise ValueError(f"Options: {attribute.name} must be >= 0, got {value}")
@@ -48,6 +62,17 @@ class Options:
     """How capture and calls behave where the defaults do not fit.
 
     **Arguments:**
+    - `backend`: "cuda", "sim" (CPU simulation), "cupy" or "auto" (default: cupy for CuPy
+      arrays, cuda for CUDA tensors, sim otherwise).
+    - `outputs`: "copy" (default): every call returns tensors of its own, correct forever.
+      "view": the graph's static output buffers, no copy; a view is valid until the next
+      call (on CUDA, reading it afterwards raises, as with torch.compile's graphs; CPU
+      builds of torch cannot check, so there the view silently holds the next result).
+      CuPy/NumPy callers: keep "copy" (their views cannot be checked).
+    - `out_axes`: per flat output "tokens", "reqs" or None; default inferred.
+    - `group`: a torch.distributed process group whose ranks run this function together
+      (tensor parallelism): capture agrees on the plan and outcome across ranks, and every
+      call checks that all ranks chose the same graph, raising instead of hanging.
     - `warmups`: eager runs before a capture (at least one; on CUDA the first size's first
       run is under an op guard that rejects uncapturable ops before CUDA sees them). Later
       sizes of uncompiled graph pieces capture without one, and FULL graphs of a split
@@ -60,12 +85,13 @@ class Options:
       module was rebound since capture (costs ~0.1 us per tensor; by default a call
       checks registrations and the first and last parameter only).
     - `weak_outputs`: let later captures reuse each graph's output memory (CUDA only).
-    - `progress`: show a progress bar while capturing (on a terminal).
     - `largest_first`: capture largest sizes first, so smaller ones reuse their memory.
+
+    Long captures show a tqdm progress bar on a terminal; `TQDM_DISABLE=1` turns it off.
     - `allow_full`: `allow_full(*args) -> bool`, called per call: False sends a batch that
       may not run in a FULL graph (vLLM's cascade attention) to PIECEWISE graphs, or
       eagerly where none were captured. Default: every batch may.
-    - `lockstep`: with `group=` (tensor parallelism), how each call checks that every rank
+    - `lockstep`: with `group` (tensor parallelism), how each call checks that every rank
       runs the same graph: "graph" (default; recorded into FULL graphs, no host cost, a
       mismatch stops the ranks with a device-side assert), "host" (an all-gather on a
       CPU group per call, ~0.6 ms, a mismatch raises `DispatchMismatchError` naming each
@@ -81,7 +107,7 @@ class Options:
       padded size over the real one; 1: exact sizes only). Default: pad to any captured size.
     - `first_use`: before `capture()`, capture the graphs calls need when they first need
       them (`graphify._first_use`). False: such calls run eagerly until `capture()`.
-      Callables with `group=` always capture ahead of time (the ranks must agree on
+      Callables with a `group` always capture ahead of time (the ranks must agree on
       every capture).
     - `compile`: record inductor's kernels instead of eager ones: True (or a dict of
       `torch.compile` keywords) compiles the function, with dynamic shapes unless the dict
@@ -100,11 +126,14 @@ class Options:
       times their compile (46.5 s vs 14.3 s), so compiled pieces stay the way to compile.
     """
 
+    backend: str = attrs.field(default="auto", validator=_backend_name)
+    outputs: str = attrs.field(default="copy", validator=_outputs_choice)
+    out_axes: Any = None
+    group: Any = None
     warmups: int = attrs.field(default=1, validator=_non_negative)
     restore_state: bool = True
     full_checks: bool = False
     weak_outputs: bool = True
-    progress: bool = True
     largest_first: bool = True
     allow_full: Callable[..., bool] | None = None
     lockstep: str = attrs.field(default="graph", validator=attrs.validators.in_(LOCKSTEP_POLICIES))

@@ -127,8 +127,8 @@ class Runtime:
         self.handed: list = []
         self.released = False
         self.stale_msg = (
-            f"{call}: this output was overwritten by a later call (outputs='view' hands out the graph's "
-            "static output buffers, valid until the next call); clone() what you keep, or use outputs='copy'"
+            f"{call}: this output was overwritten by a later call (Options(outputs='view') hands out the graph's "
+            "static output buffers, valid until the next call); clone() what you keep, or use Options(outputs='copy')"
         )
         if outputs == "copy":
             self.hand_out = self._copy

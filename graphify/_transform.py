@@ -22,13 +22,9 @@ def graphify(
     mode: "Mode | str" = Mode.FULL,
     sizes: Iterable[int] | None = None,
     axes: "Sequence | Mapping | None" = None,
-    out_axes: Any = None,
     support: "Support | str | Iterable[Support | str]" = Support.ALWAYS,
-    backend: str = "auto",
-    pool: Pool | None = None,
     batching: Batching | None = None,
-    outputs: str = "copy",
-    group: Any = None,
+    pool: Pool | None = None,
     options: Options | None = None,
 ) -> Graphified:
     """Give `fn` CUDA graphs: a callable that pads, dispatches and replays.
@@ -46,26 +42,17 @@ def graphify(
       sequence or a mapping by parameter (or keyword) name; default: tensors `tokens()`,
       other values `static()`: plain values (None, numbers, strings, dtypes, tuples of them)
       must be equal on every call, other objects (a cache, a config) the same object.
-    - `out_axes`: per flat output "tokens", "reqs" or None; default inferred.
     - `support`: the graph support of the function's backends (the weakest counts); the
       mode is downgraded to what it allows, with the reason logged and kept in `.resolution`.
-    - `backend`: "cuda", "sim" (CPU simulation) or "auto" (cuda for CUDA tensors).
     - `pool`: a `Pool` to capture into; share one between functions to share memory.
     - `batching`: a `Batching`: how batches are made up (tokens per request in a uniform
       batch, the most requests, LoRA variants, and per-call `uniform` / `has_lora`
       predicates); default: single-token decode, no LoRA.
-    - `outputs`: "copy" (default): every call returns tensors of its own, correct forever.
-      "view": the graph's static output buffers, no copy; a view is valid until the next
-      call (on CUDA, reading it afterwards raises, as with torch.compile's graphs; CPU
-      builds of torch cannot check, so there the view silently holds the next result).
-      CuPy/NumPy callers: keep "copy" (their views cannot be checked).
-    - `group`: a torch.distributed process group whose ranks run this function together
-      (tensor parallelism): capture agrees on the plan and outcome across ranks, and every
-      call checks that all ranks chose the same graph, raising instead of hanging.
-    - `options`: an `Options` for the rarely changed knobs: warm-ups, restoring state
-      written during capture, full per-call checks, weak outputs, progress bar, capture
-      order, per-call FULL exclusion, the tensor-parallel check, first use, specialised
-      compile sizes, the padding limit (see `Options`).
+    - `options`: an `Options` for the rarely changed knobs: the backend ("sim" for the CPU
+      simulation; by default picked from the arguments' device), outputs as copies or
+      views, output axes, a tensor-parallel process group, warm-ups, restoring state
+      written during capture, full per-call checks, weak outputs, capture order, per-call
+      FULL exclusion, first use, compiling, the padding limit (see `Options`).
 
     **Returns:** a `Graphified`. Called as it is, it captures on first use: a call structure
     (arguments, dtypes, non-batch shapes, static values) that runs in two consecutive calls
@@ -79,7 +66,7 @@ def graphify(
 
     !!! example
         >>> import torch
-        >>> g = graphify(lambda x: x * 2, mode="FULL", sizes=[1, 2, 4], backend="sim")
+        >>> g = graphify(lambda x: x * 2, mode="FULL", sizes=[1, 2, 4])
         >>> g = g.capture(torch.randn(3, 8))
         >>> g(torch.ones(3, 8)).shape
         torch.Size([3, 8])
@@ -89,7 +76,4 @@ def graphify(
         del settings["fn"]
         return lambda f: graphify(f, **settings)
     prepare_for_compilers(fn)
-    return Graphified(
-        fn=fn, mode=mode, sizes=sizes, axes=axes, out_axes=out_axes, support=support, backend=backend, pool=pool,
-        batching=batching, outputs=outputs, group=group, options=options,
-    )
+    return Graphified(fn=fn, mode=mode, sizes=sizes, axes=axes, support=support, batching=batching, pool=pool, options=options)

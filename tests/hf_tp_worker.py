@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import transformers
 
-from graphify import Mode, graphify
+from graphify import Options, Mode, graphify
 
 NEW = 8  # tokens each generate() adds
 
@@ -72,7 +72,7 @@ def greedy(model, ids: torch.Tensor, group=None) -> tuple[torch.Tensor, object]:
         nxt = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
         tokens = [nxt]
         if group is not None:
-            step = graphify(model, mode="FULL", sizes=[ids.shape[0]], group=group)
+            step = graphify(model, mode="FULL", sizes=[ids.shape[0]], options=Options(group=group))
             step = step.capture(input_ids=nxt, past_key_values=cache, use_cache=True)
         for _ in range(NEW - 1):
             nxt = (step or model)(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)

@@ -59,7 +59,7 @@ def torch_cases():
 
 
 def run(name: str) -> None:
-    from graphify import Options, UnsupportedOpError, graphify, persistent, static, tokens
+    from graphify import UnsupportedOpError, graphify, persistent, static, tokens
 
     cupy_case = name.startswith("cupy-")
     fn, extra = (cupy_cases() if cupy_case else torch_cases())[name]
@@ -72,7 +72,7 @@ def run(name: str) -> None:
     axes = (tokens(),) + tuple(persistent() if hasattr(e, "__dlpack__") or isinstance(e, torch.Tensor) else static() for e in extra)
     if name == "cupy-sparse":
         axes = (tokens(), static())  # a cupyx sparse matrix is an object, static by identity
-    g = graphify(fn, mode="FULL", sizes=SIZES, axes=axes, options=Options(progress=False))
+    g = graphify(fn, mode="FULL", sizes=SIZES, axes=axes)
     try:
         g = g.capture(make(3), *extra)
     except UnsupportedOpError as exc:
@@ -89,7 +89,7 @@ def run(name: str) -> None:
             else:
                 torch.testing.assert_close(got_t, want_t, rtol=1e-6, atol=1e-6)
         print("CAPTURED")
-    plain = graphify(lambda x: x * 2 + 1, mode="FULL", sizes=SIZES, options=Options(progress=False))
+    plain = graphify(lambda x: x * 2 + 1, mode="FULL", sizes=SIZES)
     x = torch.randn(5, 16, device="cuda")
     plain = plain.capture(x)
     torch.testing.assert_close(plain(x), x * 2 + 1)

@@ -19,7 +19,7 @@ def mlp(x, w, scale):
 
 def captured(**kw):
     w = torch.randn(8, 8)
-    g = graphify(mlp, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent(), static()), backend="sim", **kw)
+    g = graphify(mlp, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent(), static()), **kw)
     return g.capture(torch.randn(2, 8), w, 2.0), w
 
 
@@ -54,7 +54,7 @@ CALL_CASES = {
 @pytest.mark.parametrize("axis", [tokens(), reqs(), fixed()])
 def test_a_dtype_mismatch_says_what_to_do(axis):
     rows = lambda n: 3 if axis.kind == "fixed" else n  # noqa: E731
-    g = graphify(lambda x, y: x * 2 + y.sum(), mode="FULL", sizes=(2, 4), axes=(tokens(), axis), backend="sim")
+    g = graphify(lambda x, y: x * 2 + y.sum(), mode="FULL", sizes=(2, 4), axes=(tokens(), axis), options=Options(backend="sim"))
     g = g.capture(torch.randn(2, 8), torch.randn(rows(2), 8))
     with pytest.raises(InputMismatchError) as info:
         g(torch.randn(4, 8), torch.randn(rows(4), 8, dtype=torch.float16))
@@ -89,13 +89,14 @@ def capture_cases():
         return x @ w
 
     def g_of(fn, **kw):
-        return graphify(fn, **{"mode": "FULL", "sizes": (2, 4), "axes": (tokens(), persistent(), static()),
-                               "backend": "sim", **kw})
+        backend = kw.pop("backend", "sim")
+        settings = {"mode": "FULL", "sizes": (2, 4), "axes": (tokens(), persistent(), static()), **kw}
+        return graphify(fn, **settings, options=Options(backend=backend))
 
     other = Pool("elsewhere")
     other.handle_for(type("B", (), {"name": "cuda", "new_pool_handle": lambda self, d: 1})(), torch.device("cuda", 0), "x")
     return {
-        "no gpu for cuda": (lambda: g_of(mlp, backend="cuda").capture(x, w, 2.0), "graphify(mlp", "backend='sim'"),
+        "no gpu for cuda": (lambda: g_of(mlp, backend="cuda").capture(x, w, 2.0), "graphify(mlp", "Options(backend='sim')"),
         "uncapturable op": (lambda: g_of(item_fn).capture(x, w, 2.0), "aten::_local_scalar_dense", "split op"),
         "in-place on padded": (lambda: g_of(inplace).capture(x, w, 2.0), "'x'", "mark them persistent()"),
         "axes length": (lambda: g_of(mlp, axes=(tokens(),)).capture(x, w, 2.0), "axes has 1 entries", "3 arguments"),
@@ -108,7 +109,7 @@ def capture_cases():
         "pool of another device": (lambda: g_of(mlp, pool=other).capture(x, w, 2.0), "pool 'elsewhere'",
                                    "use one Pool per device and backend"),
         "cupy backend on torch": (lambda: g_of(mlp, backend="cupy").capture(x, w, 2.0), "graphify(mlp",
-                                  "use backend='cuda'"),
+                                  "use Options(backend='cuda')"),
         "static_inputs before capture": (lambda: g_of(mlp).static_inputs(2), "graphify(mlp", "capture first"),
         "mixed array libraries": (lambda: g_of(mlp).capture(np.ones((2, 8), np.float32), FakeCupy(), 2.0),
                                   "graphify(mlp", "pass arrays of one library"),
@@ -136,8 +137,8 @@ def test_bad_captures(case):
 def test_bad_construction():
     for kwargs, advice in (
         ({"mode": "FAST"}, "valid modes"),
-        ({"backend": "tpu"}, "valid backends"),
-        ({"outputs": "share"}, "'copy', 'view'"),
+        ({"options": lambda: Options(backend="tpu")}, "valid backends"),
+        ({"options": lambda: Options(outputs="share")}, "'copy', 'view'"),
         ({"batching": lambda: Batching(max_num_reqs=0)}, "max_num_reqs must be >= 1"),
         ({"batching": lambda: Batching(uniform_query_len=0)}, "uniform_query_len must be >= 1"),
         ({"batching": lambda: {"max_num_reqs": 4}}, "batching must be a graphify.Batching"),
@@ -166,7 +167,7 @@ def test_empty_batches_copies_and_pickles_do_what_users_expect(backend):
 
     name, device = backend
     w = torch.randn(8, 8, device=device)
-    g = graphify(mlp, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent(), static()), backend=name)
+    g = graphify(mlp, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent(), static()), options=Options(backend=name))
     assert copy.deepcopy(g) is g and copy.copy(g) is g  # immutable
     assert pickle.loads(pickle.dumps(g)).mode is g.mode  # uncaptured: a plain value
     g = g.capture(torch.randn(2, 8, device=device), w, 2.0)

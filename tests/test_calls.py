@@ -20,7 +20,7 @@ def fresh(rows, cols, device, seed):
 def test_nn_sequential_called_with_a_keyword(backend):
     name, device = backend
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.GELU(), torch.nn.Linear(5, 3)).to(device).eval()
-    g = graphify(model, mode="FULL", sizes=(2, 4, 8), backend=name)
+    g = graphify(model, mode="FULL", sizes=(2, 4, 8), options=Options(backend=name))
     with torch.no_grad():
         g = g.capture(input=fresh(4, 6, device, 0))
         for i, n in enumerate((1, 3, 8, 11)):
@@ -50,7 +50,7 @@ def test_defaults_keyword_only_and_var_keywords_bind_like_python(backend):
     name, device = backend
     m = Scaled().to(device)
     bias = fresh(1, 4, device, 9)
-    g = graphify(m, mode="FULL", sizes=(4, 8), axes={"x": tokens(), "bias": persistent()}, backend=name)
+    g = graphify(m, mode="FULL", sizes=(4, 8), axes={"x": tokens(), "bias": persistent()}, options=Options(backend=name))
     with torch.no_grad():
         g = g.capture(fresh(3, 4, device, 0), bias, scale=2.0, square=True)
         for i, n in enumerate((2, 5, 8)):
@@ -65,7 +65,7 @@ def test_defaults_keyword_only_and_var_keywords_bind_like_python(backend):
 def test_keyword_errors_name_the_argument_and_say_what_to_do():
     m = Scaled()
     bias = torch.randn(1, 4)
-    g = graphify(m, mode="FULL", sizes=(4,), axes={"bias": persistent()}, backend="sim")
+    g = graphify(m, mode="FULL", sizes=(4,), axes={"bias": persistent()}, options=Options(backend="sim"))
     g = g.capture(torch.randn(3, 4), bias, scale=2.0, square=True)
     x = torch.randn(2, 4)
     with pytest.raises(InputMismatchError, match=r"keyword 'cube' was not passed at capture.*capture again with cube="):
@@ -78,7 +78,7 @@ def test_keyword_errors_name_the_argument_and_say_what_to_do():
         g(x, bias, scale=3.0, square=True)
     with pytest.raises(InputMismatchError, match="multiple values for argument 'bias'"):
         g(x, bias, bias=bias, scale=2.0, square=True)
-    plain = graphify(lambda x, y: x + y, mode="FULL", sizes=(4,), backend="sim").capture(x, x)
+    plain = graphify(lambda x, y: x + y, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(x, x)
     with pytest.raises(InputMismatchError, match=r"unexpected keyword 'z'; parameters are \['x', 'y'\]"):
         plain(x, y=x, z=1)
 
@@ -89,7 +89,7 @@ def test_var_positional_arguments(backend):
     def total(*parts):
         return sum(p * (i + 1) for i, p in enumerate(parts))
 
-    g = graphify(total, mode="FULL", sizes=(4,), backend=name).capture(*[fresh(4, 3, device, i) for i in range(3)])
+    g = graphify(total, mode="FULL", sizes=(4,), options=Options(backend=name)).capture(*[fresh(4, 3, device, i) for i in range(3)])
     parts = [fresh(3, 3, device, 10 + i) for i in range(3)]
     torch.testing.assert_close(g(*parts), total(*parts))
     with pytest.raises(InputMismatchError, match=r"2 extra positional arguments \(\*args\) but the capture saw 3"):
@@ -124,7 +124,7 @@ OUTPUTS = {
 def test_outputs_of_any_pytree_come_back_cut_in_their_own_type(backend, kind):
     name, device = backend
     fn = OUTPUTS[kind]
-    g = graphify(fn, mode="FULL", sizes=(4, 8), backend=name).capture(fresh(4, 5, device, 0))
+    g = graphify(fn, mode="FULL", sizes=(4, 8), options=Options(backend=name)).capture(fresh(4, 5, device, 0))
     for i, n in enumerate((3, 8, 6)):
         x = fresh(n, 5, device, i + 1)
         got, want = g(x), fn(x)
@@ -168,7 +168,7 @@ def test_capture_leaves_buffers_and_arguments_as_it_found_them(backend):
             x = fresh(2, 5, device, 20 + i)
             m(x, cache), ref(x, ref_cache)
         before = (m.total.clone(), m.step.clone(), cache.clone())
-        g = graphify(m, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent()), backend=name).capture(
+        g = graphify(m, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent()), options=Options(backend=name)).capture(
             fresh(4, 5, device, 2), cache
         )
         assert torch.equal(m.total, before[0]) and torch.equal(m.step, before[1]) and torch.equal(cache, before[2])
@@ -188,7 +188,7 @@ def test_restore_keeps_to_the_written_rows():
         cache.index_copy_(0, step.view(1) + torch.arange(x.shape[0]), x)
         return x * 2
 
-    g = graphify(write, mode="FULL", sizes=(8,), axes=(tokens(), persistent()), backend="sim").capture(
+    g = graphify(write, mode="FULL", sizes=(8,), axes=(tokens(), persistent()), options=Options(backend="sim")).capture(
         torch.randn(8, 64), cache
     )
     assert 0 < g.table.state_bytes <= 8 * 64 * 4  # the 8 written rows, not the 1 MiB cache
@@ -201,10 +201,10 @@ def test_scratch_state_is_left_alone_when_asked():
         buf.add_(1)
         return x + buf
 
-    graphify(fn, mode="FULL", sizes=(4,), backend="sim", options=Options(restore_state=False)).capture(torch.randn(4, 3))
+    graphify(fn, mode="FULL", sizes=(4,), options=Options(backend="sim", restore_state=False)).capture(torch.randn(4, 3))
     assert buf.tolist() == [2.0, 2.0, 2.0]  # warm-up and capture ran for real
     buf.zero_()
-    graphify(fn, mode="FULL", sizes=(4,), backend="sim").capture(torch.randn(4, 3))
+    graphify(fn, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(4, 3))
     assert buf.tolist() == [0.0, 0.0, 0.0]
 
 
@@ -223,7 +223,7 @@ def test_python_state_that_graphs_cannot_follow_is_an_error():
     from graphify import CaptureError
 
     with pytest.raises(CaptureError, match=r"cache.length: 0 -> \d.*leave this function ungraphified"):
-        graphify(fn, mode="FULL", sizes=(4,), backend="sim").capture(torch.randn(4, 3), cache)
+        graphify(fn, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(4, 3), cache)
     assert cache.length == 0  # put back
 
 
@@ -233,7 +233,7 @@ def test_a_different_object_than_the_captured_one_is_an_error():
             self.t = torch.randn(3)
 
     box = Box()
-    g = graphify(lambda x, box: x + box.t, mode="FULL", sizes=(4,), backend="sim").capture(torch.randn(4, 3), box)
+    g = graphify(lambda x, box: x + box.t, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(4, 3), box)
     torch.testing.assert_close(g(torch.ones(2, 3), box), torch.ones(2, 3) + box.t)
     with pytest.raises(InputMismatchError, match=r"'box' is a different Box object.*pass the same object"):
         g(torch.ones(2, 3), Box())
@@ -253,7 +253,7 @@ REBINDS = {
 def test_parameters_rebound_after_capture_are_an_error(how):
     m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     with torch.no_grad():
-        g = graphify(m, mode="FULL", sizes=(4,), backend="sim").capture(torch.randn(4, 4))
+        g = graphify(m, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(4, 4))
         x = torch.randn(2, 4)
         torch.testing.assert_close(g(x), m(x))  # right before the rebind
         REBINDS[how](m)
@@ -264,7 +264,7 @@ def test_parameters_rebound_after_capture_are_an_error(how):
 def test_updates_in_place_and_unrelated_modules_keep_working():
     m = torch.nn.Sequential(torch.nn.Linear(4, 4))
     with torch.no_grad():
-        g = graphify(m, mode="FULL", sizes=(4,), backend="sim").capture(torch.randn(4, 4))
+        g = graphify(m, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(4, 4))
         torch.nn.Linear(3, 3)  # registers parameters elsewhere: not ours
         m[0].weight.copy_(torch.randn(4, 4))  # in place: the graphs see it
         x = torch.randn(3, 4)
@@ -274,8 +274,8 @@ def test_updates_in_place_and_unrelated_modules_keep_working():
 def test_full_checks_catch_a_single_data_swap():
     m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
     with torch.no_grad():
-        cheap = graphify(m, mode="FULL", sizes=(4,), backend="sim").capture(torch.randn(4, 4))
-        full = graphify(m, mode="FULL", sizes=(4,), backend="sim", options=Options(full_checks=True)).capture(
+        cheap = graphify(m, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(4, 4))
+        full = graphify(m, mode="FULL", sizes=(4,), options=Options(backend="sim", full_checks=True)).capture(
             torch.randn(4, 4)
         )
         m[1].weight.data = torch.randn(4, 4)  # neither the first nor the last parameter
@@ -286,7 +286,7 @@ def test_full_checks_catch_a_single_data_swap():
 
 def test_grad_mode_warns_once_that_graphs_give_no_gradients():
     m = torch.nn.Linear(4, 4)
-    g = graphify(m, mode="FULL", sizes=(4,), backend="sim").capture(torch.randn(4, 4))
+    g = graphify(m, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(4, 4))
     x = torch.randn(2, 4)
     with pytest.warns(UserWarning, match="outputs carry no gradient history"):
         got = g(x)

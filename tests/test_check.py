@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphify import graphify, persistent, tokens
+from graphify import Options, graphify, persistent, tokens
 
 
 def test_check_passes_a_row_wise_function_at_every_size(backend):
     name, device = backend
     w = torch.randn(6, 6, device=device)
-    g = graphify(lambda x, w: torch.tanh(x @ w), mode="FULL", sizes=(2, 4, 8), axes=(tokens(), persistent()),
-                 backend=name).capture(torch.randn(3, 6, device=device), w)
+    g = graphify(lambda x, w: torch.tanh(x @ w), mode="FULL", sizes=(2, 4, 8), axes=(tokens(), persistent()), options=Options(backend=name)).capture(torch.randn(3, 6, device=device), w)
     report = g.check(atol=1e-4)
     assert report.ok, report
     assert [(r.num_tokens, r.where) for r in report.rows] == [
@@ -23,7 +22,7 @@ def test_check_passes_a_row_wise_function_at_every_size(backend):
 
 def test_check_finds_a_function_that_mixes_rows_across_the_batch(backend):
     name, device = backend
-    g = graphify(lambda x: x + x.mean(0), mode="FULL", sizes=(2, 4, 8), backend=name).capture(
+    g = graphify(lambda x: x + x.mean(0), mode="FULL", sizes=(2, 4, 8), options=Options(backend=name)).capture(
         torch.randn(3, 5, device=device)
     )
     report = g.check()
@@ -42,7 +41,7 @@ def test_check_with_request_axes_needs_and_uses_make_batch(backend):
     step = varlen_step(CFG, {k: v.to(device) for k, v in init_params(CFG, seed=3).items()}, "unified")
     cache = new_paged_cache(CFG, 256, BLOCK, device=device, seed=4)
     example = layout((3, 1, 5), (4, 7, 0)).build(CFG, device=device)
-    g = graphify(step, mode="FULL", sizes=(4, 8, 16), axes=varlen_axes(), backend=name).capture(*example, cache)
+    g = graphify(step, mode="FULL", sizes=(4, 8, 16), axes=varlen_axes(), options=Options(backend=name)).capture(*example, cache)
     with pytest.raises(ValueError, match="pass make_batch"):
         g.check()
     before = cache.clone()

@@ -47,7 +47,7 @@ def replays(g) -> int:
 
 def test_captures_record_the_compiled_function_and_eager_calls_never_compile(backend):
     counting = Counting()
-    g = graphify(mlp, backend=backend[0], axes=AXES, options=Options(compile={"backend": counting, "dynamic": False}))
+    g = graphify(mlp, axes=AXES, options=Options(backend=backend[0], compile={"backend": counting, "dynamic": False}))
     w1, w2 = torch.randn(16, 32, device=backend[1]), torch.randn(32, 8, device=backend[1])
     x = torch.randn(3, 16, device=backend[1])  # a first call runs eagerly: the function as written
     assert torch.allclose(g(x, w1, w2), mlp(x, w1, w2), atol=1e-5)
@@ -98,7 +98,7 @@ def test_captures_call_a_function_as_its_example_call_did():
 def test_a_compiled_function_is_not_recompiled_by_the_way_captures_call_it(backend):
     counting = Counting()
     compiled = torch.compile(mlp, backend=counting, dynamic=False)
-    g = graphify(compiled, backend=backend[0], axes={"x": tokens(), "w1": persistent(), "w2": persistent()})
+    g = graphify(compiled, axes={"x": tokens(), "w1": persistent(), "w2": persistent()}, options=Options(backend=backend[0]))
     w1, w2 = torch.randn(16, 32, device=backend[1]), torch.randn(32, 8, device=backend[1])
     with torch.no_grad():  # inference, as captures run (grad mode is part of a compile's guards)
         for _ in range(3):
@@ -124,7 +124,7 @@ def test_a_compile_that_fails_is_a_capture_error_naming_it(backend):
     def broken(gm, example_inputs):
         raise RuntimeError("no compiler here")
 
-    g = graphify(mlp, backend=backend[0], axes=AXES, options=Options(compile={"backend": broken}))
+    g = graphify(mlp, axes=AXES, options=Options(backend=backend[0], compile={"backend": broken}))
     w1, w2 = torch.randn(16, 32, device=backend[1]), torch.randn(32, 8, device=backend[1])
     with torch.no_grad():
         x = torch.randn(4, 16, device=backend[1])
@@ -146,7 +146,7 @@ def test_the_compile_has_dynamic_shapes_so_new_batches_and_lengths_reuse_it(back
     def step(x, cache):
         return x @ cache.t.sum(0)
 
-    g = graphify(step, backend=backend[0], axes=(tokens(), static()), options=Options(compile={"backend": counting}))
+    g = graphify(step, axes=(tokens(), static()), options=Options(backend=backend[0], compile={"backend": counting}))
     with torch.no_grad():
         for length in (8, 12, 20):
             cache = Cache(length)
@@ -173,8 +173,8 @@ def test_a_split_function_is_compiled_whole_for_full_graphs_and_kept_in_pieces_f
     example = tables.batch(cfg, (0, 1, 2), (3, 1, 2), (3, 5, 6), device=device, seed=0)
     counting = Counting()
     pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
-    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(2, 4), backend=backend[0], axes=varlen_axes(),
-                 options=Options(compile={"backend": counting})).capture(*example, cache)
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(2, 4), axes=varlen_axes(),
+                 options=Options(backend=backend[0], compile={"backend": counting})).capture(*example, cache)
     compiles = len(counting.shapes)
     assert compiles >= 1  # the FULL keys' captures compiled the unsplit function
     calls = [((1, 1), (7, 30)), ((1, 1, 1), (4, 12, 40)), ((2, 1, 1), (0, 9, 20)), ((1, 1, 1, 1), (3, 8, 9, 50)),
@@ -203,7 +203,7 @@ def test_compiled_code_lives_as_long_as_the_graphs_not_as_dynamos_caches(backend
         made.append(weakref.ref(gm))
         return gm.forward
 
-    g = graphify(mlp, backend=backend[0], axes=AXES, options=Options(compile={"backend": keeping_track}))
+    g = graphify(mlp, axes=AXES, options=Options(backend=backend[0], compile={"backend": keeping_track}))
     w1, w2 = torch.randn(16, 32, device=backend[1]), torch.randn(32, 8, device=backend[1])
     for _ in range(2):  # first use: the second call captures, compiling
         x = torch.randn(4, 16, device=backend[1])
@@ -228,7 +228,7 @@ def test_inductor_graphs_replay_after_dynamo_resets(backend):
         pytest.skip("the kernels that could be unloaded are inductor's CUDA kernels")
     import gc
 
-    g = graphify(mlp, backend="cuda", axes=AXES, options=Options(compile=True))
+    g = graphify(mlp, axes=AXES, options=Options(backend="cuda", compile=True))
     w1, w2 = torch.randn(64, 128, device="cuda"), torch.randn(128, 32, device="cuda")
     for _ in range(2):
         g(torch.randn(8, 64, device="cuda"), w1, w2)
@@ -275,7 +275,7 @@ def test_a_compile_with_dynamic_shapes_traces_the_function_once(backend, monkeyp
         return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward))(gm, example_inputs)
 
     model = Scaled().to(backend[1])
-    g = graphify(model, backend=backend[0], options=Options(compile={"backend": counted}))
+    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counted}))
     for n in (4, 4, 4, 6):  # captured at 4 (one compile), then 6 reuses it (dynamic shapes)
         x = torch.randn(n, 16, device=backend[1])
         with torch.no_grad():

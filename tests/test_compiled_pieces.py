@@ -58,8 +58,7 @@ def test_specialised_sizes_get_static_compiles_made_by_warm_ups(recorded, rule, 
     pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=True)
     distinct = {id(p.module.shared.gm) for p in pw.pieces if p.kind == "graph"}
     assert len(distinct) == 3
-    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(1, 2, 4, 8, 64), backend="sim",
-                 options=Options(compile_sizes=rule)).capture(*example, cache)
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(1, 2, 4, 8, 64), options=Options(backend="sim", compile_sizes=rule)).capture(*example, cache)
     dynamic = [c for c in recorded if c[1] == "from_graph"]
     static = [c for c in recorded if c[1] == "from_example_inputs"]
     # one dynamic compile per distinct piece, made when a size that is not specialised first needs it
@@ -84,7 +83,7 @@ def test_full_keys_compile_outside_every_dispatch_mode(recorded):
     cfg, step, cache, tables, example = tiny(layers=4)
     pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=True)
     sizes = (2, 4, 8)
-    g = graphify(pw, mode="FULL", sizes=sizes, backend="sim", options=Options(compile_sizes="all")).capture(*example, cache)
+    g = graphify(pw, mode="FULL", sizes=sizes, options=Options(backend="sim", compile_sizes="all")).capture(*example, cache)
     assert recorded and [c[3] for c in recorded if c[3] is not None] == []
     static = {(piece, rows) for piece, shapes, rows, _ in recorded if shapes == "from_example_inputs"}
     distinct = {id(p.module.shared.gm) for p in pw.pieces if p.kind == "graph"}
@@ -112,8 +111,7 @@ def test_inductor_pieces_on_the_cpu_equal_eager():
     pytest.importorskip("torch._inductor")
     cfg, step, cache, tables, example = tiny(layers=3)
     pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=True)
-    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(2, 4), backend="sim",
-                 options=Options(compile_sizes=(2,))).capture(*example, cache)
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(2, 4), options=Options(backend="sim", compile_sizes=(2,))).capture(*example, cache)
     shared = {id(p.module.shared): p.module for p in pw.pieces if p.kind == "graph"}
     assert len(shared) == 3 and all(p.static_compiles >= 1 for p in shared.values())
     for q, ctx in (((1, 1), (7, 30)), ((2, 1, 1), (0, 9, 20))):

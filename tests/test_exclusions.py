@@ -28,8 +28,7 @@ def test_a_batch_that_may_not_use_full_graphs_runs_piecewise_or_eagerly(backend)
     cascade = lambda *args: int(args[0].shape[0]) != 4  # noqa: E731 - say batches of 4 tokens need cascade attention
     pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
     for mode, excluded_runs_as in (("FULL_AND_PIECEWISE", Mode.PIECEWISE), ("FULL", Mode.NONE)):
-        g = graphify(pw, mode=mode, sizes=(4, 8, 16), support=model_support("unified"), backend=name,
-                     options=Options(allow_full=cascade))
+        g = graphify(pw, mode=mode, sizes=(4, 8, 16), support=model_support("unified"), options=Options(backend=name, allow_full=cascade))
         g = g.capture(*example, cache)
         decode, excluded = layout([1] * 3, [5] * 3), layout([1] * 4, [6] * 4)
         check_against_eager(g, step, cache, [decode, excluded], device)
@@ -45,7 +44,7 @@ def test_request_axis_arguments_of_a_mixed_full_graph_hold_as_many_rows_as_token
         seen.append((x.shape[0], lens.shape[0]))
         return x * 2, lens + 1
 
-    g = graphify(fn, mode="FULL", sizes=(4, 8), axes=(tokens(), reqs(pad=1)), backend=name)
+    g = graphify(fn, mode="FULL", sizes=(4, 8), axes=(tokens(), reqs(pad=1)), options=Options(backend=name))
     g = g.capture(torch.randn(5, 3, device=device), torch.ones(2, dtype=torch.long, device=device))
     graphs = {pair for pair in seen if pair[0] in (4, 8)}  # (a shape probe with fake tensors also runs fn)
     assert graphs == {(4, 4), (8, 8)}  # the relaxed key of n tokens serves 1..n requests: n request rows

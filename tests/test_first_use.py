@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 
+import attrs
 import pytest
 import torch
 
@@ -23,10 +24,11 @@ def weights(device):
     return torch.randn(16, 32, generator=g).to(device), torch.randn(32, 16, generator=g).to(device)
 
 
-def first_use(backend, **kw):
+def first_use(backend, options=None, **kw):
     name, device = backend
     w1, w2 = weights(device)
-    return graphify(mlp, axes=(tokens(), persistent(), persistent()), backend=name, **kw), w1, w2
+    options = attrs.evolve(options or Options(), backend=name)
+    return graphify(mlp, axes=(tokens(), persistent(), persistent()), options=options, **kw), w1, w2
 
 
 def calls_by_mode(g) -> dict:
@@ -63,7 +65,7 @@ def test_a_new_structure_runs_eagerly_until_it_repeats(backend):
     def scaled(x, scale=1.0):
         return x * scale + 1
 
-    g = graphify(scaled, backend=backend[0])
+    g = graphify(scaled, options=Options(backend=backend[0]))
     a, b = torch.randn(4, 8, device=device), torch.randn(4, 6, device=device)
     g(a), g(a)  # captured on the second call
     g(b)  # another trailing shape: a first sighting
@@ -78,7 +80,7 @@ def test_a_new_structure_runs_eagerly_until_it_repeats(backend):
 
 def test_structures_are_bounded(backend, caplog):
     device = backend[1]
-    g = graphify(lambda x: x + 1, backend=backend[0])
+    g = graphify(lambda x: x + 1, options=Options(backend=backend[0]))
     with caplog.at_level(logging.WARNING, logger="graphify"):
         for width in range(1, MAX_STRUCTURES + 4):
             x = torch.randn(2, width, device=device)
@@ -89,7 +91,7 @@ def test_structures_are_bounded(backend, caplog):
 
 
 def test_exact_sizes_are_bounded(backend, caplog):
-    g = graphify(lambda x: x * 2, backend=backend[0])
+    g = graphify(lambda x: x * 2, options=Options(backend=backend[0]))
     with caplog.at_level(logging.WARNING, logger="graphify"):
         for n in [1] + list(range(1, MAX_EXACT_GRAPHS + 4)):
             x = torch.randn(n, 4, device=backend[1])
@@ -107,7 +109,7 @@ def test_outside_state_is_written_exactly_once_per_call(backend):
         count.add_(1)  # a position counter, as a cache keeps one
         return x + count
 
-    g = graphify(step, axes=(tokens(), persistent()), backend=backend[0])
+    g = graphify(step, axes=(tokens(), persistent()), options=Options(backend=backend[0]))
     expected = torch.zeros(1, device=device)
     for n in (2, 2, 5, 2, 5, 3):
         x = torch.randn(n, 4, device=device)
@@ -161,7 +163,7 @@ def test_calls_from_several_threads(backend):
 
 
 def test_an_uncapturable_call_is_an_error_at_its_first_capture(backend):
-    g = graphify(lambda x: x * x.sum().item(), backend=backend[0])
+    g = graphify(lambda x: x * x.sum().item(), options=Options(backend=backend[0]))
     x = torch.randn(3, 4, device=backend[1])
     g(x)  # its first sighting runs eagerly
     with pytest.raises(CaptureError, match=r"_local_scalar_dense"):
@@ -170,7 +172,7 @@ def test_an_uncapturable_call_is_an_error_at_its_first_capture(backend):
 
 def test_calls_a_graph_cannot_take_run_eagerly(backend, caplog):
     w1, w2 = weights(backend[1])
-    g = graphify(mlp, backend=backend[0])  # default axes: the weights taken for token rows
+    g = graphify(mlp, options=Options(backend=backend[0]))  # default axes: the weights taken for token rows
     x = torch.randn(4, 16, device=backend[1])
     with caplog.at_level(logging.WARNING, logger="graphify"):
         for _ in range(4):
@@ -188,7 +190,7 @@ def test_check_compares_a_first_use_table_with_eager(backend):
 
 
 def test_mode_none_with_no_sizes_is_valid(backend):
-    g = graphify(lambda x: x + 1, mode="NONE", sizes=[], backend=backend[0])
+    g = graphify(lambda x: x + 1, mode="NONE", sizes=[], options=Options(backend=backend[0]))
     x = torch.randn(3, 2, device=backend[1])
     assert torch.equal(g(x), x + 1) and torch.equal(g.capture(x)(x), x + 1)
     with pytest.raises(ValueError, match="sizes is empty"):
@@ -203,7 +205,7 @@ def test_a_dict_argument_stands_for_its_tensors_and_its_keys_are_checked(backend
 
     x = torch.randn(4, 3, device=device)
     masks = {"full": torch.randn(4, 3, device=device), "window": torch.randn(4, 3, device=device)}
-    g = graphify(masked, sizes=[4, 8], backend=backend[0]).capture(x, masks)
+    g = graphify(masked, sizes=[4, 8], options=Options(backend=backend[0])).capture(x, masks)
     y = torch.randn(6, 3, device=device)
     other = {"full": torch.randn(6, 3, device=device), "window": torch.randn(6, 3, device=device)}
     torch.testing.assert_close(g(y, other), masked(y, other))  # the dict's tensors are padded like arguments

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from graphify import (
+    Options,
     CaptureError,
     Mode,
     PersistentSwapError,
@@ -40,11 +41,11 @@ def weights(device, d=32, seed=0):
 PADDED_TOL = dict(rtol=1e-4, atol=1e-4)
 
 
-def captured_mlp(backend, *, sizes=SIZES, pool=None, **kw):
+def captured_mlp(backend, *, sizes=SIZES, pool=None, **options):
     name, device = backend
     w1, w2 = weights(device)
     g = graphify(mlp, mode="FULL", sizes=sizes, axes=(tokens(), persistent(), persistent()),
-                 backend=name, pool=pool, **kw)
+                 pool=pool, options=Options(backend=name, **options))
     return g.capture(torch.randn(3, 32, device=device), w1, w2), w1, w2
 
 
@@ -86,7 +87,7 @@ def test_batch_above_largest_size_runs_eagerly_and_is_counted(backend):
 def test_capture_returns_a_new_callable_and_the_old_one_still_works(backend):
     name, device = backend
     w1, w2 = weights(device)
-    g0 = graphify(mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent(), persistent()), backend=name)
+    g0 = graphify(mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent(), persistent()), options=Options(backend=name))
     g1 = g0.capture(torch.randn(2, 32, device=device), w1, w2)
     assert g0.table is None and g1.table is not None and len(g1.table) == len(SIZES)
     x = torch.randn(4, 32, device=device)
@@ -102,8 +103,7 @@ def test_decoder_decode_step_matches_eager_and_writes_the_same_cache(backend):
     cfg = DecoderConfig.tiny()
     step = decode_step(cfg, init_params(cfg, seed=1, device=device))
     cache = new_kv_cache(cfg, 8, device=device, seed=2)
-    g = graphify(step, mode="FULL", sizes=(1, 2, 4, 8), axes=(tokens(), tokens(), tokens(), persistent()),
-                 backend=name)
+    g = graphify(step, mode="FULL", sizes=(1, 2, 4, 8), axes=(tokens(), tokens(), tokens(), persistent()), options=Options(backend=name))
     g = g.capture(*batch(cfg, 3, device), cache)
     for n in (1, 2, 3, 4, 6, 8):
         ids, pos, rows = batch(cfg, n, device)
@@ -158,7 +158,7 @@ def test_capture_is_largest_first_with_gc_frozen(backend):
         return x + 1
 
     assert gc.isenabled()
-    graphify(spy, mode="FULL", sizes=SIZES, backend=name).capture(torch.randn(2, 3, device=device))
+    graphify(spy, mode="FULL", sizes=SIZES, options=Options(backend=name)).capture(torch.randn(2, 3, device=device))
     sizes = [s for s, _ in seen]
     assert sizes == sorted(sizes, reverse=True) and set(sizes) == set(SIZES)
     assert not any(enabled for _, enabled in seen) and gc.isenabled()
@@ -185,8 +185,7 @@ def test_full_decode_only_graphs_uniform_batches_and_runs_mixed_ones_eagerly(bac
     def per_request_sum(x, lens):
         return x * 2, lens + 1
 
-    g = graphify(per_request_sum, mode="FULL_DECODE_ONLY", sizes=(2, 4, 8), axes=(tokens(), reqs(pad=1)),
-                 backend=name)
+    g = graphify(per_request_sum, mode="FULL_DECODE_ONLY", sizes=(2, 4, 8), axes=(tokens(), reqs(pad=1)), options=Options(backend=name))
     assert g.resolution.mode is Mode.FULL_DECODE_ONLY
     g = g.capture(torch.randn(3, 5, device=device), torch.ones(3, dtype=torch.long, device=device))
     x, lens = torch.randn(3, 5, device=device), torch.randint(1, 9, (3,), device=device)
@@ -255,7 +254,7 @@ def test_the_static_inputs_tuple_skips_checks_but_anything_else_is_checked(backe
 
 def test_padding_rows_are_restored_only_when_a_batch_shrinks(backend, monkeypatch):
     name, device = backend
-    g = graphify(lambda x: x * 3, mode="FULL", sizes=(4, 8), axes=(tokens(pad=-7.0),), backend=name)
+    g = graphify(lambda x: x * 3, mode="FULL", sizes=(4, 8), axes=(tokens(pad=-7.0),), options=Options(backend=name))
     g = g.capture(torch.randn(2, 5, device=device))
     copies = []
     real = torch._foreach_copy_
@@ -276,7 +275,7 @@ def test_padding_rows_are_restored_only_when_a_batch_shrinks(backend, monkeypatc
 
 def test_random_ops_draw_fresh_numbers_on_every_replay(backend):
     name, device = backend
-    g = graphify(lambda x: x + torch.rand_like(x), mode="FULL", sizes=(4,), backend=name)
+    g = graphify(lambda x: x + torch.rand_like(x), mode="FULL", sizes=(4,), options=Options(backend=name))
     g = g.capture(torch.randn(4, 8, device=device))
     x = torch.randn(4, 8, device=device)
     a, b = g(x).clone(), g(x).clone()
@@ -290,17 +289,14 @@ def test_explicit_out_axes_cut_request_outputs_and_bad_ones_are_named(backend):
     def pair(x, lens):
         return x.sum(-1), lens * 2  # per token, per request
 
-    g = graphify(pair, mode="FULL", sizes=(8,), axes=(tokens(), reqs()), out_axes=("tokens", "reqs"),
-                 backend=name).capture(torch.randn(5, 3, device=device), torch.ones(2, device=device))
+    g = graphify(pair, mode="FULL", sizes=(8,), axes=(tokens(), reqs()), options=Options(out_axes=("tokens", "reqs"), backend=name)).capture(torch.randn(5, 3, device=device), torch.ones(2, device=device))
     x, lens = torch.randn(6, 3, device=device), torch.randn(4, device=device)
     a, b = g(x, lens)
     assert torch.equal(a, x.sum(-1)) and torch.equal(b, lens * 2)
     with pytest.raises(CaptureError, match="out_axes has 3 entries but the function returns 2"):
-        graphify(pair, mode="FULL", sizes=(8,), axes=(tokens(), reqs()), out_axes=("tokens", "reqs", None),
-                 backend=name).capture(torch.randn(5, 3, device=device), torch.ones(2, device=device))
+        graphify(pair, mode="FULL", sizes=(8,), axes=(tokens(), reqs()), options=Options(out_axes=("tokens", "reqs", None), backend=name)).capture(torch.randn(5, 3, device=device), torch.ones(2, device=device))
     with pytest.raises(CaptureError, match="not an output axis"):
-        graphify(pair, mode="FULL", sizes=(8,), axes=(tokens(), reqs()), out_axes="rows",
-                 backend=name).capture(torch.randn(5, 3, device=device), torch.ones(2, device=device))
+        graphify(pair, mode="FULL", sizes=(8,), axes=(tokens(), reqs()), options=Options(out_axes="rows", backend=name)).capture(torch.randn(5, 3, device=device), torch.ones(2, device=device))
 
 
 def test_compiled_functions_get_an_unguarded_warmup_before_full_capture():
@@ -315,7 +311,7 @@ def test_compiled_functions_get_an_unguarded_warmup_before_full_capture():
         return x * 3
 
     fn._torchdynamo_orig_callable = twin  # what torch.compile's wrapper carries
-    g = graphify(fn, mode="FULL", sizes=(4,), backend="sim").capture(torch.randn(2, 3))
+    g = graphify(fn, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(2, 3))
     # the eager twin runs under the op guard, never the compiled code; the simulation then
     # tapes the twin's ops (compiled kernels are invisible to its dispatch-level tape)
     assert twin_calls == [4, 4]
@@ -343,7 +339,7 @@ def test_output_alias_shares_memory_on_a_storage_of_its_own():
 
 
 def test_graphify_as_a_decorator_with_options():
-    @graphify(mode="FULL", sizes=(2, 4), axes=(tokens(),), backend="sim")
+    @graphify(mode="FULL", sizes=(2, 4), axes=(tokens(),), options=Options(backend="sim"))
     def double(x):
         return x * 2
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import gc
 
+import re
+
 import pytest
 import torch
 
 from graphify import (
+    Options,
     CaptureError,
     InputMismatchError,
     PersistentSwapError,
@@ -59,7 +62,7 @@ def test_persistent_tensor_swapped_for_another_is_an_error(backend):
 
 def test_static_argument_must_not_change(backend):
     name, device = backend
-    g = graphify(lambda x, scale: x * scale, mode="FULL", sizes=(4,), axes=(tokens(), static()), backend=name)
+    g = graphify(lambda x, scale: x * scale, mode="FULL", sizes=(4,), axes=(tokens(), static()), options=Options(backend=name))
     g = g.capture(torch.randn(2, 3, device=device), 2.0)
     assert torch.equal(g(torch.ones(2, 3, device=device), 2.0), torch.full((2, 3), 2.0, device=device))
     with pytest.raises(InputMismatchError, match="'scale' is 3.0 but was captured as 2.0"):
@@ -68,7 +71,7 @@ def test_static_argument_must_not_change(backend):
 
 def test_argument_count_and_disagreeing_token_rows(backend):
     name, device = backend
-    g = graphify(torch.add, mode="FULL", sizes=(4,), backend=name).capture(
+    g = graphify(torch.add, mode="FULL", sizes=(4,), options=Options(backend=name)).capture(
         torch.randn(2, 3, device=device), torch.randn(2, 3, device=device)
     )
     with pytest.raises(InputMismatchError, match="missing argument 'arg1'"):
@@ -79,8 +82,8 @@ def test_argument_count_and_disagreeing_token_rows(backend):
 
 def test_cuda_backend_on_a_machine_without_gpu_suggests_sim(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    g = graphify(mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent(), persistent()), backend="cuda")
-    with pytest.raises(CaptureError, match="backend='sim'"):
+    g = graphify(mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent(), persistent()), options=Options(backend="cuda"))
+    with pytest.raises(CaptureError, match=re.escape("Options(backend='sim')")):
         g.capture(torch.randn(3, 32), *weights("cpu"))
 
 
@@ -93,7 +96,7 @@ def test_exception_during_capture_names_the_size_and_releases_graphs(backend):
         return x * 2
 
     pool = Pool("fragile")
-    g0 = graphify(fragile, mode="FULL", sizes=SIZES, backend=name, pool=pool)
+    g0 = graphify(fragile, mode="FULL", sizes=SIZES, pool=pool, options=Options(backend=name))
     with pytest.raises(CaptureError, match=r"tokens=4\) \(3 of 5\).*boom at four.*2 graph\(s\) captured before it were released"):
         g0.capture(torch.randn(2, 3, device=device))
     gc.collect()
@@ -112,7 +115,7 @@ def test_exception_during_capture_names_the_size_and_releases_graphs(backend):
 )
 def test_op_that_cannot_be_captured_is_named_and_the_process_stays_usable(backend, body, op):
     name, device = backend
-    g = graphify(body, mode="FULL", sizes=(2, 4), backend=name)
+    g = graphify(body, mode="FULL", sizes=(2, 4), options=Options(backend=name))
     with pytest.raises(UnsupportedOpError, match=op) as info:
         g.capture(torch.randn(2, 3, device=device))
     assert "split" in str(info.value)
@@ -137,13 +140,13 @@ def test_function_writing_a_padded_argument_in_place_is_rejected(backend):
         return x * 2
 
     with pytest.raises(CaptureError, match=r"writes to argument\(s\) \['x'\] in place"):
-        graphify(writes, mode="FULL", sizes=(2,), backend=name).capture(torch.randn(2, 3, device=device))
+        graphify(writes, mode="FULL", sizes=(2,), options=Options(backend=name)).capture(torch.randn(2, 3, device=device))
 
 
 def test_unknown_mode_and_backend_strings():
     with pytest.raises(ValueError, match="'FULL_AND_PIECEWISE'"):
         graphify(mlp, mode="fully")
     with pytest.raises(ValueError, match="'sim'"):
-        graphify(mlp, backend="tpu")
+        graphify(mlp, options=Options(backend="tpu"))
 
 

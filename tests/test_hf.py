@@ -9,7 +9,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from graphify import CaptureError, InputMismatchError, graphify  # noqa: E402
+from graphify import Options, CaptureError, InputMismatchError, graphify  # noqa: E402
 from transforms.hf import decode_graphs, greedy_generate, static_cache  # noqa: E402
 
 TINY = dict(
@@ -47,7 +47,7 @@ def test_greedy_decode_equals_eager_and_capture_leaves_the_cache_alone(backend, 
         out = model(input_ids=prompt, past_key_values=cache, use_cache=True)  # the prompt, eagerly
         nxt = out.logits[:, -1:].argmax(-1)
         before = cache_state(cache)
-        step = graphify(model, mode="FULL", sizes=[batch], backend=name).capture(
+        step = graphify(model, mode="FULL", sizes=[batch], options=Options(backend=name)).capture(
             input_ids=nxt, past_key_values=cache, use_cache=True
         )
         for a, b in zip(before, cache_state(cache)):
@@ -70,7 +70,7 @@ def test_decode_graphs_helper_and_a_captured_cache_only(backend):
     prompt = torch.randint(0, TINY["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(2)).to(device)
     want = greedy_generate(model, prompt, static_cache(model, 2, 48), 16)
     cache = static_cache(model, 2, 48)
-    step = decode_graphs(model, cache, backend=name)  # captured before the prompt ran
+    step = decode_graphs(model, cache, options=Options(backend=name))  # captured before the prompt ran
     assert torch.equal(greedy_generate(model, prompt, cache, 16, decode=step), want)
     cache.reset()
     assert torch.equal(greedy_generate(model, prompt, cache, 16, decode=step), want)  # reset in place: still ours
@@ -94,7 +94,7 @@ def test_sliding_window_caches_keep_python_state_and_are_refused():
     cache = static_cache(model, 2, 32)
     counters = [getattr(layer, "cumulative_length_int", None) for layer in cache.layers]
     with pytest.raises(CaptureError, match="cumulative_length_int.*leave this function ungraphified"):
-        decode_graphs(model, cache, backend="sim")
+        decode_graphs(model, cache, options=Options(backend="sim"))
     assert [getattr(layer, "cumulative_length_int", None) for layer in cache.layers] == counters
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphify import GraphifyError, Pool, graphify, persistent, tokens
+from graphify import Options, GraphifyError, Pool, graphify, persistent, tokens
 from graphify._interop import array_library, foreign_library
 
 SIZES = (1, 2, 4, 8, 16)
@@ -21,7 +21,7 @@ def np_mlp(x, w):
 def captured(pool=None):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((6, 5)).astype(np.float32)
-    g = graphify(np_mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), backend="sim", pool=pool)
+    g = graphify(np_mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), pool=pool, options=Options(backend="sim"))
     return g.capture(rng.standard_normal((3, 6)).astype(np.float32), w), w
 
 
@@ -63,7 +63,7 @@ def test_numpy_outputs_are_copies_by_default_and_views_on_request():
     first, _ = g(x, w)
     g(x * 2, w)
     np.testing.assert_allclose(first, np_mlp(x, w)[0], rtol=1e-5, atol=1e-6)  # kept: its own memory
-    view = attrs.evolve(g, outputs="view")
+    view = attrs.evolve(g, options=attrs.evolve(g.options, outputs="view"))
     first, _ = view(x, w)
     kept = first.copy()
     view(x * 2, w)
@@ -111,6 +111,6 @@ def test_two_functions_share_one_pool_report():
 
 
 def test_cupy_backend_rejects_torch_functions():
-    g = graphify(lambda x: x + 1, mode="FULL", sizes=(2,), backend="cupy")
+    g = graphify(lambda x: x + 1, mode="FULL", sizes=(2,), options=Options(backend="cupy"))
     with pytest.raises(ValueError, match="backend='cupy' captures functions of CuPy arrays"):
         g.capture(torch.randn(2, 3))

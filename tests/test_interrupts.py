@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from graphify import CaptureError, graphify, persistent, tokens
+from graphify import Options, CaptureError, graphify, persistent, tokens
 
 SIZES = (2, 4, 8, 16)
 
@@ -52,7 +52,7 @@ def test_ctrl_c_in_the_middle_of_a_capture(backend):
             raise KeyboardInterrupt
         return mlp(x, w)
 
-    g = graphify(interrupted, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), backend=name)
+    g = graphify(interrupted, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), options=Options(backend=name))
     before = allocated(device)
     with pytest.raises(KeyboardInterrupt):  # not swallowed, not wrapped
         g.capture(torch.randn(3, 16, device=device), w)
@@ -60,8 +60,7 @@ def test_ctrl_c_in_the_middle_of_a_capture(backend):
     assert len(buffers) >= 3 and not [b for b in buffers if b() is not None]  # sizes 16, 8 and 4 ran: none pinned
     assert state.tolist() == [0.0] * 4
     x = torch.randn(3, 16, device=device)
-    torch.testing.assert_close(graphify(mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()),
-                                        backend=name).capture(x, w)(x, w), mlp(x, w))
+    torch.testing.assert_close(graphify(mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), options=Options(backend=name)).capture(x, w)(x, w), mlp(x, w))
 
 
 @requires_cuda

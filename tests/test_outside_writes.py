@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from graphify import Batching, graphify, persistent, tokens
+from graphify import Options, Batching, graphify, persistent, tokens
 from graphify._state import StateKeeper
 from graphify.backends import Captured
 from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
@@ -231,7 +231,6 @@ def test_capture_leaves_state_as_found_and_takes_the_schedule_path_only_where_it
     pw = split(fn, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=compile)
     is_uniform = lambda *args: bool((args[3] == 2).all())  # noqa: E731
     before, count = cache.clone(), counter.clone()
-    graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(8, 16, 32), backend="sim",
-             batching=Batching(uniform_query_len=2, uniform=is_uniform)).capture(*example, cache)
+    graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(8, 16, 32), batching=Batching(uniform_query_len=2, uniform=is_uniform), options=Options(backend="sim")).capture(*example, cache)
     assert torch.equal(cache, before) and torch.equal(counter, count)
     assert len(covered) == (2 if compile and not piece_writes else 0)  # FULL keys of 16 and 8 tokens

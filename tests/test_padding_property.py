@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphify import graphify, persistent, tokens
+from graphify import Options, graphify, persistent, tokens
 
 W = torch.randn(5, 5, generator=torch.Generator().manual_seed(0))
 
@@ -14,7 +14,7 @@ def rowwise(x, w):
     return torch.tanh(x @ w) + x
 
 
-G = graphify(rowwise, mode="FULL", sizes=(2, 4, 8), axes=(tokens(pad=-3.0), persistent()), backend="sim").capture(torch.randn(3, 5), W)
+G = graphify(rowwise, mode="FULL", sizes=(2, 4, 8), axes=(tokens(pad=-3.0), persistent()), options=Options(backend="sim")).capture(torch.randn(3, 5), W)
 
 
 @settings(max_examples=40, deadline=None)

@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from graphify import Mode, StateChangedError, graphify, static, tokens
+from graphify import Options, Mode, StateChangedError, graphify, static, tokens
 from graphify._reach import Reach
 from graphify._roots import function_roots
 
@@ -49,7 +49,7 @@ def replay_directly(g, x):
 def test_a_tensor_replaced_in_a_static_object_is_refused_by_a_captured_callable(backend):
     name, device = backend
     box = Box(torch.randn(4, 8, device=device))
-    g = graphify(box_fn, mode="FULL", sizes=[4], axes=(tokens(), static()), backend=name).capture(
+    g = graphify(box_fn, mode="FULL", sizes=[4], axes=(tokens(), static()), options=Options(backend=name)).capture(
         torch.randn(4, 8, device=device), box)
     x = torch.randn(4, 8, device=device)
     torch.testing.assert_close(g(x, box), box_fn(x, box))
@@ -68,7 +68,7 @@ def test_a_tensor_replaced_in_a_static_object_is_refused_by_a_captured_callable(
 def test_a_rebound_closure_is_refused_by_a_captured_callable(backend, what):
     name, device = backend
     fn = closure_over(torch.randn(4, 8, device=device), 2.0)
-    g = graphify(fn, mode="FULL", sizes=[4], backend=name).capture(torch.randn(4, 8, device=device))
+    g = graphify(fn, mode="FULL", sizes=[4], options=Options(backend=name)).capture(torch.randn(4, 8, device=device))
     x = torch.randn(4, 8, device=device)
     torch.testing.assert_close(g(x), fn(x))
     cell = dict(zip(fn.__code__.co_freevars, fn.__closure__))["t" if what == "tensor" else "scale"]
@@ -85,7 +85,7 @@ def test_a_rebound_closure_is_refused_by_a_captured_callable(backend, what):
 def test_first_use_gives_eagers_answer_after_every_kind_of_replacement(backend):
     name, device = backend
     box = Box(torch.randn(4, 8, device=device))
-    g = graphify(box_fn, backend=name)
+    g = graphify(box_fn, options=Options(backend=name))
     for step in range(12):
         if step in (3, 6):
             box.t = torch.randn(4, 8, device=device)  # replaced between calls
@@ -94,7 +94,7 @@ def test_first_use_gives_eagers_answer_after_every_kind_of_replacement(backend):
     assert {r.mode for r in g.stats.rows() if r.calls} >= {Mode.FULL}  # graphs did replay in between
 
     fn = closure_over(torch.randn(4, 8, device=device), 2.0)
-    g = graphify(fn, backend=name)
+    g = graphify(fn, options=Options(backend=name))
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
     for step in range(12):
         if step == 4:
@@ -108,7 +108,7 @@ def test_first_use_gives_eagers_answer_after_every_kind_of_replacement(backend):
 def test_a_structure_whose_objects_keep_changing_runs_eagerly(backend, caplog):
     name, device = backend
     box = Box(torch.randn(4, 8, device=device))
-    g = graphify(box_fn, backend=name)
+    g = graphify(box_fn, options=Options(backend=name))
     for _ in range(12):
         for _ in range(3):  # each replacement costs a capture on the next repeat; then the kind runs eagerly
             x = torch.randn(4, 8, device=device)
@@ -138,7 +138,7 @@ def test_a_function_that_replaces_state_each_call_runs_eagerly_with_one_warning(
     name, device = backend
     cache = Growing(torch.randn(2, 8, device=device))
     twin = Growing(cache.keys.clone())
-    g = graphify(growing_fn, backend=name)
+    g = graphify(growing_fn, options=Options(backend=name))
     with pytest.warns(UserWarning, match="replaces a tensor.*cache.keys.*cache_implementation=\"static\"") as record:
         for _ in range(6):
             x = torch.randn(4, 8, device=device)
@@ -155,7 +155,7 @@ def test_capture_refuses_state_it_cannot_follow_and_leaves_the_object_as_it_was(
     cache = Growing(torch.randn(2, 8, device=device))
     before, before_values = cache.keys, cache.keys.clone()
     with pytest.raises(CaptureError, match="replaces a tensor.*cache.keys"):
-        graphify(growing_fn, mode="FULL", sizes=[4], axes=(tokens(), static()), backend=name).capture(
+        graphify(growing_fn, mode="FULL", sizes=[4], axes=(tokens(), static()), options=Options(backend=name)).capture(
             torch.randn(4, 8, device=device), cache)
     assert cache.keys is before and torch.equal(cache.keys, before_values)  # same object, same contents
 

@@ -15,7 +15,7 @@ import tracemalloc
 import pytest
 import torch
 
-from graphify import CaptureError, Pool, graphify, persistent, sglang_piecewise_sizes, tokens
+from graphify import Options, CaptureError, Pool, graphify, persistent, sglang_piecewise_sizes, tokens
 from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
@@ -46,8 +46,7 @@ def test_random_calls_match_eager_in_every_mode(backend, mode):
     cache = new_paged_cache(CFG, 80, 16, device=device, seed=1)
     example = BatchLayout((3, 1, 5), (4, 7, 0), 16, 8).build(CFG, device=device)
     fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
-    g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(MAX_SIZE), axes=varlen_axes(), backend=name,
-                 support=model_support("unified"))
+    g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(MAX_SIZE), axes=varlen_axes(), support=model_support("unified"), options=Options(backend=name))
     if mode != "NONE":
         g = g.capture(*example, cache)
     ref_cache = cache.clone()
@@ -74,7 +73,7 @@ def mlp(x, w):
 def captured(backend, sizes=(4, 8, 16), **kw):
     name, device = backend
     w = torch.randn(16, 16, device=device)
-    g = graphify(mlp, mode="FULL", sizes=sizes, axes=(tokens(), persistent()), backend=name, **kw)
+    g = graphify(mlp, mode="FULL", sizes=sizes, axes=(tokens(), persistent()), options=Options(backend=name), **kw)
     return g.capture(torch.randn(4, 16, device=device), w), w
 
 
@@ -87,7 +86,7 @@ def test_exception_in_eager_fallback_propagates_and_the_callable_keeps_working(b
         return mlp(x, w)
 
     w = torch.randn(16, 16, device=device)
-    g = graphify(picky, mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()), backend=name)
+    g = graphify(picky, mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()), options=Options(backend=name))
     g = g.capture(torch.randn(4, 16, device=device), w)
     with pytest.raises(ValueError, match="twenty rows"):
         g(torch.randn(20, 16, device=device), w)  # above the largest size: eager, the user's error as is
@@ -105,7 +104,7 @@ def test_out_of_memory_during_capture_says_what_to_do_and_leaks_nothing(backend)
 
     pool = Pool("squeezed")
     w = torch.randn(16, 16, device=device)
-    g = graphify(hungry, mode="FULL", sizes=(4, 8, 16), axes=(tokens(), persistent()), backend=name, pool=pool)
+    g = graphify(hungry, mode="FULL", sizes=(4, 8, 16), axes=(tokens(), persistent()), pool=pool, options=Options(backend=name))
     with pytest.raises(CaptureError) as info:
         g.capture(torch.randn(4, 16, device=device), w)
     msg = str(info.value)
@@ -114,8 +113,7 @@ def test_out_of_memory_during_capture_says_what_to_do_and_leaks_nothing(backend)
     assert pool.report().per_graph == ()  # nothing captured is kept
     x = torch.randn(5, 16, device=device)
     torch.testing.assert_close(g(x, w), mlp(x, w))  # the uncaptured callable still runs
-    smaller = graphify(hungry, mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()), backend=name,
-                       pool=pool).capture(x, w)  # the advice works
+    smaller = graphify(hungry, mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()), pool=pool, options=Options(backend=name)).capture(x, w)  # the advice works
     torch.testing.assert_close(smaller(x, w), mlp(x, w))
 
 
@@ -194,7 +192,7 @@ def test_a_kept_capture_error_pins_no_static_buffer():
     sim.SimBackend.empty = empty
     try:
         with pytest.raises(CaptureError) as info:
-            graphify(wide, mode="FULL", sizes=(8, 64), axes=(tokens(), persistent()), backend="sim").capture(
+            graphify(wide, mode="FULL", sizes=(8, 64), axes=(tokens(), persistent()), options=Options(backend="sim")).capture(
                 torch.randn(4, 8), torch.randn(8, 8)
             )
     finally:

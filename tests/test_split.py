@@ -10,7 +10,7 @@ import zlib
 import pytest
 import torch
 
-from graphify import Batching, Mode, Support, graphify, tokens
+from graphify import Options, Batching, Mode, Support, graphify, tokens
 from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import SplitError, split
 
@@ -109,7 +109,7 @@ def test_any_example_traces_only_the_batch_dims(params):
     square = layout((1, 1), (4, 7)).build(CFG)  # 2 tokens, 2 requests, 2 KV heads
     pw = split(step, split_ops("unified"), *square, cache, axes=varlen_axes())
     assert set(pw.symbols.values()) == {"reqs", "tokens"}
-    g = graphify(pw, mode="PIECEWISE", sizes=SIZES, backend="sim").capture(*square, cache)
+    g = graphify(pw, mode="PIECEWISE", sizes=SIZES, options=Options(backend="sim")).capture(*square, cache)
     check_against_eager(g, step, cache, [layout((5, 1, 1), (0, 3, 9)), layout((1,), (12,))], "cpu")
     with pytest.raises(SplitError, match="at least 2 tokens and 2 requests"):
         split(step, split_ops("unified"), *layout((1,), (4,)).build(CFG), cache, axes=varlen_axes())
@@ -123,7 +123,7 @@ def test_every_mode_equals_eager_on_random_batches(backend, params, attention, m
     name, device = backend
     step, cache, example = model(params, attention, device)
     pw = split(step, split_ops(attention), *example, cache, axes=varlen_axes())
-    g = graphify(pw, mode=mode, sizes=SIZES, support=model_support(attention), backend=name)
+    g = graphify(pw, mode=mode, sizes=SIZES, support=model_support(attention), options=Options(backend=name))
     g = g.capture(*example, cache)
     rnd = random.Random(zlib.crc32(f"{attention}/{mode}".encode()))  # the same batches in every process
     batches = [random_layout(kind, rnd) for kind in ("prefill", "decode", "mixed", "spec") for _ in range(2)]
@@ -138,7 +138,7 @@ def test_full_and_piecewise_dispatches_decode_to_full_and_mixed_to_piecewise(bac
     name, device = backend
     step, cache, example = model(params, "split", device)
     pw = split(step, split_ops("split"), *example, cache, axes=varlen_axes())
-    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=SIZES, support=model_support("split"), backend=name)
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=SIZES, support=model_support("split"), options=Options(backend=name))
     g = g.capture(*example, cache)
     check_against_eager(g, step, cache, [layout([1] * 5, [3, 9, 2, 20, 7]), layout([4, 1, 1], [0, 5, 6])], device)
     rows = g.stats.rows()
@@ -154,8 +154,7 @@ def test_spec_decode_batches_count_as_uniform(backend, params):
     # With 1+k query tokens, tokens == k * requests does not prove every request has k
     # tokens ([1, 3, 2] has 6 = 3 * 2), so a spec-decode engine says which batches are uniform.
     is_uniform = lambda *args: bool((args[3] == 2).all())  # noqa: E731
-    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=SIZES, batching=Batching(uniform_query_len=2, uniform=is_uniform),
-                 backend=name)
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=SIZES, batching=Batching(uniform_query_len=2, uniform=is_uniform), options=Options(backend=name))
     g = g.capture(*example, cache)
     check_against_eager(g, step, cache, [layout([2] * 3, [5, 8, 1]), layout([1, 3, 2], [5, 8, 1])], device)
     assert [(r.mode, r.padded_to) for r in g.stats.rows()] == [(Mode.PIECEWISE, 8), (Mode.FULL, 8)]
@@ -207,7 +206,7 @@ def test_split_ops_that_return_new_tensors_feed_later_pieces_and_the_output(back
     example = (torch.randn(7, 6, device=device), torch.ones(3, dtype=torch.long, device=device))
     pw = split(fn, [mix_rows], *example, axes=(tokens(), "reqs"))
     assert [p.kind for p in pw.pieces] == ["graph", "split", "graph", "split"]
-    g = graphify(pw, mode="PIECEWISE", sizes=(4, 8, 16), backend=name).capture(*example)
+    g = graphify(pw, mode="PIECEWISE", sizes=(4, 8, 16), options=Options(backend=name)).capture(*example)
     for n, r in ((3, 2), (8, 5), (11, 4), (16, 1)):
         x, lens = torch.randn(n, 6, device=device), torch.randint(1, 5, (r,), device=device)
         torch.testing.assert_close(g(x, lens), fn(x, lens), rtol=1e-5, atol=1e-5)
@@ -223,7 +222,7 @@ def test_a_serving_trace_under_full_and_piecewise_equals_eager(backend, params):
     name, device = backend
     step, cache, example = model(params, "unified", device)
     pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
-    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=SIZES, backend=name).capture(*example, cache)
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=SIZES, options=Options(backend=name)).capture(*example, cache)
     requests = synthetic_requests(5, 8, prompt_range=(3, 20), output_range=(2, 6))
     steps = schedule(requests, max_tokens=24, chunk=8, spec_tokens=1, spec_every=2)
     tables = BlockTables(256, BLOCK, 16)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graphify import Mode, Support, resolve_mode, weakest
+from graphify import Options, Mode, Support, resolve_mode, weakest
 
 
 def needed(mode: Mode, q: int) -> Support:
@@ -82,11 +82,11 @@ def test_graphify_warns_once_when_piecewise_of_an_unsplit_function_runs_eagerly(
     from graphify import graphify
 
     with pytest.warns(UserWarning, match=r"not split.*graphify\.split\(fn, ops, \*example\).*mode='FULL'") as got:
-        g = graphify(lambda x: x * 2, mode="PIECEWISE", sizes=[1, 2], backend="sim")
+        g = graphify(lambda x: x * 2, mode="PIECEWISE", sizes=[1, 2], options=Options(backend="sim"))
     assert g.resolution.mode is Mode.NONE
     assert [w.filename for w in got if "not split" in str(w.message)] == [__file__]  # points at the caller
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         g = g.capture(torch.randn(2, 3))  # not again per capture
         torch.testing.assert_close(g(torch.ones(2, 3)), torch.full((2, 3), 2.0))
-        graphify(lambda x: x * 2, mode="FULL", sizes=[1, 2], backend="sim")  # nothing to warn about
+        graphify(lambda x: x * 2, mode="FULL", sizes=[1, 2], options=Options(backend="sim"))  # nothing to warn about

@@ -49,8 +49,7 @@ def build(rank: int, world: int, mode: str, sizes=None, lockstep: str = "graph",
     step = tp_varlen_step(tcfg, full, rank, all_reduce=all_reduce)
     example = EXAMPLE.build(CFG)
     fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
-    g = graphify(fn, mode=mode, sizes=sizes or sglang_piecewise_sizes(32), axes=varlen_axes(), backend="sim",
-                 support=model_support("unified"), group=dist.group.WORLD, options=Options(lockstep=lockstep))
+    g = graphify(fn, mode=mode, sizes=sizes or sglang_piecewise_sizes(32), axes=varlen_axes(), support=model_support("unified"), options=Options(backend="sim", group=dist.group.WORLD, lockstep=lockstep))
     return g.capture(*example, cache), cache, varlen_step(CFG, full), full_cache
 
 
@@ -112,7 +111,7 @@ def prepare_fails_on_one_rank(rank: int, world: int) -> dict:
     cache = shard_paged_cache(tcfg, new_paged_cache(CFG, 80, 16, seed=1), rank)
     step = tp_varlen_step(tcfg, full, rank)
     axes = varlen_axes() if rank == 0 else varlen_axes()[:-1]  # rank 1: one axis short
-    g = graphify(step, mode="FULL", sizes=(4, 8), axes=axes, backend="sim", group=dist.group.WORLD)
+    g = graphify(step, mode="FULL", sizes=(4, 8), axes=axes, options=Options(backend="sim", group=dist.group.WORLD))
     try:
         g.capture(*EXAMPLE.build(CFG), cache)
     except Exception as exc:
@@ -151,8 +150,7 @@ def build_cuda(rank: int, world: int, mode: str, all_reduce: str = "nccl"):
     assert step.all_reduce.kind == all_reduce, step.all_reduce.fallback_reason
     example = EXAMPLE.build(cfg, device=device)
     fn = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
-    g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(32), axes=varlen_axes(), backend="cuda",
-                 support=model_support("unified"), group=dist.group.WORLD).capture(*example, cache)
+    g = graphify(fn, mode=mode, sizes=sglang_piecewise_sizes(32), axes=varlen_axes(), support=model_support("unified"), options=Options(backend="cuda", group=dist.group.WORLD)).capture(*example, cache)
     return g, cache, varlen_step(cfg, full), full_cache, cfg, device
 
 

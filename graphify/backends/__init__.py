@@ -29,7 +29,7 @@ def get_backend(name: str, device, library: str | None = None) -> Backend:
     elif name == "cupy" and library != "cupy":
         raise ValueError(
             "backend='cupy' captures functions of CuPy arrays; for torch tensors (or functions mixing "
-            "torch and CuPy kernels on torch tensors) use backend='cuda'"
+            "torch and CuPy kernels on torch tensors) use Options(backend='cuda')"
         )
     if name == "sim" and library is not None:
         return _SIM_RERUN

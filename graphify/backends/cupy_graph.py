@@ -29,7 +29,7 @@ _CAPTURE_STREAMS: dict[int, object] = {}
 CUBLAS_ADVICE = (
     "CuPy refuses to call cuBLAS (matmul, dot, tensordot, einsum, linalg) while a stream is captured, "
     "so a CuPy graph cannot hold them: do the matrix products with torch (torch.from_dlpack / "
-    "cupy.from_dlpack views cost nothing) and capture with backend='cuda', whose graphs hold cuBLAS "
+    "cupy.from_dlpack views cost nothing) and capture with Options(backend='cuda'), whose graphs hold cuBLAS "
     "and the CuPy kernels alike"
 )
 
@@ -52,7 +52,7 @@ class CupyBackend:
         if cp.cuda.runtime.getDeviceCount() < 1 or device is None or device.type != "cuda":
             raise CaptureError(
                 f"{call}: backend='cupy' captures CuPy arrays on a CUDA GPU, but the example arguments "
-                f"are on {device}; pass CuPy arrays, or NumPy arrays with backend='sim'"
+                f"are on {device}; pass CuPy arrays, or NumPy arrays with Options(backend='sim')"
             )
 
     def new_pool_handle(self, device: torch.device):

@@ -42,13 +42,13 @@ class TorchCudaBackend:
         if not torch.cuda.is_available():
             raise CaptureError(
                 f"{call}: backend='cuda' needs a CUDA GPU, but torch.cuda.is_available() is False "
-                f"(torch {torch.__version__}); pass backend='sim' to run the same capture and replay "
+                f"(torch {torch.__version__}); pass Options(backend='sim') to run the same capture and replay "
                 "semantics on the CPU"
             )
         if device is None or device.type != "cuda":
             raise CaptureError(
                 f"{call}: backend='cuda' captures CUDA tensors, but the example arguments are on {device}; "
-                "move them to a CUDA device or pass backend='sim'"
+                "move them to a CUDA device or pass Options(backend='sim')"
             )
 
     def new_pool_handle(self, device: torch.device):

@@ -2,7 +2,7 @@
 
 Keys are captured in `KeySet.pairs()` order (mixed keys largest first, then uniform keys),
 so smaller graphs reuse the larger ones' memory. On any failure the graphs captured so far
-are released and a `CaptureError` names the key that failed. With `group=` (tensor
+are released and a `CaptureError` names the key that failed. With `Options(group=...)` (tensor
 parallelism) the ranks agree on the plan before capturing and on the outcome after, so a
 rank that fails never leaves the others waiting.
 """

@@ -49,8 +49,10 @@ def device_scope(device: torch.device | None):
     return contextlib.nullcontext()
 
 
-def progress(pairs, call: str, progress: bool):
-    if not progress:
+def progress(pairs, call: str, show: bool):
+    """`pairs` with a progress bar where `show` and the output is a terminal (tqdm's own
+    switch, `TQDM_DISABLE=1`, turns it off)."""
+    if not show:
         return pairs
     from tqdm.auto import tqdm
 

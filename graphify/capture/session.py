@@ -78,7 +78,7 @@ class CaptureSession:
             backend, prepared.fn, prepared.twin, split, _lockstep_full(lockstep, prepared),
             specialised_sizes(options.compile_sizes, keys), whole=split is not None and spec.compiled is not None,
         )
-        self.warmups, self.progress, self.largest_first = options.warmups, options.progress, options.largest_first
+        self.warmups, self.largest_first = options.warmups, options.largest_first
         self.weak_outputs = options.weak_outputs and backend.name == "cuda"
         self.out_axes = spec.out_axes if spec.out_axes is not None else ((split.out_axes if split is not None else None) or None)
         self.probe = prepared.layout.caller(split.fn) if split is not None else None
@@ -144,7 +144,7 @@ class CaptureSession:
                 objects = self._objects(example)
                 reach = (Reach.walk(objects), Reach.walk(self.fn_roots, lengths=False))
                 with freeze_gc(collect=collect):
-                    for mode, key in progress(pairs, self.call, self.progress and call_args is None):
+                    for mode, key in progress(pairs, self.call, call_args is None):
                         sibling = self.entries.get((Mode.PIECEWISE, key.relaxed())) or new.get((Mode.PIECEWISE, key.relaxed()))
                         entry = self.capture_key(mode, key, example, sibling, loaded, quick)
                         new[mode, key] = self._weak_outputs(entry, objects) if self.weak_statics else entry
