@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import collections
 import datetime as _dt
+import itertools
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+from torch.utils.benchmark import Timer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -49,34 +51,24 @@ def sync() -> None:
 
 
 def time_per_call(fn: Callable[[int], object], *, calls: int = 10, reps: int = 30, warmup: int = 5) -> float:
-    """Median over `reps` of the time per call (ms) of `calls` back-to-back calls
-    `fn(i)`; CUDA events on a GPU, a synchronised host clock otherwise."""
-    for i in range(warmup):
-        fn(i)
-    sync()
-    samples = []
-    for r in range(reps):
-        if torch.cuda.is_available():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for i in range(calls):
-                fn(r * calls + i)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / calls)
-        else:
-            t0 = time.perf_counter()
-            for i in range(calls):
-                fn(r * calls + i)
-            samples.append((time.perf_counter() - t0) * 1e3 / calls)
-    return statistics.median(samples)
+    """Median over `reps` of the time per call (ms) of `calls` back-to-back calls `fn(i)`
+    (i counts the calls), after `warmup` calls: `torch.utils.benchmark.Timer`, whose clock
+    synchronises the device before each reading. Fixed counts (`Timer.timeit`), not
+    `blocked_autorange`: the ranks of a tensor-parallel job must make the same calls, and
+    callers bound a slow configuration's time by them."""
+    count = itertools.count()
+    for _ in range(warmup):
+        fn(next(count))
+    timer = Timer("fn(next(count))", globals={"fn": fn, "count": count}, num_threads=torch.get_num_threads())
+    return statistics.median(timer.timeit(calls).mean for _ in range(reps)) * 1e3
 
 
 def host_costs_us(fns: "dict[str, Callable[[int], object]]", *, reps: int = 400) -> dict[str, float]:
     """Median host µs per call of each of `fns`, each call issued with the device idle,
     measured interleaved (one call of each per round, the order rotating): a graph
-    launch's host cost drifts with the machine's state by several times within a run, so
-    only calls timed side by side give ratios that mean something."""
+    launch's host cost drifts with the machine's state within a run, so only calls timed
+    side by side give ratios that mean something. A host clock by hand: `Timer`'s clock
+    would wait for the device, and this is the host's part alone."""
     names = list(fns)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(reps):
@@ -92,7 +84,8 @@ def host_costs_us(fns: "dict[str, Callable[[int], object]]", *, reps: int = 400)
 
 def host_pipelined_us(fn: Callable[[int], object], *, calls: int = 4, reps: int = 50) -> float:
     """Median host time (µs) per call to issue `calls` calls back to back while the device
-    is still busy with earlier ones: what a serving loop pays on the CPU per step."""
+    is still busy with earlier ones: what a serving loop pays on the CPU per step. A host
+    clock by hand: `Timer`'s clock would wait for the device at the end."""
     samples = []
     for r in range(reps):
         sync()

@@ -39,7 +39,8 @@ def build_batches(cfg, steps, requests, *, block, max_blocks, num_blocks, device
 
 
 def step_timer(gpu: bool):
-    """Per-step latency (ms): CUDA events on a GPU, a host clock otherwise."""
+    """Per-step latency (ms): CUDA events on a GPU, a host clock otherwise. By hand, not a
+    `Timer`: the trace runs each step once, every step a different batch."""
     if gpu:
         def timed(fn):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -85,7 +86,7 @@ class Setup:
         self.tokens = sum(s.num_tokens for s in self.steps)
 
     def graphify(self, mode: str, inductor: bool = False):
-        """(callable, start-up seconds): split (+ inductor) and capture."""
+        """(callable, start-up seconds): split (+ inductor) and capture, timed once."""
         sync()
         t0 = time.perf_counter()
         fn = self.step

@@ -33,7 +33,7 @@ def run(sizes=(1, 8, 32, 128, 512)) -> dict:
     step = varlen_step(cfg, init_params(cfg, seed=0, device="cuda"), "unified")
     cache = new_paged_cache(cfg, 1 + max(sizes) * 17, 16, device="cuda", seed=1)
     example = BatchLayout((3, 1, 5), (4, 7, 0), 16, 16).build(cfg, device="cuda")
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # split, compile and capture seconds, each timed once: none is repeated
     pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=True)
     rows = [{"what": "split", "seconds": time.perf_counter() - t0}]
     t0 = time.perf_counter()  # the dynamic compile, once, so no size's row carries it

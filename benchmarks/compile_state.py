@@ -1,8 +1,8 @@
 """Does how the pieces were compiled (cold, or loaded from the caches) change the CUDA graphs
 that replay them?
 
-Session 36 saw the batch-8 FULL graph of inductor pieces step in 1.265 ms in processes that
-compiled the pieces cold and 1.146-1.150 ms where they came from the on-disk caches. This
+A batch-8 FULL graph of inductor pieces may step at different speeds in processes that
+compiled its pieces cold and in processes that loaded them from the on-disk caches. This
 script builds both kinds in one process, FULL_AND_PIECEWISE at the main job's sizes:
 
 1. graph B: the pieces compiled cold (fresh inductor and Triton cache folders);
@@ -11,16 +11,13 @@ script builds both kinds in one process, FULL_AND_PIECEWISE at the main job's si
 3. an unrelated small function compiled cold (fresh folders again);
 4. inductor's compile workers shut down.
 
-After each stage every graph's batch-8 step (CUDA events) and GPU idle time between
-kernels; at the end, per kernel name, the idle time before it in each graph, the kernels'
-launch set-up as the driver holds it (a verbose DOT dump of each batch-8 graph, under
---dump), and how many kernels of each inductor launcher class the process holds.
-
-Session 37's run: A and B alike slow (1.27 ms), every launcher static, so not the compile.
-The cause was the capture: FULL keys of compiled pieces captured straight after their
-same-size PIECEWISE schedule, with no eager run of the compiled code at their shapes,
-replayed ~10% slower with identical DOT dumps (nodes, launch dimensions, edges); they now
-warm up twice (graphify/capture/capturers.py), and both graphs here step as FULL mode's do.
+After each stage every graph's batch-8 step (`torch.utils.benchmark.Timer`) and GPU idle
+time between kernels; at the end, per kernel name, the idle time before it in each graph,
+the kernels' launch set-up as the driver holds it (a verbose DOT dump of each batch-8
+graph, under --dump), and how many kernels of each inductor launcher class the process
+holds. A difference between A and B would come from the compile; the same step in both,
+from the capture (why FULL keys of compiled pieces warm up twice:
+graphify/capture/capturers.py). Results: benchmarks/results/compile-state-*.md.
 
     python -m benchmarks.compile_state [--dump DIR]
 """
@@ -68,22 +65,7 @@ def run(dump: str | None = None) -> dict:
             print(row, flush=True)
 
     original_graph = torch.cuda.CUDAGraph
-
-    class DebugGraph(original_graph):
-        """Keeps its graph after instantiating it, so `debug_dump` has something to print
-        (torch drops it otherwise, debug mode or not)."""
-
-        def __new__(cls, keep_graph=False):
-            return super().__new__(cls, True)
-
-        def __init__(self, keep_graph=False):
-            super().__init__(True)
-
-        def capture_end(self):
-            super().capture_end()
-            self.instantiate()  # kept graphs are not instantiated by capture_end
-
-    torch.cuda.CUDAGraph = DebugGraph
+    torch.cuda.CUDAGraph = _keeping_graphs(original_graph)
     try:
         with torch.inference_mode():
             fresh_compile_caches()
@@ -104,18 +86,41 @@ def run(dump: str | None = None) -> dict:
             async_compile.shutdown_compile_workers()
             measure("4. compile workers shut down")
             gaps = {name: gaps_by_kernel(lambda g=g: g(*batch, cache)) for name, g in graphs.items()}
-            dumps = {}
-            if dump:
-                os.makedirs(dump, exist_ok=True)
-                for name, g in graphs.items():
-                    entry = next(e for e in g.table if e.mode is Mode.FULL and e.key.num_tokens == B)
-                    path = os.path.join(dump, f"graph-{name.split()[0]}.dot")  # graph-A.dot, graph-B.dot
-                    entry.graph.debug_dump(path)
-                    dumps[name] = path
+            dumps = _dump(graphs, dump) if dump else {}
     finally:
         torch.cuda.CUDAGraph = original_graph
     return {"env": env, "rows": rows, "gaps": gaps, "launchers": launchers, "dumps": dumps,
             "static_launcher": bool(getattr(torch._inductor.config, "use_static_cuda_launcher", False))}
+
+
+def _keeping_graphs(original_graph):
+    """A `torch.cuda.CUDAGraph` that keeps its graph after instantiating it, so `debug_dump`
+    has something to print (torch drops it otherwise, debug mode or not)."""
+
+    class DebugGraph(original_graph):
+        def __new__(cls, keep_graph=False):
+            return super().__new__(cls, True)
+
+        def __init__(self, keep_graph=False):
+            super().__init__(True)
+
+        def capture_end(self):
+            super().capture_end()
+            self.instantiate()  # kept graphs are not instantiated by capture_end
+
+    return DebugGraph
+
+
+def _dump(graphs: dict, folder: str) -> dict[str, str]:
+    """A verbose DOT dump of each graph's batch-B FULL graph under `folder`: {name: path}."""
+    os.makedirs(folder, exist_ok=True)
+    dumps = {}
+    for name, g in graphs.items():
+        entry = next(e for e in g.table if e.mode is Mode.FULL and e.key.num_tokens == B)
+        path = os.path.join(folder, f"graph-{name.split()[0]}.dot")  # graph-A.dot, graph-B.dot
+        entry.graph.debug_dump(path)
+        dumps[name] = path
+    return dumps
 
 
 def launcher_counts() -> dict[str, int]:
@@ -165,7 +170,8 @@ def main(argv=None) -> dict:
     gap_cols = [("kernel", "kernel", "s"), ("per_step", "per step", ".0f")]
     for i, n in enumerate(names):
         gap_cols += [(f"idle{i}", f"idle µs before, {n}", ".1f"), (f"time{i}", f"µs, {n}", ".1f")]
-    markdown = ("Batch-8 decode step after each stage (CUDA events; idle: between kernels, torch.profiler).\n\n"
+    markdown = ("Batch-8 decode step after each stage (torch.utils.benchmark.Timer; idle: between kernels, "
+                "torch.profiler).\n\n"
                 + table(result["rows"], COLUMNS)
                 + "\n\nIdle GPU time before each kernel, per step, by kernel (largest first):\n\n"
                 + table(gap_rows[:25], gap_cols)

@@ -21,6 +21,7 @@ import attrs
 import torch
 
 from graphify import Options, graphify, persistent, tokens, vllm_sizes
+from graphify._runtime import STATIC_PLAN
 from models import DecoderConfig, decode_step, init_params, new_kv_cache
 
 from . import dispatch as dispatch_bench
@@ -47,14 +48,15 @@ def own_cost_us(g, static_args: tuple) -> float:
     tally, checked views): the same call with the graph launch replaced by nothing. The
     launch's own cost varies with the graph and the machine; this part is graphify's."""
     runtime = g._runtime
-    if runtime.fast_plan is None:  # only calls with no per-call predicates keep one plan
+    learnt = runtime.plans.get(STATIC_PLAN)
+    if learnt is None:  # only calls with no per-call predicates keep one plan
         return float("nan")
-    plan, mode, n = runtime.fast_plan
-    runtime.fast_plan = (attrs.evolve(plan, replay=lambda: None), mode, n)
+    plan, mode, n = learnt
+    runtime.plans[STATIC_PLAN] = (attrs.evolve(plan, replay=lambda: None), mode, n)
     try:
         return host_costs_us({"own": lambda i: g(*static_args)})["own"]
     finally:
-        runtime.fast_plan = (plan, mode, n)
+        runtime.plans[STATIC_PLAN] = learnt
 
 
 def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -84,44 +86,7 @@ def run(batch_sizes=(1, 8, 64), model: str = "0.5b") -> dict:
     rows = []
     with torch.inference_mode():
         for b in batch_sizes:
-            inputs = make_inputs(cfg, b, device, seed=b)
-            eager = lambda i: step(*inputs[i % INPUT_SETS], cache)  # noqa: E731
-            graphed = lambda i: g(*inputs[i % INPUT_SETS], cache)  # noqa: E731
-            row = {"batch": b}
-            check = inputs[0]
-            ref = step(*check, cache).clone()
-            row["graphify_max_err"] = max_err(g(*check, cache), ref)
-            row["eager_ms"] = time_per_call(eager)
-            row["graphify_ms"] = time_per_call(graphed)
-            row["default_max_err"] = max_err(g_copy(*check, cache), ref)
-            static_args = g.static_inputs(b)
-            for dst, src in zip(static_args, check):
-                if dst is not cache:
-                    dst.copy_(src)
-            g(*static_args)
-            entry = next(e for e in g.table if e.key.num_tokens == b)
-            calls = {
-                "default_host_us": lambda i: g_copy(*inputs[i % INPUT_SETS], cache),
-                "graphify_host_us": graphed,
-                "graphify_static_host_us": lambda i: g(*static_args),
-                "replay_host_us": lambda i: entry.replay(),
-            }
-            if gpu:
-                floor = HandWrittenGraph(step, check, cache)
-                calls["floor_host_us"] = lambda i: floor(*inputs[i % INPUT_SETS])
-            row.update(host_costs_us(calls))
-            row["own_host_us"] = own_cost_us(g, static_args)
-            row["graphify_pipelined_us"] = host_pipelined_us(graphed)
-            row["static_vs_replay"] = row["graphify_static_host_us"] / row["replay_host_us"]
-            row["default_vs_replay"] = row["default_host_us"] / row["replay_host_us"]
-            if gpu:
-                floor_call = lambda i: floor(*inputs[i % INPUT_SETS])  # noqa: E731
-                row["floor_max_err"] = max_err(floor(*check), ref)
-                row["floor_ms"] = time_per_call(floor_call)
-                row["graphify_vs_floor"] = row["graphify_ms"] / row["floor_ms"]
-                del floor
-            row["speedup_vs_eager"] = row["eager_ms"] / row["graphify_ms"]
-            rows.append(row)
+            rows.append(_batch_row(b, cfg, step, cache, (g, g_copy), gpu))
             sync()
     disp = dispatch_bench.run()
     return {
@@ -133,6 +98,50 @@ def run(batch_sizes=(1, 8, 64), model: str = "0.5b") -> dict:
         "rows": rows,
         "dispatch": disp,
     }
+
+
+def _batch_row(b: int, cfg: DecoderConfig, step, cache, graphs: tuple, gpu: bool) -> dict:
+    """One batch size's row: step times, host costs and max errors of eager, graphify (views,
+    and the default copies: `graphs`) and, on a GPU, the hand-written graph."""
+    g, g_copy = graphs
+    inputs = make_inputs(cfg, b, cache.device, seed=b)
+    eager = lambda i: step(*inputs[i % INPUT_SETS], cache)  # noqa: E731
+    graphed = lambda i: g(*inputs[i % INPUT_SETS], cache)  # noqa: E731
+    row = {"batch": b}
+    check = inputs[0]
+    ref = step(*check, cache).clone()
+    row["graphify_max_err"] = max_err(g(*check, cache), ref)
+    row["eager_ms"] = time_per_call(eager)
+    row["graphify_ms"] = time_per_call(graphed)
+    row["default_max_err"] = max_err(g_copy(*check, cache), ref)
+    static_args = g.static_inputs(b)
+    for dst, src in zip(static_args, check):
+        if dst is not cache:
+            dst.copy_(src)
+    g(*static_args)
+    entry = next(e for e in g.table if e.key.num_tokens == b)
+    calls = {
+        "default_host_us": lambda i: g_copy(*inputs[i % INPUT_SETS], cache),
+        "graphify_host_us": graphed,
+        "graphify_static_host_us": lambda i: g(*static_args),
+        "replay_host_us": lambda i: entry.replay(),
+    }
+    if gpu:
+        floor = HandWrittenGraph(step, check, cache)
+        calls["floor_host_us"] = lambda i: floor(*inputs[i % INPUT_SETS])
+    row.update(host_costs_us(calls))
+    row["own_host_us"] = own_cost_us(g, static_args)
+    row["graphify_pipelined_us"] = host_pipelined_us(graphed)
+    row["static_vs_replay"] = row["graphify_static_host_us"] / row["replay_host_us"]
+    row["default_vs_replay"] = row["default_host_us"] / row["replay_host_us"]
+    if gpu:
+        floor_call = lambda i: floor(*inputs[i % INPUT_SETS])  # noqa: E731
+        row["floor_max_err"] = max_err(floor(*check), ref)
+        row["floor_ms"] = time_per_call(floor_call)
+        row["graphify_vs_floor"] = row["graphify_ms"] / row["floor_ms"]
+        del floor
+    row["speedup_vs_eager"] = row["eager_ms"] / row["graphify_ms"]
+    return row
 
 
 COLUMNS = [

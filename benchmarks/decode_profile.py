@@ -76,7 +76,7 @@ def run(peer: bool = False, fresh_caches: bool = False, variants: tuple[str, ...
             if step is not None and options.compile_sizes == (B,):  # "compiled for batch 8": for the profiled size
                 options = attrs.evolve(options or Options(), compile_sizes=(size,))
                 name = name.replace(f"batch {B}", "this size")
-            t0 = time.perf_counter()
+            t0 = time.perf_counter()  # timed once, by hand: a compile and capture is not repeated
             fn = split(setup.step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes(), compile=pieces)
             g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=(size,), axes=varlen_axes(), support=model_support(ATTENTION), options=attrs.evolve(options or Options(), outputs="view")).capture(*setup.example, cache)
             capture_s[name] = time.perf_counter() - t0  # split, compiles and captures

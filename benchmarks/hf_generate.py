@@ -99,6 +99,8 @@ def generate(model, name: str, ids: torch.Tensor, new: int, **kw):
 
 
 def timed(fn) -> float:
+    """Seconds of one call of `fn`, the device synchronised at both ends: a whole
+    `generate()` is timed once (a `Timer` repeats its statement)."""
     sync()
     t0 = time.perf_counter()
     fn()

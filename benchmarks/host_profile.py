@@ -5,9 +5,6 @@
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
 from graphify import graphify, vllm_sizes
@@ -15,15 +12,7 @@ from models import BatchLayout, DecoderConfig, init_params, model_support, new_p
 from models import attention as attn
 from transforms import split
 
-
-def host_us(fn, reps=200):
-    samples = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)
+from ._report import host_costs_us
 
 
 def main():
@@ -45,16 +34,17 @@ def main():
     out = torch.empty_like(q)
     ids, pos, slots, ql, sl, bt = batch
     from models import _triton_attention as tri
-    rows = {
-        "whole piecewise step (g(...))": host_us(lambda: g(*batch, cache)),
-        "schedule.replay(8, 8)": host_us(lambda: sched.replay(8, 8)),
-        "one graph piece replay": host_us(lambda: sched.steps[2].replay()),
-        "attention via torch.ops (dispatcher)": host_us(lambda: torch.ops.graphify_models.unified_attention(q, k, k, cache, 0, slots, pos, ql, sl, bt, out)),
-        "attention impl called directly": host_us(lambda: getattr(attn.unified_attention, "_init_fn")(q, k, k, cache, 0, slots, pos, ql, sl, bt, out)),
-        "triton paged_attention (fused write)": host_us(lambda: tri.paged_attention(q, k, k, cache, 0, slots, pos, ql, bt, out)),
-        "torch.cumsum": host_us(lambda: torch.cumsum(ql, 0, dtype=torch.int32)),
-        "split piece GraphModule call": host_us(lambda: sched.steps[1].fn(*[a if a is not None else None for a in sched._trimmed[(8, 8)][1]])),
+    calls = {
+        "whole piecewise step (g(...))": lambda i: g(*batch, cache),
+        "schedule.replay(8, 8)": lambda i: sched.replay(8, 8),
+        "one graph piece replay": lambda i: sched.steps[2].replay(),
+        "attention via torch.ops (dispatcher)": lambda i: torch.ops.graphify_models.unified_attention(q, k, k, cache, 0, slots, pos, ql, sl, bt, out),
+        "attention impl called directly": lambda i: getattr(attn.unified_attention, "_init_fn")(q, k, k, cache, 0, slots, pos, ql, sl, bt, out),
+        "triton paged_attention (fused write)": lambda i: tri.paged_attention(q, k, k, cache, 0, slots, pos, ql, bt, out),
+        "torch.cumsum": lambda i: torch.cumsum(ql, 0, dtype=torch.int32),
+        "split piece GraphModule call": lambda i: sched.steps[1].fn(*[a if a is not None else None for a in sched._trimmed[(8, 8)][1]]),
     }
+    rows = host_costs_us(calls, reps=200)  # each call after a synchronize, the variants interleaved
     for name, us in rows.items():
         print(f"{name:<45} {us:8.1f} µs")
 

@@ -86,7 +86,7 @@ def measure(name: str, build: Callable[[], tuple[list, list[Pool]]], check: Call
     """Capture with `build`, read memory three ways, check outputs, drop, read again."""
     _clean()
     base = _reserved()
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # capture seconds, timed once: a capture is not repeated
     graphs, pools = build()
     seconds = time.perf_counter() - t0
     _clean()

@@ -58,7 +58,7 @@ def reduce_overhead_row(setup, timed) -> tuple[dict, ReduceOverhead]:
     from ._serving_trace import _percentile, ms_by_kind, run_trace, slowest_steps
 
     compiled = ReduceOverhead(setup.step, [setup.cache, *setup.params.values()])
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # whole passes over the trace, each once: start-up, not a repeated call
     worst, _ = run_trace(setup, compiled, "torch.compile", timed)
     first_pass = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -65,7 +65,7 @@ class Bench:
         if mode == "NONE":
             return g
         sync()
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # capture seconds, timed once: a capture is not repeated
         g = g.capture(*example, self.cache)
         sync()
         self.captures.append({"what": label, "mode": mode, "graphs": len(g.table), "sizes": len(g.keys),

@@ -1,5 +1,6 @@
-"""Where start-up and per-call host time go, on a GPU (the profile behind the README's
-start-up and host-cost notes).
+"""Where start-up and per-call host time go, on a GPU.
+
+The profile behind the README's start-up and host-cost notes.
 
     python -m benchmarks.profile_startup_host startup 51   # 8B F&P: split, cold/warm capture, phase timers
     python -m benchmarks.profile_startup_host host         # 0.5B FULL decode: the call's parts, interleaved
@@ -7,8 +8,8 @@ start-up and host-cost notes).
 Writes `startup-prof.txt` / `host.txt` under $OUT (default /tmp).
 """
 
+import argparse
 import os
-import sys
 import time
 
 import torch
@@ -32,7 +33,7 @@ def startup(count):
     f = "startup-prof.txt"
     model = Model("8b", True)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # split and captures, each timed once: start-up is not repeated
     pw = split(model.step, split_ops(ATTENTION), *model.example, axes=varlen_axes())
     log(f, f"split s {time.perf_counter() - t0:.3f}")
     t0 = time.perf_counter()
@@ -56,7 +57,7 @@ def startup(count):
     import transforms._schedule as sch
     from graphify.backends.torch_cuda import TorchCudaBackend
     spent = {"sched.replay": 0.0, "capture_pieces": 0.0, "backend.capture": 0.0, "capture_end": 0.0}
-    def timer(obj, name, key):
+    def timer(obj, name, key):  # host seconds summed over every call inside one capture: no Timer measures that
         orig = getattr(obj, name)
         def w(*a, **k):
             t = time.perf_counter()
@@ -85,6 +86,8 @@ def host():
     from models import decode_step, init_params, new_kv_cache
     from benchmarks.decode import MODELS, make_inputs, own_cost_us
     from benchmarks._report import host_costs_us
+    from graphify._hand_out import hand_out_for
+    from graphify._runtime import STATIC_PLAN
     cfg = MODELS["0.5b"][0]()
     params = init_params(cfg, seed=0, device="cuda")
     cache = new_kv_cache(cfg, 64, device="cuda", seed=1)
@@ -99,11 +102,11 @@ def host():
             for b in (1, 8):
                 static = g.static_inputs(b)
                 g(*static)
-                plan = rt.fast_plan[0]
+                plan = rt.plans[STATIC_PLAN][0]
                 entry = next(e for e in g.table if e.key.num_tokens == b)
                 checked = rt.hand_out
                 def unchecked():
-                    rt.hand_out = rt._view
+                    rt.hand_out = hand_out_for("", "view", None)
                     try:
                         g(*static)
                     finally:
@@ -112,9 +115,9 @@ def host():
                     "bare replay": lambda i: entry.replay(),
                     "g(*static) checked": lambda i: g(*static),
                     "g(*static) unchecked": lambda i: unchecked(),
-                    "replay then checked_view": lambda i: (entry.replay(), rt._checked_view(plan)),
-                    "checked_view then replay": lambda i: (rt._checked_view(plan), entry.replay()),
-                    "checked_view only": lambda i: rt._checked_view(plan),
+                    "replay then checked_view": lambda i: (entry.replay(), checked(plan)),
+                    "checked_view then replay": lambda i: (checked(plan), entry.replay()),
+                    "checked_view only": lambda i: checked(plan),
                     "rt.run direct": lambda i: rt.run(static, g.stats),
                 }, reps=600)
                 res["graphify's own (launch stubbed)"] = own_cost_us(g, static)
@@ -123,10 +126,19 @@ def host():
                     log(f, f"{k:<28} {v:8.1f}")
 
 
-if __name__ == "__main__":
-    what = sys.argv[1]
-    if what == "host":
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parts = parser.add_subparsers(dest="what", required=True)
+    part = parts.add_parser("startup", help="8B FULL_AND_PIECEWISE: split, cold and warm capture, phase timers")
+    part.add_argument("count", type=int, help="how many capture sizes (benchmarks.startup.MAX_SIZE's keys)")
+    parts.add_parser("host", help="0.5B FULL decode: the call's parts, interleaved")
+    args = parser.parse_args(argv)
+    if args.what == "host":
         host()
     else:
-        startup(int(sys.argv[2]))
+        startup(args.count)
+
+
+if __name__ == "__main__":
+    main()
 

@@ -68,7 +68,7 @@ def graphify_start(setup: Setup, mode: str, inductor: bool, timed, name: str = "
     over the trace. Start-up counts what the first pass paid once (kernels loaded or
     specialised on first launch, handles, first replays) as reduce-overhead's does."""
     g, startup = setup.graphify(mode, inductor)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # whole passes over the trace, each once: start-up, not a repeated call
     worst, _ = run_trace(setup, g, name, timed)
     first_pass = time.perf_counter() - t0
     g.stats.reset()

@@ -38,8 +38,9 @@ MiB = 1 << 20
 
 def tracing_setup() -> float:
     """Seconds to import what split's tracing needs and trace a tiny model once: a process
-    pays this once, whatever it traces (about 400 modules load on the first trace), so it is
-    reported on its own instead of landing on whichever model is traced first."""
+    pays this once, whatever it traces (the first trace loads hundreds of modules), so it is
+    reported on its own instead of landing on whichever model is traced first. Timed once, by
+    hand: it happens once per process."""
     t0 = time.perf_counter()
     tiny = Model("tiny", gpu=False)
     split(tiny.step, split_ops(ATTENTION), *tiny.example, axes=varlen_axes())
@@ -71,6 +72,7 @@ class Model:
 
 
 def timed(fn):
+    """(fn(), seconds), the device synchronised at both ends: start-up is timed once, by hand."""
     sync()
     t0 = time.perf_counter()
     out = fn()

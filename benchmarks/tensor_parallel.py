@@ -28,20 +28,23 @@ require. Rank 0 prints the tables and writes benchmarks/results/<name>[-serving]
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 for _key, _value in NO_MULTICAST.items():
     os.environ.setdefault(_key, _value)
 os.environ.setdefault("TORCH_SYMMMEM", "CUDA")  # symm_mem all-reduce: torch's own P2P backend, read at import
-if "--cpu" in sys.argv[1:]:  # gloo and the simulation: no CUDA, so the timers read the host clock
+# `--cpu` (gloo and the simulation) hides the GPUs before torch is imported; `parse` reads it again
+_early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+_early.add_argument("--cpu", action="store_true")
+if _early.parse_known_args()[0].cpu:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from typing import Any  # noqa: E402
 
 import attrs  # noqa: E402
 import torch  # noqa: E402
@@ -134,16 +137,33 @@ def decode_rows(name: str, args, rank: int, world: int, device: torch.device) ->
 
     rows = []
     for kind in args.all_reduce:
-        setup = (name, args, rank, tcfg, full, full_cache, batches, single, options, sizes)
-        rows += [{"model": label, "batch": b, "tp1_ms": tp1[b], **row} for b, row in _tp_rows(kind, *setup).items()]
+        setup = _TPSetup(name, args, rank, tcfg, full, full_cache, batches, single, options, sizes)
+        rows += [{"model": label, "batch": b, "tp1_ms": tp1[b], **row} for b, row in _tp_rows(kind, setup).items()]
     del full, full_cache
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
 
 
-def _tp_rows(kind, name, args, rank, tcfg, full, full_cache, batches, single, options, sizes) -> dict:
+@attrs.frozen
+class _TPSetup:
+    """What every all-reduce kind's TP=world rows of one model share."""
+
+    name: str  # the model
+    args: Any
+    rank: int
+    tcfg: DecoderConfig  # the sharded config
+    full: dict  # the single-GPU model's weights
+    full_cache: torch.Tensor
+    batches: dict  # batch size -> batch
+    single: Any  # the single-GPU step, the reference
+    options: Options
+    sizes: tuple
+
+
+def _tp_rows(kind: str, setup: _TPSetup) -> dict:
     """TP=world rows of one all-reduce kind, by batch size: eager, graphify, the floor."""
+    name, args, rank, tcfg, full, full_cache, batches, single, options, sizes = attrs.astuple(setup, recurse=False)
     graph_timing, eager_timing, host_reps = TIMING[name]
     device = full_cache.device
     maybe_fail(args, rank, "capture")
@@ -242,7 +262,7 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
         used = step.all_reduce.kind
         label = used if used == kind else f"{kind}→{used}"
         sync()
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # start-up, timed once: split and capture are not repeated
         fn = split(step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes())
         g = graphify(fn, mode="FULL_AND_PIECEWISE", sizes=sglang_piecewise_sizes(setup.max_tokens),
                      axes=varlen_axes(), support=model_support(ATTENTION), options=Options(outputs="view", group=dist.group.WORLD)).capture(*setup.example, cache)

@@ -86,52 +86,75 @@ def schedule(
     `output_len` decode tokens (spec steps count 1 + k)."""
     if max_tokens < 1 or max_reqs < 1 or chunk < 1 or spec_tokens < 0:
         raise ValueError("schedule: max_tokens, max_reqs and chunk must be >= 1, spec_tokens >= 0")
-    pending = sorted(requests, key=lambda r: (r.arrival, r.id))
-    prefilled = {r.id: 0 for r in requests}
-    decoded = {r.id: 0 for r in requests}
-    by_id = {r.id: r for r in requests}
-    running: list[int] = []  # prompt done, decoding
-    prefilling: list[int] = []  # admitted, prompt partly done
+    engine = _Engine(requests)
     steps: list[Step] = []
-    step = 0
-    while (pending or running or prefilling) and step < max_steps:
-        while pending and pending[0].arrival <= step:
-            prefilling.append(pending.pop(0).id)
-        ids, qlens, ctxs = [], [], []
-        only_decodes = not prefilling
-        spec = spec_tokens > 0 and spec_every > 0 and only_decodes and step % spec_every == 0
-        for rid in running[:max_reqs]:
-            req = by_id[rid]
-            left = req.output_len - decoded[rid]
-            q = min(1 + spec_tokens, left) if spec else 1
-            if sum(qlens) + q > max_tokens:
-                break
-            ids.append(rid)
-            qlens.append(q)
-            ctxs.append(req.prompt_len + decoded[rid])
-        for rid in prefilling:
-            budget = max_tokens - sum(qlens)
-            if budget <= 0 or len(ids) >= max_reqs:
-                break
-            req = by_id[rid]
-            q = min(chunk, req.prompt_len - prefilled[rid], budget)
-            ids.append(rid)
-            qlens.append(q)
-            ctxs.append(prefilled[rid])
+    for step in range(max_steps):
+        if not (engine.pending or engine.running or engine.prefilling):
+            break
+        engine.arrive(step)
+        spec = spec_tokens > 0 and spec_every > 0 and not engine.prefilling and step % spec_every == 0
+        ids, qlens, ctxs = engine.decodes(max_tokens, max_reqs, spec_tokens if spec else None)
+        engine.prefills((ids, qlens, ctxs), max_tokens, max_reqs, chunk)
         if spec and len(set(qlens)) > 1:  # spec steps are uniform: requests near their end decode plainly
             qlens = [1] * len(qlens)
         if ids:
             steps.append(Step(tuple(ids), tuple(qlens), tuple(ctxs)))
-        for rid, q in zip(ids, qlens):
-            req = by_id[rid]
-            if rid in running:
-                decoded[rid] += q
-                if decoded[rid] >= req.output_len:
-                    running.remove(rid)
-            else:
-                prefilled[rid] += q
-                if prefilled[rid] >= req.prompt_len:
-                    prefilling.remove(rid)
-                    running.append(rid)
-        step += 1
+        engine.advance(ids, qlens)
     return tuple(steps)
+
+
+class _Engine:
+    """The scheduler's state between steps: waiting, prefilling and decoding requests."""
+
+    def __init__(self, requests: Sequence[Request]):
+        self.pending = sorted(requests, key=lambda r: (r.arrival, r.id))
+        self.by_id = {r.id: r for r in requests}
+        self.prefilled = {r.id: 0 for r in requests}
+        self.decoded = {r.id: 0 for r in requests}
+        self.running: list[int] = []  # prompt done, decoding
+        self.prefilling: list[int] = []  # admitted, prompt partly done
+
+    def arrive(self, step: int) -> None:
+        while self.pending and self.pending[0].arrival <= step:
+            self.prefilling.append(self.pending.pop(0).id)
+
+    def decodes(self, max_tokens: int, max_reqs: int, spec_tokens: int | None) -> tuple[list, list, list]:
+        """(ids, query lengths, context lengths) of the running requests' decodes: 1 token
+        each, or up to 1 + `spec_tokens` on a spec step."""
+        ids, qlens, ctxs = [], [], []
+        for rid in self.running[:max_reqs]:
+            req = self.by_id[rid]
+            left = req.output_len - self.decoded[rid]
+            q = min(1 + spec_tokens, left) if spec_tokens is not None else 1
+            if sum(qlens) + q > max_tokens:
+                break
+            ids.append(rid)
+            qlens.append(q)
+            ctxs.append(req.prompt_len + self.decoded[rid])
+        return ids, qlens, ctxs
+
+    def prefills(self, batch: tuple[list, list, list], max_tokens: int, max_reqs: int, chunk: int) -> None:
+        """Add prompt chunks to `batch` in arrival order while it has room."""
+        ids, qlens, ctxs = batch
+        for rid in self.prefilling:
+            budget = max_tokens - sum(qlens)
+            if budget <= 0 or len(ids) >= max_reqs:
+                break
+            q = min(chunk, self.by_id[rid].prompt_len - self.prefilled[rid], budget)
+            ids.append(rid)
+            qlens.append(q)
+            ctxs.append(self.prefilled[rid])
+
+    def advance(self, ids: list, qlens: list) -> None:
+        """Count the step's tokens: finished prompts start decoding, finished requests leave."""
+        for rid, q in zip(ids, qlens):
+            req = self.by_id[rid]
+            if rid in self.running:
+                self.decoded[rid] += q
+                if self.decoded[rid] >= req.output_len:
+                    self.running.remove(rid)
+            else:
+                self.prefilled[rid] += q
+                if self.prefilled[rid] >= req.prompt_len:
+                    self.prefilling.remove(rid)
+                    self.running.append(rid)

@@ -56,10 +56,6 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-from ._checkout import install_if_in_place as _install_if_in_place
-
-_install_if_in_place()
-
 
 def __getattr__(name: str):
     """`graphify.split` (and `SplitError`): `graphify.transforms.split`, imported when first

@@ -32,8 +32,8 @@ def _static_checks(specs) -> tuple:
 class ArgChecks:
     """The checks of one table's argument specs; `rows(args)` runs them."""
 
-    def __init__(self, call: str, specs: Sequence[ArgSpec]):
-        self.call, self.specs = call, tuple(specs)
+    def __init__(self, label: str, specs: Sequence[ArgSpec]):
+        self.label, self.specs = label, tuple(specs)
         self.tok_idx = tuple(s.index for s in specs if s.axis.kind is Kind.TOKENS)
         self.req_idx = tuple(s.index for s in specs if s.axis.kind is Kind.REQS)
         # One tuple per padded argument; get_device() is -1 on the CPU, else the GPU index.
@@ -53,22 +53,22 @@ class ArgChecks:
     def _fail(self, index: int, arg: Any) -> None:
         # no local names the error: its traceback would hold this frame, a cycle that keeps the
         # call's arguments (a transformers cache) alive until the next garbage collection
-        raise mismatch(self.call, self.specs[index], arg) or InputMismatchError(
-            f"{self.call}: argument {index} does not match"
+        raise mismatch(self.label, self.specs[index], arg) or InputMismatchError(
+            f"{self.label}: argument {index} does not match"
         )
 
     def _disagree(self, idx: tuple[int, ...], i: int, first: int, got: int) -> None:
         what = "reqs" if idx is self.req_idx else "tokens"
         names = [self.specs[j].name for j in idx]
         raise InputMismatchError(
-            f"{self.call}: {what}-axis arguments {names} disagree on dim 0 "
+            f"{self.label}: {what}-axis arguments {names} disagree on dim 0 "
             f"({self.specs[idx[0]].name!r} has {first}, {self.specs[i].name!r} has {got})"
         )
 
-    def rows(self, args: Sequence[Any]) -> tuple[int, int]:
+    def rows(self, args: Sequence[Any]) -> tuple[int | None, int | None]:
         """Check every argument against its captured spec; return (tokens, requests),
-        -1 where no argument has that axis. One pass, no allocation on the happy path."""
-        n = r = -1
+        None where no argument has that axis. One pass, no allocation on the happy path."""
+        n = r = None
         for i, is_req, dtype, device, ndim, trailing in self.padded_checks:
             a = args[i]
             try:
@@ -85,11 +85,11 @@ class ArgChecks:
             if not ok:
                 self._fail(i, a)
             if is_req:
-                if r < 0:
+                if r is None:
                     r = rows
                 elif rows != r:
                     self._disagree(self.req_idx, i, r, rows)
-            elif n < 0:
+            elif n is None:
                 n = rows
             elif rows != n:
                 self._disagree(self.tok_idx, i, n, rows)

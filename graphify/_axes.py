@@ -136,7 +136,7 @@ def param_names(fn: Callable, count: int) -> tuple[str, ...]:
 
 
 def layout_for(
-    call: str, names: Sequence[str], axes: "Sequence | Mapping | None", args: Sequence[Any]
+    label: str, names: Sequence[str], axes: "Sequence | Mapping | None", args: Sequence[Any]
 ) -> tuple[Axis, ...]:
     """One `Axis` per argument slot: from `axes` (a sequence, or a mapping by parameter
     name), or by default tensors as `tokens()` and other values as `static()`."""
@@ -145,36 +145,36 @@ def layout_for(
     if isinstance(axes, Mapping):
         unknown = sorted(set(axes) - set(names))
         if unknown:
-            raise ValueError(f"{call}: axes names unknown parameter(s) {unknown}; parameters are {list(names)}")
+            raise ValueError(f"{label}: axes names unknown parameter(s) {unknown}; parameters are {list(names)}")
         return tuple(
             Axis.parse(axes[n]) if n in axes else (tokens() if isinstance(a, torch.Tensor) else static())
             for n, a in zip(names, args)
         )
     axes = tuple(axes)
     if len(axes) != len(args):
-        raise ValueError(f"{call}: axes has {len(axes)} entries but the call passes {len(args)} arguments")
+        raise ValueError(f"{label}: axes has {len(axes)} entries but the call passes {len(args)} arguments")
     return tuple(Axis.parse(a) for a in axes)
 
 
-def specs_for(call: str, names: Sequence[str], layout: Sequence[Axis], args: Sequence[Any]) -> tuple[ArgSpec, ...]:
+def specs_for(label: str, names: Sequence[str], layout: Sequence[Axis], args: Sequence[Any]) -> tuple[ArgSpec, ...]:
     """Record each argument's spec from the example call; reject impossible layouts."""
     specs = []
     for i, (axis, arg, name) in enumerate(zip(layout, args, names)):
         if axis.kind is Kind.STATIC:
             if isinstance(arg, torch.Tensor):
                 raise InputMismatchError(
-                    f"{call}: argument {name!r} is a tensor but its axis is static(); "
+                    f"{label}: argument {name!r} is a tensor but its axis is static(); "
                     "mark it tokens(), reqs(), fixed() or persistent()"
                 )
             specs.append(ArgSpec(i, name, axis, value=arg))
             continue
         if not isinstance(arg, torch.Tensor):
             raise InputMismatchError(
-                f"{call}: argument {name!r} has axis {axis} but is a {type(arg).__name__}, not a tensor; "
+                f"{label}: argument {name!r} has axis {axis} but is a {type(arg).__name__}, not a tensor; "
                 "mark non-tensor arguments static()"
             )
         if axis.kind.padded and arg.dim() == 0:
-            raise InputMismatchError(f"{call}: argument {name!r} has axis {axis} but is a 0-d tensor")
+            raise InputMismatchError(f"{label}: argument {name!r} has axis {axis} but is a 0-d tensor")
         specs.append(
             ArgSpec(i, name, axis, arg.dtype, arg.device, tuple(arg.shape), arg.data_ptr() if axis.kind is Kind.PERSISTENT else 0)
         )
@@ -242,7 +242,7 @@ def same_static(arg: Any, value: Any) -> bool:
         return False
 
 
-def mismatch(call: str, spec: ArgSpec, arg: Any) -> Exception | None:
+def mismatch(label: str, spec: ArgSpec, arg: Any) -> Exception | None:
     """The error for `arg` against its captured `spec`, or None when it fits."""
     from ._errors import PersistentSwapError
 
@@ -252,21 +252,21 @@ def mismatch(call: str, spec: ArgSpec, arg: Any) -> Exception | None:
             return None
         if not by_value(spec.value):
             return InputMismatchError(
-                f"{call}: argument {spec.name!r} is a different {type(arg).__name__} object from the "
+                f"{label}: argument {spec.name!r} is a different {type(arg).__name__} object from the "
                 f"{getattr(spec.value, 'type_name', type(spec.value).__name__)} captured; objects are static by identity because the graphs read the "
                 "captured object's tensors: pass the same object (reset it in place) or capture again"
             )
         return InputMismatchError(
-            f"{call}: argument {spec.name!r} is {arg!r} but was captured as {spec.value!r}; "
+            f"{label}: argument {spec.name!r} is {arg!r} but was captured as {spec.value!r}; "
             "static arguments are baked into the graphs: capture again with the new value"
         )
     if not isinstance(arg, torch.Tensor):
-        return InputMismatchError(f"{call}: argument {spec.name!r} must be a tensor; captured {spec.describe()}")
+        return InputMismatchError(f"{label}: argument {spec.name!r} must be a tensor; captured {spec.describe()}")
     got = f"dtype {arg.dtype}, device {arg.device}, shape {tuple(arg.shape)}"
     if arg.dtype != spec.dtype or arg.device != spec.device or tuple(arg.shape[1:] if kind.padded else arg.shape) != spec.trailing:
         if kind is Kind.PERSISTENT:
             return PersistentSwapError(
-                f"{call}: persistent argument {spec.name!r} changed: got {got}, captured {spec.describe()}; "
+                f"{label}: persistent argument {spec.name!r} changed: got {got}, captured {spec.describe()}; "
                 "pass the same tensor that was captured (update it in place) or capture again"
             )
         fix = ""
@@ -275,12 +275,12 @@ def mismatch(call: str, spec: ArgSpec, arg: Any) -> Exception | None:
                 f"; cast it to the captured dtype ({spec.name}.to({spec.dtype})) or capture again with {arg.dtype} "
                 "(a callable that captures on first use, without capture(), captures a new structure by itself)"
             )
-        return InputMismatchError(f"{call}: argument {spec.name!r} got {got}; captured {spec.describe()}{fix}")
+        return InputMismatchError(f"{label}: argument {spec.name!r} got {got}; captured {spec.describe()}{fix}")
     if kind.padded and arg.dim() == 0:
-        return InputMismatchError(f"{call}: argument {spec.name!r} is 0-d; captured {spec.describe()}")
+        return InputMismatchError(f"{label}: argument {spec.name!r} is 0-d; captured {spec.describe()}")
     if kind is Kind.PERSISTENT and arg.data_ptr() != spec.data_ptr:
         return PersistentSwapError(
-            f"{call}: persistent argument {spec.name!r} is a different tensor from the one captured "
+            f"{label}: persistent argument {spec.name!r} is a different tensor from the one captured "
             f"(data_ptr {arg.data_ptr():#x}, captured {spec.data_ptr:#x}); the graphs read the captured "
             "storage: update that tensor in place (copy_) or capture again"
         )

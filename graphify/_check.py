@@ -19,6 +19,8 @@ from torch.utils import _pytree as pytree
 
 from ._axes import Kind
 from ._state import StateKeeper
+from ._mode import Mode
+from ._runtime import Miss
 from ._stats import Stats
 
 __all__ = ["CheckRow", "CheckReport", "check_table", "check_sizes", "check_callable"]
@@ -49,7 +51,7 @@ class CheckRow:
 class CheckReport:
     """Every row of a check; `ok` when every real row matched eager."""
 
-    call: str
+    label: str
     rows: tuple[CheckRow, ...]
 
     @property
@@ -63,7 +65,7 @@ class CheckReport:
             f"{r.output} | {r.max_err:.3g} | {'yes' if r.match else 'NO'} | {r.verdict} |"
             for r in self.rows
         ]
-        return "\n".join([f"{self.call}.check(): {'all real rows match eager' if self.ok else 'MISMATCHES'}", head, *body])
+        return "\n".join([f"{self.label}.check(): {'all real rows match eager' if self.ok else 'MISMATCHES'}", head, *body])
 
     def __str__(self) -> str:
         return self.table()
@@ -107,7 +109,7 @@ def _random_args(runtime, examples: Sequence[Any], n: int, gen: torch.Generator)
 
 
 def check_table(
-    call: str,
+    label: str,
     runtime,
     examples: Sequence[Any],
     make_batch: Callable[[int], Sequence[Any]] | None,
@@ -128,6 +130,9 @@ def check_table(
             want = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, want)
             keeper.restore()
             got = runtime.run(args, stats)
+            if type(got) is Miss:  # first use: no graph for this size yet, and a check never captures
+                stats.record(Mode.NONE, got.tokens, None)
+                got = runtime.fn(*args)
             keeper.restore()
         ran = stats.rows()[0]  # what this call really dispatched to (its uniform, LoRA and FULL flags too)
         mode, padded = ran.mode.value, ran.padded_to
@@ -142,29 +147,28 @@ def check_table(
             rows.append(CheckRow(n, where, mode, padded, i, err, bool(match)))
         if len(got_flat) != len(want_flat):
             rows.append(CheckRow(n, where, mode, padded, len(want_flat), float("inf"), False))
-    return CheckReport(call, tuple(rows))
+    return CheckReport(label, tuple(rows))
 
 
-def check_callable(call: str, runtime, make_batch, sizes, *, rtol: float, atol: float, seed: int) -> CheckReport:
+def check_callable(label: str, runtime, make_batch, sizes, *, rtol: float, atol: float, seed: int) -> CheckReport:
     """`Graphified.check` (see there) over `runtime`: a captured callable's, or on first use
     the most recently used structure's (None: nothing captured yet)."""
     table = runtime.table if runtime is not None else None
     if runtime is None or not len(table):
-        raise ValueError(f"{call}.check: capture first; check compares the graphs with eager")
-    if make_batch is None and runtime.req_idx:
+        raise ValueError(f"{label}.check: capture first; check compares the graphs with eager")
+    if make_batch is None and runtime.checks.req_idx:
         raise ValueError(
-            f"{call}.check: request-axis arguments must agree with the token ones, which random rows "
+            f"{label}.check: request-axis arguments must agree with the token ones, which random rows "
             "cannot guess: pass make_batch(num_tokens) returning a call's arguments"
         )
-    make = None
-    if make_batch is not None:
-        def make(n):
-            batch = make_batch(n)
-            if isinstance(batch, dict):
-                return runtime.layout.bind((), batch)
-            if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], dict):
-                return runtime.layout.bind(batch[0], batch[1])
-            return runtime.layout.bind(tuple(batch), {})
+    def bound_batch(n):
+        """`make_batch(n)` (arguments, keywords, or both) bound to the table's slots."""
+        batch = make_batch(n)
+        if isinstance(batch, dict):
+            return table.layout.bind((), batch)
+        if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], dict):
+            return table.layout.bind(batch[0], batch[1])
+        return table.layout.bind(tuple(batch), {})
 
     captured = {k.num_tokens for k in table.keys.full | table.keys.piecewise}
     if sizes is None:
@@ -172,4 +176,5 @@ def check_callable(call: str, runtime, make_batch, sizes, *, rtol: float, atol: 
     else:
         top = max(captured)
         sizes = [(n, "captured" if n in captured else "above" if n > top else "between") for n in sizes]
-    return check_table(call, runtime, table.examples or (), make, sizes, rtol=rtol, atol=atol, seed=seed)
+    make = bound_batch if make_batch is not None else None
+    return check_table(label, runtime, table.examples or (), make, sizes, rtol=rtol, atol=atol, seed=seed)

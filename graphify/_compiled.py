@@ -10,13 +10,14 @@ so as long as its graphs.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 
 import torch
 
 from .extend import as_split
 
-__all__ = ["compile_for_captures", "KeptCompiles", "DYNAMO_CONFIG"]
+__all__ = ["compile_for_captures", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend"]
 
 # Dynamo settings while the function compiles. With dynamic shapes dynamo makes every float
 # it meets a symbol (a module's `eps`, attention `scaling`); AOTAutograd's pass that turns
@@ -24,7 +25,12 @@ __all__ = ["compile_for_captures", "KeptCompiles", "DYNAMO_CONFIG"]
 # dynamo traces the whole function again with floats specialised: two traces and two AOT runs of the model for one compile (logged as
 # "Restarting analysis due to ... _tensorify_python_scalars"). Specialising floats from the
 # start traces once; a float that changes is a new static value to graphify anyway.
-DYNAMO_CONFIG = {"specialize_float": True}
+#
+# Dynamo counts recompiles per code object, and transformers' forwards of every model class
+# share one (its `deprecate_kwarg` wrapper): a process with several model classes, batch 1
+# and larger batches reaches the default limit (8) of compiles, after which the frame runs
+# eagerly. Within graphify's own compiles the limit is higher.
+DYNAMO_CONFIG = {"specialize_float": True, "recompile_limit": 64}
 
 
 class KeptCompiles:
@@ -52,7 +58,7 @@ class KeptCompiles:
             self.inner.reset()
 
 
-def compile_for_captures(call: str, fn: Callable, how: "bool | dict") -> Callable:
+def compile_for_captures(label: str, fn: Callable, how: "bool | dict") -> Callable:
     """`torch.compile(fn, dynamic=True, **how)`, compiled lazily on the first capture that
     calls it, through `KeptCompiles`. For a split function, the function it was split from,
     compiled whole: FULL graphs record it (inductor fuses across the split ops), PIECEWISE
@@ -61,7 +67,7 @@ def compile_for_captures(call: str, fn: Callable, how: "bool | dict") -> Callabl
     if split is not None:
         fn = split.fn
     if getattr(fn, "_torchdynamo_orig_callable", None) is not None:
-        raise ValueError(f"{call}: the function is torch.compile'd already; pass the function itself with "
+        raise ValueError(f"{label}: the function is torch.compile'd already; pass the function itself with "
                          "Options(compile=True), or keep torch.compile(fn) without the option")
     # Dynamic shapes from the first compile: a transformers generate() loop meets new batch
     # sizes and cache lengths all the time, and dynamo's default (static first, dynamic on a
@@ -69,9 +75,30 @@ def compile_for_captures(call: str, fn: Callable, how: "bool | dict") -> Callabl
     # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
     how = dict(how) if isinstance(how, dict) else {}
     dynamic = how.pop("dynamic", True)
-    backend = KeptCompiles(how.pop("backend", "inductor"), how.pop("mode", None), how.pop("options", None), dynamic)
+    backend = shared_backend(how.pop("backend", "inductor"), how.pop("mode", None), how.pop("options", None), dynamic)
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs
     return _with_dynamo_config(compiled, dict(DYNAMO_CONFIG))
+
+
+# Live backends by what makes them: dynamo guards every compiled entry of a code object on its
+# backend's identity (BACKEND_MATCH), so a backend per graphified model would compile a class's
+# forward once per model, and past dynamo's recompile limit (8) run the rest eagerly. Models
+# graphified with the same options share one; it lives while any function compiled with it does.
+_BACKENDS: "weakref.WeakValueDictionary[tuple, KeptCompiles]" = weakref.WeakValueDictionary()
+
+
+def shared_backend(backend="inductor", mode=None, options=None, dynamic=None) -> KeptCompiles:
+    """The live `KeptCompiles` made with these arguments, or a new one (unshared where an
+    argument cannot be compared)."""
+    try:
+        key = (backend, mode, tuple(sorted(options.items())) if isinstance(options, dict) else options, dynamic)
+        hash(key)
+    except TypeError:  # an unhashable option value: a backend of its own
+        return KeptCompiles(backend, mode, options, dynamic)
+    found = _BACKENDS.get(key)
+    if found is None:
+        found = _BACKENDS[key] = KeptCompiles(backend, mode, options, dynamic)
+    return found
 
 
 def _with_dynamo_config(compiled: Callable, config: dict) -> Callable:
@@ -82,8 +109,8 @@ def _with_dynamo_config(compiled: Callable, config: dict) -> Callable:
         return compiled
 
     @functools.wraps(compiled)
-    def call(*args, **kwargs):
+    def configured(*args, **kwargs):
         with torch._dynamo.config.patch(**config):
             return compiled(*args, **kwargs)
 
-    return call
+    return configured

@@ -6,6 +6,8 @@ token count so the per-call cost is one list index. Neither touches a device.
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
 
 from ._descriptor import BatchDescriptor
@@ -23,10 +25,6 @@ class Decision:
     mode: Mode
     key: BatchDescriptor | None
     reason: str
-
-
-def _sizes_of(keys, *, uniform: bool, has_lora: bool) -> tuple[int, ...]:
-    return tuple(sorted({k.num_tokens for k in keys if k.uniform == uniform and k.has_lora == has_lora}))
 
 
 def dispatch(
@@ -65,14 +63,14 @@ def dispatch(
         return size is not None and (max_padding_ratio is None or size <= max_padding_ratio * num_tokens)
 
     if uniform and full_ok:
-        size = pad_to(_sizes_of(keys.full, uniform=True, has_lora=has_lora), num_tokens)
+        size = pad_to(keys.sizes(Mode.FULL, uniform=True, has_lora=has_lora), num_tokens)
         if acceptable(size):
             key = BatchDescriptor(size, size // q, True, has_lora)
             return Decision(Mode.FULL, key, "exact uniform FULL graph")
     for mode, label in ((Mode.FULL, "relaxed FULL graph"), (Mode.PIECEWISE, "PIECEWISE graphs")):
         if mode is Mode.FULL and not full_ok:
             continue
-        size = pad_to(_sizes_of(keys.of(mode), uniform=False, has_lora=has_lora), num_tokens)
+        size = pad_to(keys.sizes(mode, uniform=False, has_lora=has_lora), num_tokens)
         if acceptable(size):
             return Decision(mode, BatchDescriptor(size, None, False, has_lora), label)
     if not full_ok and keys.full and not keys.piecewise:
@@ -80,13 +78,11 @@ def dispatch(
     return Decision(Mode.NONE, None, _why_none(keys, num_tokens, has_lora, max_padding_ratio))
 
 
-def _why_none(keys: KeySet, num_tokens: int, has_lora: bool, ratio: float | None, sizes=None) -> str:
-    """Why a batch runs eagerly; `sizes`: every captured size with this LoRA flag, sorted
-    (the `Dispatcher` passes them, computed once)."""
+def _why_none(keys: KeySet, num_tokens: int, has_lora: bool, ratio: float | None) -> str:
+    """Why a batch runs eagerly."""
     if not len(keys):
         return "no graphs captured"
-    if sizes is None:
-        sizes = sorted({k.num_tokens for k in keys.full | keys.piecewise if k.has_lora == has_lora})
+    sizes = keys.sizes(has_lora=has_lora)
     if not sizes:
         return f"no graphs captured with has_lora={has_lora}"
     if num_tokens > sizes[-1]:
@@ -120,7 +116,10 @@ def explain_miss(keys: KeySet, key: BatchDescriptor) -> str:
 class Dispatcher:
     """`dispatch` precomputed for every token count: `lookup` is one list index.
 
-    Built once from a `KeySet`; equal to `dispatch` on every input (a property test).
+    Built once from a `KeySet` by calling `dispatch` for every (token count, uniform, LoRA,
+    full_ok) up to the largest captured size, so the two agree by construction (a property
+    test checks it). Each distinct decision is one object, shared by every token count it
+    serves: the runtime keys its per-call plans by the decision's identity.
     """
 
     keys: KeySet
@@ -129,56 +128,18 @@ class Dispatcher:
     _above: Decision = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self):
-        keys, ratio = self.keys, self.max_padding_ratio
-        top = keys.max_tokens()
-        q = keys.uniform_query_len
+        keys, top = self.keys, self.keys.max_tokens()
+        made: dict = {}  # decision -> its one object
         tables = {}
-        for has_lora in (False, True):
-            # dispatch()'s three ladders, sorted once; one Decision object per key
-            uniform_sizes = _sizes_of(keys.full, uniform=True, has_lora=has_lora)
-            ladders = (
-                (Mode.FULL, "relaxed FULL graph", _sizes_of(keys.full, uniform=False, has_lora=has_lora)),
-                (Mode.PIECEWISE, "PIECEWISE graphs", _sizes_of(keys.piecewise, uniform=False, has_lora=has_lora)),
-            )
-            made: dict = {}
-            every = sorted({k.num_tokens for k in keys.full | keys.piecewise if k.has_lora == has_lora})
-
-            def decision(mode, size, uniform, label):
-                found = made.get((mode, size, uniform))
-                if found is None:
-                    key = BatchDescriptor(size, size // q, True, has_lora) if uniform else BatchDescriptor(size, None, False, has_lora)
-                    found = made[mode, size, uniform] = Decision(mode, key, label)
-                return found
-
-            for uniform in (False, True):
-                for full_ok in (True, False):
-                    row: list = [None]
-                    for n in range(1, top + 1):
-                        row.append(self._decide(n, uniform, full_ok, has_lora, uniform_sizes, ladders, decision, ratio, every))
-                    tables[uniform, has_lora, full_ok] = row
+        for uniform, has_lora, full_ok in itertools.product((False, True), repeat=3):
+            row: list = [None]
+            for n in range(1, top + 1):
+                decision = dispatch(keys, n, uniform=uniform, has_lora=has_lora,
+                                    max_padding_ratio=self.max_padding_ratio, full_ok=full_ok)
+                row.append(made.setdefault(decision, decision))
+            tables[uniform, has_lora, full_ok] = row
         object.__setattr__(self, "_tables", tables)
         object.__setattr__(self, "_above", Decision(Mode.NONE, None, f"num_tokens is above the largest captured size {top}"))
-
-    def _decide(self, n, uniform, full_ok, has_lora, uniform_sizes, ladders, decision, ratio, every) -> Decision:
-        """`dispatch` for one token count over the precomputed ladders (equal to it: a
-        property test compares the two)."""
-        def acceptable(size):
-            return size is not None and (ratio is None or size <= ratio * n)
-
-        if uniform and full_ok:
-            size = pad_to(uniform_sizes, n)
-            if acceptable(size):
-                return decision(Mode.FULL, size, True, "exact uniform FULL graph")
-        for mode, label, sizes in ladders:
-            if mode is Mode.FULL and not full_ok:
-                continue
-            size = pad_to(sizes, n)
-            if acceptable(size):
-                return decision(mode, size, False, label)
-        keys = self.keys
-        if not full_ok and keys.full and not keys.piecewise:
-            return Decision(Mode.NONE, None, "the batch may not use FULL graphs and no PIECEWISE graphs were captured")
-        return Decision(Mode.NONE, None, _why_none(keys, n, has_lora, ratio, every))
 
     def lookup(self, num_tokens: int, uniform: bool = False, has_lora: bool = False, full_ok: bool = True) -> Decision:
         table = self._tables[uniform, has_lora, full_ok]

@@ -14,7 +14,7 @@ group of the same ranks. On each call, `Options(lockstep=...)` picks the check:
   is lost: restart it), on the CPU a `DispatchMismatchError`.
 - "host": every call all-gathers (mode, tokens, requests) on the gloo group first and
   raises `DispatchMismatchError` naming every rank's choice; nothing is lost, but it
-  blocks the host for a round trip (0.5-0.7 ms measured on two H200s).
+  blocks the host for a round trip (`benchmarks.tensor_parallel` measures it).
 - "off": no per-call check (the caller guarantees equal batches on every rank).
 
 Graphs that hold collectives must be freed before their process group is destroyed:
@@ -124,10 +124,10 @@ def _cpu_group(group):
 class Lockstep:
     """Agreement among the ranks of `group` for one graphified function (see module doc)."""
 
-    def __init__(self, group, call: str, policy: str = "graph"):
+    def __init__(self, group, label: str, policy: str = "graph"):
         import torch.distributed as dist
 
-        self.dist, self.call, self.policy = dist, call, policy  # the policy was validated by Options
+        self.dist, self.label, self.policy = dist, label, policy  # the policy was validated by Options
         self.group = group if group is not None else dist.group.WORLD
         self.device = _group_device(self.group)  # where the per-call check's collective runs
         self.cpu = _cpu_group(self.group)
@@ -135,19 +135,17 @@ class Lockstep:
         self.world = dist.get_world_size(self.group)
         self._mine = torch.zeros(3, dtype=torch.int64)
         self._all = [torch.zeros(3, dtype=torch.int64) for _ in range(self.world)]
-        self.runtimes: "weakref.WeakSet" = weakref.WeakSet()
+        self.tables: "weakref.WeakSet" = weakref.WeakSet()
         _install_hooks()
         _LIVE.add(self)
 
-    def adopt(self, runtime) -> None:
-        """Track a runtime whose graphs hold this group's collectives (for `release_all`)."""
-        self.runtimes.add(runtime)
+    def track(self, table) -> None:
+        """Track a table whose graphs hold this group's collectives (for `release_all`)."""
+        self.tables.add(table)
 
     def release(self) -> int:
-        freed = 0
-        for runtime in list(self.runtimes):
-            freed += runtime.release()
-        return freed
+        """Release every tracked table's graphs; how many were freed."""
+        return sum(table.release() for table in list(self.tables) if not table.released)
 
     @property
     def in_graph(self) -> bool:
@@ -179,13 +177,13 @@ class Lockstep:
         if device.type == "cuda":
             torch._assert_async(
                 both.sum() == 0,
-                f"{self.call}: ranks chose different graphs for this call (lockstep='graph'); every rank must call "
+                f"{self.label}: ranks chose different graphs for this call (lockstep='graph'); every rank must call "
                 "with the same batch. Options(lockstep='host') names each rank's choice",
             )
             return
         # On the CPU, one op that compares and raises: the simulation's tape records it, so
         # a replayed graph carries the check as a CUDA graph carries its assert.
-        _agree_op(both, code, self.rank, self.call)
+        _agree_op(both, code, self.rank, self.label)
 
     def _gather(self, obj) -> list:
         out = [None] * self.world
@@ -204,7 +202,7 @@ class Lockstep:
             if error is not None:
                 return  # the caller raises its own error
             rank, msg = failed[0]
-            raise CaptureError(f"{self.call}: rank {rank} could not prepare its capture ({msg}); no rank captured")
+            raise CaptureError(f"{self.label}: rank {rank} could not prepare its capture ({msg}); no rank captured")
         plans = [e["plan"] for e in everyone]
         if any(p != plans[0] for p in plans):
             other = next(r for r, p in enumerate(plans) if p != plans[0])
@@ -212,7 +210,7 @@ class Lockstep:
             where = (f"graph {first}: rank 0 plans {plans[0][first]}, rank {other} plans {plans[other][first]}"
                      if first is not None else f"rank 0 plans {len(plans[0])} graphs, rank {other} {len(plans[other])}")
             raise CaptureError(
-                f"{self.call}: ranks disagree on what to capture ({where}); every rank must graphify with the "
+                f"{self.label}: ranks disagree on what to capture ({where}); every rank must graphify with the "
                 "same mode, sizes and options so that their collectives pair up"
             )
         self.dist.barrier(group=self.cpu)
@@ -224,7 +222,7 @@ class Lockstep:
         failed = [(r, e) for r, e in enumerate(errors) if e is not None]
         if failed and error is None:
             rank, msg = failed[0]
-            raise CaptureError(f"{self.call}: capture failed on rank {rank} ({msg}); released this rank's graphs too")
+            raise CaptureError(f"{self.label}: capture failed on rank {rank} ({msg}); released this rank's graphs too")
 
     def agree_call(self, mode: int, tokens: int, reqs: int) -> None:
         """Before a call runs: every rank must run the same graph (or the same eager shape)."""
@@ -234,13 +232,13 @@ class Lockstep:
         if any(not torch.equal(row, mine) for row in self._all):
             choices = ", ".join(f"rank {r}: {describe_choice(*row.tolist())}" for r, row in enumerate(self._all))
             raise DispatchMismatchError(
-                f"{self.call}: ranks chose different graphs for this call ({choices}); every rank must call with "
+                f"{self.label}: ranks chose different graphs for this call ({choices}); every rank must call with "
                 "the same batch (num_tokens and num_reqs), or their collectives would not pair up"
             )
 
 
 @torch.library.custom_op("graphify::lockstep_agree", mutates_args=())
-def _agree_op(both: torch.Tensor, code: int, rank: int, call: str) -> None:
+def _agree_op(both: torch.Tensor, code: int, rank: int, label: str) -> None:
     """The CPU check: `both` is the group's MAX of [code, -code]; raise unless every rank
     passed `code` (a CPU read, not a device sync)."""
     high, low = int(both[0]), -int(both[1])
@@ -248,7 +246,7 @@ def _agree_op(both: torch.Tensor, code: int, rank: int, call: str) -> None:
         mine = "the highest" if code == high else "the lowest" if code == low else "another"
         choice, lowest, highest = (describe_choice(*decode_code(c)) for c in (code, low, high))
         raise DispatchMismatchError(
-            f"{call}: ranks chose different graphs for this call (rank {rank} chose {choice}, "
+            f"{label}: ranks chose different graphs for this call (rank {rank} chose {choice}, "
             f"{mine} choice among the ranks; they range from {lowest} to {highest}); "
             "every rank must call with the same batch (num_tokens and num_reqs), or their collectives would not "
             "pair up. Options(lockstep='host') names each rank's choice"

@@ -18,10 +18,10 @@ import attrs
 from ._batching import Batching
 from ._compiled import compile_for_captures
 from ._keys import KeySet, plan_keys
+from ._layout import fn_name
 from ._mode import Mode
 from ._options import Options
 from ._pool import Pool
-from ._signature import fn_name
 from ._sizes import normalize_sizes, vllm_sizes
 from ._support import Resolution, resolve_mode, weakest
 from .extend import as_split
@@ -38,7 +38,7 @@ class FunctionSpec:
     """A graphified function's settings, resolved (see the module docstring)."""
 
     fn: Callable
-    call: str  # how messages name the callable: "graphify(step, mode='FULL')"
+    label: str  # how messages name the callable: "graphify(step, mode='FULL')"
     mode: Mode  # as requested
     resolution: Resolution  # the mode the function's support allows, and why
     sizes: tuple[int, ...] | None
@@ -73,7 +73,7 @@ class FunctionSpec:
     @property
     def first_use(self) -> bool:
         """Whether calls before `capture()` capture what they need."""
-        return self.options.first_use and self.group is None and self.resolution.mode is not Mode.NONE
+        return self.options.first_use is not False and self.group is None and self.resolution.mode is not Mode.NONE
 
     @classmethod
     def build(
@@ -89,35 +89,35 @@ class FunctionSpec:
             raise TypeError(f"graphify: batching must be a graphify.Batching, got {type(batching).__name__}")
         mode = Mode.parse(mode)
         sizes = None if sizes is None else normalize_sizes(sizes, allow_empty=True)
-        call = f"graphify({fn_name(fn)}, mode={mode.value!r})"
+        label = f"graphify({fn_name(fn)}, mode={mode.value!r})"
         if sizes == () and mode is not Mode.NONE:
             raise ValueError(
-                f"{call}: sizes is empty, so no graph could be captured; give capture sizes, leave sizes out "
+                f"{label}: sizes is empty, so no graph could be captured; give capture sizes, leave sizes out "
                 "for the default, or use mode='NONE' (eager, no graphs)"
             )
         resolution = resolve_mode(
             mode, weakest(support), split=as_split(fn) is not None, uniform_query_len=batching.uniform_query_len,
         )
-        compiled = compile_for_captures(call, fn, options.compile) if options.compile is not False else None
+        compiled = compile_for_captures(label, fn, options.compile) if options.compile is not False else None
         keys = plan_keys(
             resolution.mode, sizes if sizes is not None else DEFAULT_SIZES,
             uniform_query_len=batching.uniform_query_len, max_num_reqs=batching.max_num_reqs, lora=batching.lora,
         )
         return cls(
-            fn=fn, call=call, mode=mode, resolution=resolution, sizes=sizes, keys=keys, axes=axes, pool=pool,
+            fn=fn, label=label, mode=mode, resolution=resolution, sizes=sizes, keys=keys, axes=axes, pool=pool,
             batching=batching, options=options, compiled=compiled,
         )
 
     def announce(self) -> None:
         """Log (and for PIECEWISE without a split function, warn) that the mode was
         downgraded: once, when a callable is built, not again per capture."""
-        resolution, call = self.resolution, self.call
+        resolution, label = self.resolution, self.label
         if not resolution.changed:
             return
-        log.warning("%s: %s", call, "; ".join(resolution.reasons))
+        log.warning("%s: %s", label, "; ".join(resolution.reasons))
         if self.mode is Mode.PIECEWISE and resolution.mode is Mode.NONE and self.split is None:
             warnings.warn(
-                f"{call}: the function is not split, so PIECEWISE has no pieces to capture and it runs "
+                f"{label}: the function is not split, so PIECEWISE has no pieces to capture and it runs "
                 "eagerly (mode NONE, no graphs); wrap it with graphify.split(fn, ops, *example) to capture "
                 "the pieces between its graph-unsafe ops, or use mode='FULL' for one graph of the whole function",
                 UserWarning,

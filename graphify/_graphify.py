@@ -3,25 +3,26 @@ release, static inputs) and its introspection (check, explain, summary)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from operator import is_
 from typing import Any
 
 import attrs
 import torch
-from attrs.converters import default_if_none
+from attrs.converters import default_if_none, optional
 
-from . import _calls
+from . import _call_paths
 from ._batching import Batching
 from ._check import CheckReport
 from ._dispatch import Decision, Dispatcher, explain_miss
 from ._errors import GraphifyError
 from ._function import FunctionSpec
 from ._keys import KeySet
+from ._layout import fn_name
 from ._mode import Mode
 from ._options import Options
 from ._pool import Pool
-from ._signature import fn_name
 from ._sizes import normalize_sizes
 from ._stats import Stats
 from ._support import Resolution, Support, weakest
@@ -45,7 +46,7 @@ class Graphified:
     fn: Callable
     mode: Mode = attrs.field(default=Mode.FULL, converter=Mode.parse)
     sizes: tuple[int, ...] | None = attrs.field(
-        default=None, converter=lambda v: None if v is None else normalize_sizes(v, allow_empty=True)
+        default=None, converter=optional(functools.partial(normalize_sizes, allow_empty=True))
     )
     axes: Any = None
     support: Support = attrs.field(default=Support.ALWAYS, converter=weakest)
@@ -66,7 +67,7 @@ class Graphified:
         if self.table is None:  # once, when built; not again per capture
             spec.announce()
         stats = Stats()
-        runtime = _calls.runtime_for(spec, self.table) if self.table is not None else None
+        runtime = _call_paths.runtime_for(spec, self.table) if self.table is not None else None
         first_use = None
         if self.table is None and spec.first_use:
             from ._first_use import FirstUse
@@ -99,8 +100,8 @@ class Graphified:
         return self.spec.keys
 
     @property
-    def _call(self) -> str:
-        return self.spec.call
+    def _label(self) -> str:
+        return self.spec.label
 
     # -- stages ---------------------------------------------------------------------------
     def capture(self, *example_args, **example_kwargs) -> "Graphified":
@@ -120,7 +121,8 @@ class Graphified:
         uncaptured callable (capture it again to get graphs back). Calls to this one then
         raise. The pool's free memory goes back to the device with `pool.trim()`."""
         if self._runtime is not None:
-            self._runtime.release()
+            self._runtime.forget()
+            self.table.release()
         if self._first_use is not None:
             self._first_use.release()
         return attrs.evolve(self, table=None)
@@ -138,11 +140,11 @@ class Graphified:
             >>> ids.copy_(next_ids); logits = step(ids, pos, rows, kv)  # doctest: +SKIP
         """
         if self._runtime is None:
-            raise ValueError(f"{self._call}.static_inputs: capture first; static buffers exist only after capture")
+            raise ValueError(f"{self._label}.static_inputs: capture first; static buffers exist only after capture")
         top = self.table.keys.max_tokens()
         if not 1 <= num_tokens <= top or (num_reqs is not None and not 1 <= num_reqs <= num_tokens):
             raise ValueError(
-                f"{self._call}.static_inputs: need 1 <= num_reqs <= num_tokens <= {top} (the largest captured size), "
+                f"{self._label}.static_inputs: need 1 <= num_reqs <= num_tokens <= {top} (the largest captured size), "
                 f"got num_tokens={num_tokens}, num_reqs={num_reqs}"
             )
         return self._runtime.static_inputs(num_tokens, num_reqs)
@@ -157,7 +159,7 @@ class Graphified:
     def __reduce__(self):
         if self.table is not None:
             raise TypeError(
-                f"{self._call}: a captured callable holds CUDA graphs and device buffers, which cannot be "
+                f"{self._label}: a captured callable holds CUDA graphs and device buffers, which cannot be "
                 "pickled; pickle the function (or the callable before capture) and capture again after loading"
             )
         fields = {a.name: getattr(self, a.name) for a in attrs.fields(type(self)) if a.init}
@@ -169,24 +171,24 @@ class Graphified:
         # __call__ around this forward): dynamo will not inline this function (see
         # `_opaque_to_dynamo` below), and frames it runs (the user's function, eagerly or
         # under capture) run as written, not compiled by that outer callback. Cheaper than
-        # torch.compiler.disable's wrapper, which cost ~13 us a call on the H100 host.
+        # torch.compiler.disable's wrapper, which adds its own frame and checks to every call.
         prior = _set_eval_frame(None)
         try:
             if _peek_functorch() is not None:
                 raise GraphifyError(
-                    f"{self._call} was called inside a torch.func transform (vmap, grad, jacrev, jvp, ...): a graph "
+                    f"{self._label} was called inside a torch.func transform (vmap, grad, jacrev, jvp, ...): a graph "
                     "replays fixed kernels on real tensors and cannot be transformed. Put the transform inside: "
                     "graphify(vmap(f)), graphify(vmap(grad(loss)))"
                 )
             runtime = self._runtime
             if runtime is not None:
-                fast = runtime.fast
-                if fast is not None and not kwargs and len(args) == len(fast[0]) and all(map(is_, args, fast[0])):
-                    return runtime.run_trusted(self.stats)  # static_inputs()'s very tuple
-                return _calls.run(runtime, runtime.layout.bind(args, kwargs), self.stats)
+                static = runtime.static_call
+                if static is not None and not kwargs and len(args) == len(static.args) and all(map(is_, args, static.args)):
+                    return runtime.run(args, self.stats)  # static_inputs()'s very tuple: already bound
+                return _call_paths.run(runtime, self.table.layout.bind(args, kwargs), self.stats)
             if self._first_use is not None:
-                return self._first_use.call(args, kwargs)
-            return _calls.eager(self.spec, self.stats, args, kwargs)
+                return self._first_use.run(args, kwargs)
+            return _call_paths.eager(self.spec, self.stats, args, kwargs)
         finally:
             _set_eval_frame(prior)
 
@@ -223,7 +225,7 @@ class Graphified:
         runtime = self._runtime
         if runtime is None and self._first_use is not None and self._first_use.current() is not None:
             runtime = self._first_use.current().runtime  # first use: the most recently used structure
-        return check_callable(self._call, runtime, make_batch, sizes, rtol=rtol, atol=atol, seed=seed)
+        return check_callable(self._label, runtime, make_batch, sizes, rtol=rtol, atol=atol, seed=seed)
 
     def explain(self, num_tokens: int, *, uniform: bool = False, has_lora: bool = False) -> str:
         """Which graph a batch of `num_tokens` would replay, and why (or why none)."""
@@ -238,7 +240,7 @@ class Graphified:
 
     def summary(self) -> str:
         """How many graphs, how long they took, and how much pool memory they reserved."""
-        head = f"{self._call}: resolved mode {self.resolution.mode.value}"
+        head = f"{self._label}: resolved mode {self.resolution.mode.value}"
         if self.resolution.changed:
             head += f" (requested {self.mode.value}: {'; '.join(self.resolution.reasons)})"
         if self.table is None:

@@ -32,11 +32,11 @@ def array_library(x: Any) -> str | None:
     return root if root in LIBRARIES else None
 
 
-def foreign_library(call: str, args: Sequence[Any]) -> str | None:
+def foreign_library(label: str, args: Sequence[Any]) -> str | None:
     """The one foreign array library among `args`, or None; two libraries are an error."""
     found = {lib for lib in map(array_library, args) if lib is not None}
     if len(found) > 1:
-        raise TypeError(f"{call}: arguments mix arrays of {sorted(found)}; pass arrays of one library")
+        raise TypeError(f"{label}: arguments mix arrays of {sorted(found)}; pass arrays of one library")
     return next(iter(found), None)
 
 

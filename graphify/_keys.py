@@ -28,6 +28,8 @@ class KeySet:
     full: frozenset[BatchDescriptor] = attrs.field(default=frozenset(), converter=_frozen_keys)
     piecewise: frozenset[BatchDescriptor] = attrs.field(default=frozenset(), converter=_frozen_keys)
     uniform_query_len: int = 1
+    # `sizes` worked out once per question: dispatch asks them of every call it decides
+    _sizes: dict = attrs.field(init=False, factory=dict, eq=False, repr=False)
 
     def __attrs_post_init__(self):
         if self.uniform_query_len < 1:
@@ -38,6 +40,24 @@ class KeySet:
 
     def of(self, mode: Mode) -> frozenset[BatchDescriptor]:
         return {Mode.FULL: self.full, Mode.PIECEWISE: self.piecewise}.get(mode, frozenset())
+
+    def sizes(self, mode: Mode | None = None, *, uniform: bool | None = None, has_lora: bool = False) -> tuple[int, ...]:
+        """Token counts of the keys with this LoRA flag, ascending: of `mode` (both runtime
+        modes when None), of this `uniform` flag (either when None). A FULL or PIECEWISE
+        ladder of `dispatch`, or every captured size.
+
+        !!! example
+            >>> plan_keys("FULL_AND_PIECEWISE", [1, 2, 4]).sizes(Mode.FULL, uniform=True)
+            (1, 2, 4)
+        """
+        question = (mode, uniform, has_lora)
+        found = self._sizes.get(question)
+        if found is None:
+            pool = self.full | self.piecewise if mode is None else self.of(mode)
+            found = self._sizes[question] = tuple(sorted({
+                k.num_tokens for k in pool if k.has_lora == has_lora and (uniform is None or k.uniform == uniform)
+            }))
+        return found
 
     def pairs(self, largest_first: bool = True) -> tuple[tuple[Mode, BatchDescriptor], ...]:
         """Every (runtime mode, key) in capture order: mixed keys largest first, then

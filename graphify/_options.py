@@ -37,6 +37,15 @@ def _padding_ratio(instance, attribute, value):
         )
 
 
+FIRST_USE = (True, False, "strict")
+SIDE_EFFECTS = ("refuse", "at_capture")
+
+
+def _first_use_choice(instance, attribute, value):
+    if not any(value is v or value == v and type(value) is type(v) for v in FIRST_USE):
+        raise ValueError(f"Options: first_use must be True, False or 'strict', got {value!r}")
+
+
 def _compile_choice(instance, attribute, value):
     if not isinstance(value, (bool, dict)):
         raise TypeError(f"Options: compile must be True, False or a dict of torch.compile keywords, got {value!r}")
@@ -81,9 +90,6 @@ class Options:
       capture) make to tensors that existed before the call (KV caches, position
       counters, module buffers), so `capture()` leaves state as it found it. Turn it
       off for functions whose outside state is scratch, to skip the bookkeeping.
-    - `full_checks`: check on every call that no parameter or buffer of a graphified
-      module was rebound since capture (costs ~0.1 us per tensor; by default a call
-      checks registrations and the first and last parameter only).
     - `weak_outputs`: let later captures reuse each graph's output memory (CUDA only).
     - `largest_first`: capture largest sizes first, so smaller ones reuse their memory.
 
@@ -94,36 +100,43 @@ class Options:
     - `lockstep`: with `group` (tensor parallelism), how each call checks that every rank
       runs the same graph: "graph" (default; recorded into FULL graphs, no host cost, a
       mismatch stops the ranks with a device-side assert), "host" (an all-gather on a
-      CPU group per call, ~0.6 ms, a mismatch raises `DispatchMismatchError` naming each
+      CPU group per call, a host round trip; a mismatch raises `DispatchMismatchError` naming each
       rank's choice and the ranks carry on), or "off". See `graphify._distributed`.
     - `compile_sizes`: for a split function with compiled pieces (`split(..., compile=True)`),
       the capture sizes whose graphs record pieces compiled for that exact shape instead of
       the dynamic-shape one: "none" (default; size 1 is always specialised), "all", or token
-      counts. Each size costs a compile of every distinct piece: 3-4 s cold, 0.1-0.25 s
-      from inductor's cache, for the 0.5B model on the H100, which ran 0.5% faster or slower
-      at 1-128 tokens and 2.7% faster at 512 (`benchmarks/results/compile-sizes-*.md`); so
-      none by default, large sizes for long-running prefill-heavy servers.
+      counts. Each size costs a compile of every distinct piece (cheap from inductor's cache);
+      on the reference model specialising paid only at large sizes
+      (`benchmarks/results/compile-sizes-*.md`), so none by default, large sizes for
+      long-running prefill-heavy servers.
     - `max_padding_ratio`: run a batch eagerly rather than pad it beyond this factor (a
       padded size over the real one; 1: exact sizes only). Default: pad to any captured size.
     - `first_use`: before `capture()`, capture the graphs calls need when they first need
-      them (`graphify._first_use`). False: such calls run eagerly until `capture()`.
-      Callables with a `group` always capture ahead of time (the ranks must agree on
-      every capture).
+      them (`graphify._first_use`). A call whose graph cannot be captured (an op that reads
+      a device value on the host, Python state that changes every call, ...) then runs
+      eagerly, with one warning naming the cause and the fix. "strict": such a capture
+      raises instead. False: calls run eagerly until `capture()`. Callables with a `group`
+      always capture ahead of time (the ranks must agree on every capture).
+    - `side_effects`: what to do with a function whose Python state in its closure or
+      globals (a call counter, a log's length) changes on every call. "refuse" (default):
+      its calls run eagerly (or `capture()` raises), since a replay runs kernels, not
+      Python. "at_capture": capture it anyway; those side effects happen when a capture
+      runs (its warm-up and capture), never on replays, and the log says so, as jax's side
+      effects happen when it traces. Tensors the closure holds are still checked.
     - `compile`: record inductor's kernels instead of eager ones: True (or a dict of
       `torch.compile` keywords) compiles the function, with dynamic shapes unless the dict
       says otherwise, for the calls that capture graphs; calls that run without a graph
       (transformers' prefill, sizes not captured) run it as written, so they never compile.
-      The first capture pays the compile (45-57 s cold for a 0.5B model on the H100; Python
-      floats such as `eps` are specialised, so dynamo traces the model once, not twice), and
+      The first capture pays the compile (Python floats such as `eps` are specialised, so
+      dynamo traces the model once, not twice), and
       a batch of 1 after larger ones (or the reverse) one more; other shapes reuse it.
       `graphify(torch.compile(fn))` instead compiles every call, eager ones included.
       What the compile made lives as long as the graphified function, whose graphs launch
       it (`torch._dynamo.reset()` does not free it). For a split function, FULL graphs
       record the function it was split from, compiled whole, and PIECEWISE graphs keep its
-      pieces. Measured on the H100 (batch-8 decode of
-      the reference model, `benchmarks.decode_profile`): as fast as compiled pieces
-      (`split(..., compile=True)`: 317 vs 318 kernels a step, 1.156 vs 1.155 ms) for three
-      times their compile (46.5 s vs 14.3 s), so compiled pieces stay the way to compile.
+      pieces. On the reference model it is as fast as compiled pieces
+      (`split(..., compile=True)`) for a longer compile (`benchmarks.decode_profile`), so
+      compiled pieces stay the way to compile.
     """
 
     backend: str = attrs.field(default="auto", validator=_backend_name)
@@ -132,12 +145,12 @@ class Options:
     group: Any = None
     warmups: int = attrs.field(default=1, validator=_non_negative)
     restore_state: bool = True
-    full_checks: bool = False
     weak_outputs: bool = True
     largest_first: bool = True
     allow_full: Callable[..., bool] | None = None
     lockstep: str = attrs.field(default="graph", validator=attrs.validators.in_(LOCKSTEP_POLICIES))
-    first_use: bool = True
+    first_use: "bool | str" = attrs.field(default=True, validator=_first_use_choice)
+    side_effects: str = attrs.field(default="refuse", validator=attrs.validators.in_(SIDE_EFFECTS))
     compile_sizes: "str | tuple[int, ...]" = attrs.field(default="none", converter=_compile_sizes)
     max_padding_ratio: float | None = attrs.field(default=None, validator=_padding_ratio)
     compile: "bool | dict" = attrs.field(default=False, validator=_compile_choice)

@@ -4,19 +4,26 @@ Graphs read the storage their modules' tensors had at capture. `load_state_dict(
 assign=True)`, a replaced Parameter or buffer, or `.to()` / `.half()` (which swap each
 parameter's `.data`) leave the graphs reading stale memory. `ModuleWatch` notices:
 
-- registrations of parameters, buffers or submodules onto a watched module (torch's global
-  registration hooks bump one counter; a call compares one integer; registrations on
+- a *weights generation*, one integer a call compares, bumped by whatever rebinds a
+  parameter: torch's global registration hooks (a new Parameter, buffer or submodule on a
+  watched module, which is what `load_state_dict(..., assign=True)` does; registrations on
   other modules, such as the ModuleList transformers makes by slicing its layers on every
-  forward, are ignored, and a compiled trace never sees the hook count), and
-- the storage of the first and last parameter (what `.to()` and `.half()` change),
+  forward, are ignored, and a compiled trace never sees the hook count), an assignment to
+  any Parameter's `.data` (`Parameter.__setattr__`), and `Module._apply` (`.to()`,
+  `.half()`, `.cuda()`, whichever way torch converts), and
+- the storage under every buffer (few, and plain tensors: their `.data` has no hook),
 
-and then checks every tensor of the watched modules. `Options(full_checks=True)`
-checks every tensor on every call (about 0.1 us per tensor), which also catches a
-single `p.data = ...`.
+and when either moved, checks every tensor by name: a move that rebound nothing of ours
+costs that one check, a rebinding raises `StateChangedError` naming the tensor. Checking
+every parameter's storage on every call instead (what torch's CUDA graph trees do, in C++)
+costs a call about a hundred times more at 8B (`benchmarks.call_cost`). Not seen: storage
+swapped without Python (`p.set_(...)`, `torch.utils.swap_tensors`, writes to
+`module._parameters`); `copy_` into the tensors, which graphs see, is the way to update.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 import weakref
@@ -40,8 +47,26 @@ def _bump(module, *_args, **_kwargs):
         _generation[0] += 1
 
 
+def _set_parameter_attr(self, name: str, value) -> None:
+    object.__setattr__(self, name, value)
+    if name == "data":  # new storage under a Parameter: any graph may read the old
+        _generation[0] += 1
+
+
+def _applied(apply):
+    @functools.wraps(apply)
+    def _apply(self, *args, **kwargs):
+        try:
+            return apply(self, *args, **kwargs)
+        finally:  # .to() / .half() / .cuda(): new storage, by `.data`, swap_tensors or new Parameters
+            _generation[0] += 1
+
+    return _apply
+
+
 def install_hooks() -> None:
-    """Install torch's global registration hooks that bump the generation (once)."""
+    """Install what bumps the weights generation (once): torch's global registration hooks,
+    `Parameter.__setattr__` for `.data`, and a wrapper of `Module._apply`."""
     if _hooked[0]:
         return
     from torch.nn.modules import module as nn_module
@@ -49,25 +74,25 @@ def install_hooks() -> None:
     nn_module.register_module_parameter_registration_hook(_bump)
     nn_module.register_module_buffer_registration_hook(_bump)
     nn_module.register_module_module_registration_hook(_bump)
+    torch.nn.Parameter.__setattr__ = _set_parameter_attr
+    torch.nn.Module._apply = _applied(torch.nn.Module._apply)
     _hooked[0] = True
 
 
 class ModuleWatch:
     """The tensors of some modules as captured; `check()` raises if any was rebound."""
 
-    def __init__(self, call: str, modules: Iterable[torch.nn.Module], full: bool = False):
+    def __init__(self, label: str, modules: Iterable[torch.nn.Module]):
         install_hooks()
-        self.call = call
-        self.full = full
+        self.label = label
         self.modules = tuple(dict.fromkeys(modules))
         for module in self.modules:
             _watched.update(module.modules())
         self.tensors = tuple(self._named())
         self.ptrs = tuple(t.data_ptr() for _, t in self.tensors)
+        self.buffers = tuple(t for _, t in self.tensors if not isinstance(t, torch.nn.Parameter))
+        self.buffer_ptrs = list(map(torch.Tensor.data_ptr, self.buffers))
         self.generation = _generation[0]
-        params = [t for _, t in self.tensors if isinstance(t, torch.nn.Parameter)]
-        self.ends = (params[0], params[-1]) if params else ()
-        self.end_ptrs = tuple(t.data_ptr() for t in self.ends)
         self.requires_grad = any(t.requires_grad for _, t in self.tensors)
         self.warned = False
 
@@ -79,11 +104,8 @@ class ModuleWatch:
 
     def check(self) -> None:
         """Cheap unless something changed; raises `StateChangedError` naming the tensor."""
-        if self.full or _generation[0] != self.generation:
+        if _generation[0] != self.generation or list(map(torch.Tensor.data_ptr, self.buffers)) != self.buffer_ptrs:
             return self._check_all()
-        for t, p in zip(self.ends, self.end_ptrs):  # a loop, not any(genexpr): this runs on every call
-            if t.data_ptr() != p:
-                return self._check_all()
 
     def _check_all(self) -> None:
         now = dict(self._named())
@@ -98,12 +120,12 @@ class ModuleWatch:
             else:
                 continue
             raise StateChangedError(
-                f"{self.call}: {name} {why} since capture; the graphs read the storage captured: "
+                f"{self.label}: {name} {why} since capture; the graphs read the storage captured: "
                 "capture again (update tensors in place with copy_ to keep the graphs)"
             )
         if now:
             raise StateChangedError(
-                f"{self.call}: {sorted(now)[0]} was added since capture; the graphs do not read it: capture again"
+                f"{self.label}: {sorted(now)[0]} was added since capture; the graphs do not read it: capture again"
             )
         self.generation = _generation[0]  # an unrelated registration elsewhere: nothing to do
 
@@ -114,7 +136,7 @@ class ModuleWatch:
         if self.requires_grad or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             self.warned = True
             warnings.warn(
-                f"{self.call}: called with grad mode on and tensors that require grad, but CUDA graphs replay "
+                f"{self.label}: called with grad mode on and tensors that require grad, but CUDA graphs replay "
                 "without autograd: the outputs carry no gradient history. Call under torch.no_grad() or "
                 "torch.inference_mode() (graphify is for inference), or use the function itself for training.",
                 stacklevel=4,

@@ -63,14 +63,14 @@ class Pool:
     _device: torch.device | None = attrs.field(default=None, init=False)
     _graphs: "weakref.WeakKeyDictionary" = attrs.field(factory=weakref.WeakKeyDictionary, init=False, repr=False)
 
-    def handle_for(self, backend, device: torch.device, call: str):
+    def handle_for(self, backend, device: torch.device, label: str):
         """The backend's pool handle, created on first use; one pool serves one device."""
         if self._handle is None:
             self._handle = backend.new_pool_handle(device)
             self._backend, self._device = backend, device
         elif (self._backend.name, self._device) != (backend.name, device):
             raise ValueError(
-                f"{call}: pool {self.name!r} belongs to backend {self._backend.name!r} on {self._device}, "
+                f"{label}: pool {self.name!r} belongs to backend {self._backend.name!r} on {self._device}, "
                 f"not {backend.name!r} on {device}; use one Pool per device and backend"
             )
         return self._handle

@@ -11,21 +11,19 @@ baked into a kernel's arguments): a wrong answer with no error.
 cells, a function's globals; nn.Modules are left to `graphify._params.ModuleWatch`) and
 keeps every edge it took: identity for objects and tensors, equality for plain values,
 lengths for lists and dicts, and each tensor's address and shape. `changed()` compares them
-all in a few C-level passes (a 24-layer transformers cache: ~300 edges, a few
-microseconds); `describe()` names the first path that differs, for errors.
+all in a few C-level passes, so it can run before every replay; `describe()` names the
+first path that differs, for errors; `first_change()` says what a run changed.
 
-It also serves capture: `restore()` puts back every reference and plain value a warm-up
-or capture changed (transformers' DynamicCache replaces its tensors with `torch.cat`), so
-capture leaves objects as it found them, and `first_change()` says what a run changed.
-
-First use builds on it to let a new object of known shapes take over a graph's memory
-(`graphify._takeover`); what a function reads beyond its arguments is `graphify._roots`.
+Putting back what a capture's runs changed is `graphify._snapshot`; a new object of the
+same shapes taking over a graph's memory is `graphify._takeover`; what a function reads
+beyond its arguments is `graphify._roots`.
 """
 
 from __future__ import annotations
 
 import types
 import weakref
+from collections.abc import Iterator
 from operator import attrgetter, getitem, is_
 from typing import Any
 
@@ -33,8 +31,9 @@ import torch
 
 from ._axes import by_value
 from ._roots import GlobalSlot, function_roots
+from ._state_types import state_type_of
 
-__all__ = ["Reach"]
+__all__ = ["Reach", "Edges", "has_address", "read_edge"]
 
 MAX_DEPTH = 8
 MAX_ITEMS = 4096  # per list or dict
@@ -63,19 +62,28 @@ def _slots(cls: type) -> tuple[str, ...]:
     return tuple(names)
 
 
-class _Edges:
-    """Parallel lists of one kind of edge: container, key, expected value, path."""
+class Edges:
+    """Parallel lists of one kind of edge: holder, key, expected value, path. `attr`: the
+    edges are attributes (read with getattr), else items (getitem)."""
 
-    __slots__ = ("holders", "keys", "values", "paths")
+    __slots__ = ("holders", "keys", "values", "paths", "attr")
 
-    def __init__(self):
+    def __init__(self, attr: bool):
         self.holders, self.keys, self.values, self.paths = [], [], [], []
+        self.attr = attr
 
     def add(self, holder, key, value, path) -> None:
         self.holders.append(holder)
         self.keys.append(key)
         self.values.append(value)
         self.paths.append(path)
+
+    def now(self) -> list:
+        """What each edge reads now (raises if one is gone)."""
+        return list(map(getattr if self.attr else getitem, self.holders, self.keys))
+
+    def __iter__(self) -> Iterator[tuple]:
+        return zip(self.holders, self.keys, self.values, self.paths)
 
     def __len__(self) -> int:
         return len(self.holders)
@@ -84,45 +92,41 @@ class _Edges:
 class Reach:
     """Everything reachable from some roots that a graph may read; see the module doc."""
 
-    def __init__(self):
-        self.ident = _Edges()  # getitem edges to objects: identity
-        self.ident_attr = _Edges()  # getattr edges (slots, closure cells): identity
-        self.plain = _Edges()  # getitem edges to plain values: equality
-        self.plain_attr = _Edges()  # getattr edges to plain values: equality
-        self.tensor = _Edges()  # getitem edges to tensors: identity, then address and shape
-        self.tensor_attr = _Edges()
-        self.sized: list = []  # lists and dicts walked, with their lengths
-        self.sized_len: list[int] = []
-        self.sized_paths: list[str] = []
-        self.snapshots: list | None = []  # (container, shallow copy) to restore; dropped by freeze()
-        self.truncated = False
-        self.lengths = True
-        self._tensors: tuple = ()
-        self._addressed: tuple = ()
+    def __init__(self, lengths: bool = True, plains_are_effects: bool = False):
+        self.objects = (Edges(attr=False), Edges(attr=True))  # edges to objects: identity
+        self.plains = (Edges(attr=False), Edges(attr=True))  # edges to plain values: equality
+        self.tensor_items = (Edges(attr=False), Edges(attr=True))  # edges to tensors: identity, address, shape
+        self.sized = Edges(attr=False)  # lists and dicts walked (holders), with their lengths (values)
+        self.lengths = lengths  # whether containers must keep their length
+        # plain values are side effects (`Options(side_effects="at_capture")`): calls need not see them as recorded
+        self.plains_are_effects = plains_are_effects
+        self.truncated = False  # the walk stopped at MAX_EDGES
+        # (object, its `graphify._state_types.StateType`, path): Python state graphs follow by branch,
+        # the attributes it owns left out of the edges
+        self.stateful: list = []
+        self.tensors: tuple = ()  # every tensor, in `tensor_edges()` order
+        self._addressed: tuple = ()  # those with an address that means something
         self._ptrs: tuple = ()
         self._shapes: list = []
 
     # -- recording ------------------------------------------------------------------------
     @classmethod
-    def walk(cls, roots: dict[str, Any], *, snapshots: bool = True, lengths: bool = True) -> "Reach":
+    def walk(cls, roots: dict[str, Any], *, lengths: bool = True, plains_are_effects: bool = False) -> "Reach":
         """Walk `roots` ({name: object}); objects compared by value are not roots.
-        `snapshots`: keep a shallow copy of every container, for `restore()`. `lengths`:
-        check that lists and dicts keep their length (a cache's layers); off for a
-        function's closure, where a list that grows is a log, not something graphs read
-        (the items recorded are still checked)."""
-        reach = cls()
-        reach.lengths = lengths
-        if not snapshots:
-            reach.snapshots = None
+        `lengths`: check that lists and dicts keep their length (a cache's layers); off for
+        a function's closure, where a list that grows is a log, not something graphs read
+        (the items recorded are still checked). `plains_are_effects`: `changed()` ignores
+        plain values (counters a function keeps as side effects); `first_change()` does not."""
+        reach = cls(lengths, plains_are_effects)
         seen: set[int] = set()
         for name, obj in roots.items():
             reach._visit(obj, name, 0, seen)
-        reach._tensors = tuple(reach.tensor.values) + tuple(reach.tensor_attr.values)
+        reach.tensors = tuple(t for edges in reach.tensor_items for t in edges.values)
         # addresses of strided tensors with storage (sparse tensors and DTensors have none: their
         # identity and shape are checked)
-        reach._addressed = tuple(t for t in reach._tensors if _has_address(t))
+        reach._addressed = tuple(t for t in reach.tensors if has_address(t))
         reach._ptrs = tuple(map(_data_ptr, reach._addressed))
-        reach._shapes = list(map(_shape, reach._tensors))
+        reach._shapes = list(map(_shape, reach.tensors))
         return reach
 
     def _visit(self, obj: Any, path: str, level: int, seen: set[int]) -> None:
@@ -135,12 +139,12 @@ class Reach:
             return
         if isinstance(obj, (list, tuple)):
             if isinstance(obj, list):
-                self._sized(obj, path)
+                self._container(obj, path)
             for i, x in enumerate(obj[:MAX_ITEMS]):
                 self._edge(obj, i, x, f"{path}[{i}]", level, seen, attr=False)
             return
         if isinstance(obj, dict):
-            self._sized(obj, path)
+            self._container(obj, path)
             for k, x in list(obj.items())[:MAX_ITEMS]:
                 self._edge(obj, k, x, f"{path}[{k!r}]", level, seen, attr=False)
             return
@@ -151,38 +155,40 @@ class Reach:
                 return
             self._edge(obj, "cell_contents", x, path, level, seen, attr=True)
             return
+        state_type = state_type_of(obj)
+        owned = ()
+        if state_type is not None:
+            self.stateful.append((obj, state_type, path))
+            owned = state_type.owns
         d = getattr(obj, "__dict__", None)
         if isinstance(d, dict):
-            self._sized(d, path + ".__dict__")
+            self._container(d, path + ".__dict__")
             for k, x in list(d.items())[:MAX_ITEMS]:
-                if not (isinstance(k, str) and k.startswith("__")):
+                if not (isinstance(k, str) and k.startswith("__")) and k not in owned:
                     self._edge(d, k, x, f"{path}.{k}", level, seen, attr=False)
         for name in _slots(type(obj)):
+            if name in owned:
+                continue
             try:
                 x = getattr(obj, name)
             except AttributeError:
                 continue
             self._edge(obj, name, x, f"{path}.{name}", level, seen, attr=True)
 
-    def _sized(self, container, path: str) -> None:
-        if not self.lengths:
-            return
-        self.sized.append(container)
-        self.sized_len.append(len(container))
-        self.sized_paths.append(path)
-        if self.snapshots is not None:
-            self.snapshots.append((container, list(container) if isinstance(container, list) else dict(container)))
+    def _container(self, container, path: str) -> None:
+        if self.lengths:
+            self.sized.add(container, None, len(container), path)
 
     def _edge(self, holder, key, value, path: str, level: int, seen: set[int], *, attr: bool) -> None:
         if self.edges() >= MAX_EDGES:
             self.truncated = True
             return
         if isinstance(value, torch.Tensor):
-            (self.tensor_attr if attr else self.tensor).add(holder, key, value, path)
+            self.tensor_items[attr].add(holder, key, value, path)
         elif _immutable_plain(value):
-            (self.plain_attr if attr else self.plain).add(holder, key, value, path)
+            self.plains[attr].add(holder, key, value, path)
         else:
-            (self.ident_attr if attr else self.ident).add(holder, key, value, path)
+            self.objects[attr].add(holder, key, value, path)
             if isinstance(value, types.FunctionType):
                 for root, x in function_roots(value, path).items():
                     self._visit(x, root, level + 1, seen)
@@ -190,60 +196,68 @@ class Reach:
                 self._visit(value, path, level + 1, seen)
 
     def edges(self) -> int:
-        return sum(map(len, (self.ident, self.ident_attr, self.plain, self.plain_attr, self.tensor, self.tensor_attr)))
-
-    def freeze(self) -> "Reach":
-        """Drop the restore snapshots (capture is over): only the checks remain."""
-        self.snapshots = None
-        return self
+        return sum(len(e) for group in (self.objects, self.plains, self.tensor_items) for e in group)
 
     def __bool__(self) -> bool:
         return self.edges() > 0 or bool(self.sized)
 
+    # -- what was recorded, for `graphify._takeover` and `graphify._snapshot` ---------------
+    def tensor_edges(self) -> Iterator[tuple]:
+        """(holder, key, is_attribute, path) of every edge to a tensor, in `tensors` order."""
+        for edges in self.tensor_items:  # never binding the tensor: `graphify._takeover` counts references
+            for holder, key, path in zip(edges.holders, edges.keys, edges.paths):
+                yield holder, key, edges.attr, path
+
+    def object_edges(self) -> tuple[list, list]:
+        """(paths, values) of every edge to an object."""
+        a, b = self.objects
+        return a.paths + b.paths, a.values + b.values
+
+    def plain_edges(self) -> tuple[list, list]:
+        """(paths, values) of every edge to a plain value."""
+        a, b = self.plains
+        return a.paths + b.paths, a.values + b.values
+
+    def all_edges(self) -> Iterator[Edges]:
+        yield from self.objects
+        yield from self.plains
+        yield from self.tensor_items
+
     # -- the per-call check -----------------------------------------------------------------
-    def changed(self) -> bool:
+    def changed(self, *, plains: bool | None = None) -> bool:
         """Whether anything differs from the record: a few C-level passes, no allocation
-        per edge beyond the lists `map` fills."""
+        per edge beyond the lists `map` fills. `plains`: whether plain values count (default:
+        unless they are side effects)."""
         try:
-            if not all(map(is_, map(getitem, self.ident.holders, self.ident.keys), self.ident.values)):
-                return True
-            if not all(map(is_, map(getattr, self.ident_attr.holders, self.ident_attr.keys), self.ident_attr.values)):
-                return True
-            if not all(map(is_, map(getitem, self.tensor.holders, self.tensor.keys), self.tensor.values)):
-                return True
-            if not all(map(is_, map(getattr, self.tensor_attr.holders, self.tensor_attr.keys), self.tensor_attr.values)):
-                return True
-            # plain values: the very objects as a rule (small ints, dtypes); else compare by value
-            if not all(map(is_, map(getitem, self.plain.holders, self.plain.keys), self.plain.values)) \
-                    and list(map(getitem, self.plain.holders, self.plain.keys)) != self.plain.values:
-                return True
-            if not all(map(is_, map(getattr, self.plain_attr.holders, self.plain_attr.keys), self.plain_attr.values)) \
-                    and list(map(getattr, self.plain_attr.holders, self.plain_attr.keys)) != self.plain_attr.values:
-                return True
+            for edges in self.objects + self.tensor_items:
+                if not all(map(is_, edges.now(), edges.values)):
+                    return True
+            for edges in self.plains if (not self.plains_are_effects if plains is None else plains) else ():  # the very objects as a rule (small ints, dtypes); else by value
+                now = edges.now()
+                if not all(map(is_, now, edges.values)) and now != edges.values:
+                    return True
         except (KeyError, IndexError, AttributeError, ValueError, TypeError):
             return True
-        if list(map(len, self.sized)) != self.sized_len:
+        if list(map(len, self.sized.holders)) != self.sized.values:
             return True
-        return tuple(map(_data_ptr, self._addressed)) != self._ptrs or list(map(_shape, self._tensors)) != self._shapes
+        return tuple(map(_data_ptr, self._addressed)) != self._ptrs or list(map(_shape, self.tensors)) != self._shapes
 
     def describe(self) -> str | None:
         """The first path that differs from the record, as 'path: what changed'; None if none."""
-        for edges, read, same in (
-            (self.ident, getitem, is_), (self.ident_attr, getattr, is_), (self.tensor, getitem, is_),
-            (self.tensor_attr, getattr, is_), (self.plain, getitem, _equal), (self.plain_attr, getattr, _equal),
-        ):
-            for holder, key, value, path in zip(edges.holders, edges.keys, edges.values, edges.paths):
+        checks = [(e, is_) for e in self.objects + self.tensor_items] + [(e, _equal) for e in self.plains]
+        for edges, same in checks:
+            for holder, key, value, path in edges:
                 try:
-                    now = read(holder, key)
+                    now = read_edge(holder, key, edges.attr)
                 except Exception:
                     return f"{path}: gone (was {_show(value)})"
                 if not same(now, value):
                     return f"{path}: {_show(value)} -> {_show(now)}"
-        for container, n, path in zip(self.sized, self.sized_len, self.sized_paths):
+        for container, _, n, path in self.sized:
             if len(container) != n:
                 return f"{path}: {n} entries -> {len(container)}"
         ptrs = dict(zip(map(id, self._addressed), self._ptrs))
-        for t, shape, path in zip(self._tensors, self._shapes, self._tensor_paths()):
+        for t, shape, (_, _, _, path) in zip(self.tensors, self._shapes, self.tensor_edges()):
             moved = id(t) in ptrs and t.data_ptr() != ptrs[id(t)]
             if moved or t.shape != shape:
                 return f"{path}: tensor storage or shape changed in place ({tuple(shape)} -> {tuple(t.shape)})"
@@ -253,66 +267,39 @@ class Reach:
         """(description, whether a tensor was replaced) of what differs now, or None.
         A replaced tensor is state a graph cannot follow at all (a growing cache); a changed
         plain value is a Python counter the graph would freeze."""
-        if not self.changed():
+        if not self.changed(plains=True):
             return None
         what = self.describe()
         if what is None:
             return None
-        replaced = any(
-            _read(h, k, attr) is not v
-            for edges, attr in ((self.tensor, False), (self.tensor_attr, True))
-            for h, k, v in zip(edges.holders, edges.keys, edges.values)
-        )
-        return what, replaced
+        return what, self._tensor_replaced()
 
-    def _tensor_paths(self) -> list[str]:
-        return self.tensor.paths + self.tensor_attr.paths
-
-    def tensor_edges(self):
-        """(holder, key, is_attribute, path) of every edge to a tensor, in `_tensors` order."""
-        for edges, attr in ((self.tensor, False), (self.tensor_attr, True)):
-            for holder, key, path in zip(edges.holders, edges.keys, edges.paths):
-                yield holder, key, attr, path
-
-    # -- capture: put things back ------------------------------------------------------------
-    def restore(self) -> None:
-        """Put back every reference and plain value recorded (containers to their recorded
-        items, attributes and cells to their recorded values)."""
-        for container, snap in self.snapshots or ():
-            if isinstance(container, list):
-                if len(container) != len(snap) or not all(map(is_, container, snap)):
-                    container[:] = snap
-            elif len(container) != len(snap) or any(container.get(k, _GONE) is not v for k, v in snap.items()):
-                container.clear()
-                container.update(snap)
-        for edges in (self.ident_attr, self.plain_attr, self.tensor_attr):
-            for holder, key, value in zip(edges.holders, edges.keys, edges.values):
-                try:
-                    if getattr(holder, key) is not value:
-                        _set(holder, key, value)
-                except (AttributeError, TypeError, ValueError):
-                    pass
-        for edges in (self.plain, self.tensor, self.ident):  # items of globals dicts (not snapshotted)
-            for holder, key, value in zip(edges.holders, edges.keys, edges.values):
-                if isinstance(holder, dict) and holder.get(key, _GONE) is not value:
-                    holder[key] = value
-
-_GONE = object()
+    def _tensor_replaced(self) -> bool:
+        """Whether a tensor recorded is no longer where it was: its edge reads another, or an
+        object holding tensors (a tuple of a quantized cache's tensors) was replaced."""
+        if any(read_edge(holder, key, attr) is not t for t, (holder, key, attr, _) in zip(self.tensors, self.tensor_edges())):
+            return True
+        holding = {id(holder) for edges in self.tensor_items for holder in edges.holders}
+        for edges in self.objects:
+            for holder, key, value, _ in edges:
+                if id(value) in holding and _reads_other(holder, key, edges.attr, value):
+                    return True
+        return False
 
 
-def _read(holder, key, attr: bool):
+def _reads_other(holder, key, attr: bool, value) -> bool:
+    try:
+        return read_edge(holder, key, attr) is not value
+    except Exception:
+        return True
+
+
+def read_edge(holder, key, attr: bool):
+    """What an edge reads now."""
     return getattr(holder, key) if attr else holder[key]
 
 
-def _set(holder, key: str, value) -> None:
-    """Set an attribute past any custom __setattr__ (closure cells take plain setattr)."""
-    if isinstance(holder, types.CellType):
-        holder.cell_contents = value
-    else:
-        object.__setattr__(holder, key, value)
-
-
-def _has_address(t: torch.Tensor) -> bool:
+def has_address(t: torch.Tensor) -> bool:
     """A strided tensor with storage, whose data pointer means something."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 

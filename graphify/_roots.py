@@ -17,9 +17,6 @@ from ._axes import by_value
 
 __all__ = ["function_roots", "GlobalSlot"]
 
-_GONE = object()
-
-
 def function_roots(fn: Callable, name: str | None = None) -> dict[str, Any]:
     """The roots a function reads beyond its arguments: its closure cells, the globals its
     code names that are tensors or plain values, a bound method's object (unless it is an
@@ -54,8 +51,10 @@ def function_roots(fn: Callable, name: str | None = None) -> dict[str, Any]:
             roots[f"{label} closure {var!r}"] = cell
         g = f.__globals__
         for var in code.co_names:
-            value = g.get(var, _GONE)
-            if isinstance(value, torch.Tensor) or (value is not _GONE and not isinstance(value, (list, dict)) and by_value(value)):
+            if var not in g:
+                continue
+            value = g[var]
+            if isinstance(value, torch.Tensor) or (not isinstance(value, (list, dict)) and by_value(value)):
                 roots.setdefault(f"{label} global {var!r}", GlobalSlot(g, var))
 
     add(fn, name or getattr(fn, "__name__", "fn"), 0)

@@ -4,42 +4,69 @@ This is the only per-call code, so it is written for host speed: argument checks
 precomputed tuples, dispatch is one list index, all copies (real rows and padding rows)
 go through one `torch._foreach_copy_`, and each (graph, real size) pair caches its copy
 plan and its cut output views.
+
+A runtime serves one table and never captures. A call whose graph the table lacks comes
+back as a `Miss` (what was asked, for which rows, with which arguments); the layer above
+(first use) decides whether to capture it and installs the new table with `install`.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from operator import is_
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from operator import is_
+from typing import Any
 
 import attrs
 import torch
 from torch.utils import _pytree as pytree
 
-from ._alias import alias_maker
 from ._arg_checks import ArgChecks
 from ._axes import Kind, WeakStatic
-from ._outputs import has_boxes, unbox
-from ._dispatch import Dispatcher
-from ._distributed import graph_code
-from ._errors import GraphifyError, InputMismatchError, StaleReachError
+from ._call_agreement import agreement_for
+from ._dispatch import Decision, Dispatcher
+from ._errors import GraphifyError, InputMismatchError
+from ._hand_out import HandOut
 from ._mode import Mode
+from ._outputs import has_boxes, unbox
 from ._stats import Stats
 from ._table import Entry, GraphTable
 
-__all__ = ["Runtime", "GraphSource"]
-
+__all__ = ["Runtime", "Miss", "CallRules", "Plan"]
 
 _NONE = Mode.NONE
-_FULL = Mode.FULL
 MAX_PLANS = 4096  # (graph, tokens, requests) plans kept; beyond it the cache starts over
-_set_storage_msg = getattr(torch._C, "_set_storage_access_error_msg", None)  # CUDA builds of torch
 
 
 @attrs.frozen(eq=False)
-class _Plan:
+class Miss:
+    """A call whose graph the table lacks: the dispatch `decision`, the call's real token
+    rows, and its bound arguments (torch tensors)."""
+
+    decision: Decision
+    tokens: int
+    args: tuple
+
+
+@attrs.frozen(eq=False)
+class CallRules:
+    """Per-call predicates (`Batching.uniform`, `Batching.has_lora`, `Options.allow_full`)
+    and the uniform query length a uniform batch has without them."""
+
+    uniform: Callable[..., bool] | None = None
+    has_lora: Callable[..., bool] | None = None
+    allow_full: Callable[..., bool] | None = None
+    query_len: int = 1
+
+    @property
+    def shapes_only(self) -> bool:
+        """Whether a call's graph follows from its shapes alone (no predicate to run)."""
+        return self.uniform is None and self.has_lora is None and self.allow_full is None
+
+
+@attrs.frozen(eq=False)
+class Plan:
     """Everything one (graph, real tokens, real requests) call needs, precomputed.
 
     `inputs` holds (argument index, destination view, its data_ptr) for every copied
@@ -56,210 +83,156 @@ class _Plan:
     boxed: bool = False  # the outputs hold dataclasses to rebuild (graphify._outputs)
     weak: tuple = ()  # indices of outputs that are weakly held static objects (a returned cache)
 
+    def result(self, outputs: list):
+        """The call's return value in the function's own structure."""
+        if self.weak:
+            outputs = list(outputs)
+            for i in self.weak:
+                outputs[i] = outputs[i]()
+        if self.single:
+            return outputs[0]
+        tree = pytree.tree_unflatten(outputs, self.out_spec)
+        return unbox(tree) if self.boxed else tree
 
-def _result(plan: _Plan, outputs: list):
-    """The call's return value in the function's own structure."""
-    if plan.weak:
-        outputs = list(outputs)
-        for i in plan.weak:
-            outputs[i] = outputs[i]()
-    if plan.single:
-        return outputs[0]
-    tree = pytree.tree_unflatten(outputs, plan.out_spec)
-    return unbox(tree) if plan.boxed else tree
+
+@attrs.define(eq=False)
+class _StaticCall:
+    """The tuple `static_inputs()` handed out, with what a call with exactly it needs (its
+    plan, learnt on the first such call, is kept with the others under `STATIC_PLAN`)."""
+
+    args: tuple
+    tokens: int | None
+    reqs: int | None
+    clean: bool = False  # no other call since the last one with the tuple
 
 
-class GraphSource(Protocol):
-    """Where a runtime gets a graph its table lacks (first use: a call structure)."""
-
-    def capture_for(self, decision, args: Sequence[Any]) -> "Entry | None":
-        """Capture the graph `decision` names, warmed up on the call's `args` (the runtime's
-        lock held), and return its entry; None where no more may be captured (the call runs
-        eagerly)."""
+STATIC_PLAN = "static"  # the plans' key of (plan, mode, tokens) for calls with the static tuple
 
 
 class Runtime:
     """Per-table call machinery. Calls are serialised by a lock: static buffers and
     outputs are shared, so two threads must never interleave copy and replay."""
 
-    def __init__(
-        self,
-        *,
-        call: str,
-        fn: Callable,
-        table: GraphTable,
-        dispatcher: Dispatcher,
-        uniform_fn: Callable[..., bool] | None,
-        lora_fn: Callable[..., bool] | None,
-        outputs: str = "copy",
-        full_ok_fn: Callable[..., bool] | None = None,
-        source: "GraphSource | None" = None,
-    ):
-        self.call, self.fn, self.table, self.dispatcher = call, fn, table, dispatcher
-        # First use (graphify._first_use): a table that grows; `source` captures what a call
-        # needs (and `adopt` then swaps in the new table).
-        self.source = source
-        self.uniform_fn, self.lora_fn, self.full_ok_fn = uniform_fn, lora_fn, full_ok_fn
-        self.library = table.library
-        self.reach = table.reach  # checked before every replay: what graphs read without a copy
-        self.lockstep = table.lockstep
-        self.layout = table.layout
-        self.watch = table.watch
-        self.modes = tuple(Mode)
-        self.q = table.keys.uniform_query_len
-        specs = table.specs
-        self.nargs = len(specs)
-        self._check_with(ArgChecks(call, specs))
+    def __init__(self, label: str, fn: Callable, table: GraphTable, dispatcher: Dispatcher, rules: CallRules,
+                 hand_out: HandOut):
+        self.label, self.fn, self.dispatcher, self.rules, self.hand_out = label, fn, dispatcher, rules, hand_out
         self.lock = threading.Lock()
-        self.plans: dict = {}
-        self.fast: tuple | None = None  # (static_inputs() tuple, tokens, requests)
-        self.fast_clean = False  # no other call since the last one with that tuple
-        self.fast_plan: tuple | None = None  # (plan, mode, tokens) of calls with exactly that tuple
-        # No per-call predicates: a call's graph follows from its shapes alone.
-        self.simple = uniform_fn is None and lora_fn is None and full_ok_fn is None
-        # Tensor parallelism: the per-call agreement check (graphify._distributed) that runs
-        # on the host; under the default "graph" policy FULL graphs carry it themselves.
-        policy = self.lockstep.policy if self.lockstep is not None else "off"
-        self.host_agree = policy == "host"
-        self.eager_check = policy == "graph"
-        if self.lockstep is not None:
-            self.lockstep.adopt(self)
-        self.handed: list = []
-        self.released = False
-        self.stale_msg = (
-            f"{call}: this output was overwritten by a later call (Options(outputs='view') hands out the graph's "
-            "static output buffers, valid until the next call); clone() what you keep, or use Options(outputs='copy')"
-        )
-        if outputs == "copy":
-            self.hand_out = self._copy
-        elif outputs == "view" and table.device is not None and table.device.type == "cuda" and _set_storage_msg is not None:
-            self.hand_out = self._checked_view
-        else:  # "view" where torch cannot poison a storage (CPU builds): plain views, documented
-            self.hand_out = self._view
+        self.agreement = agreement_for(table.lockstep)
+        self.static_call: _StaticCall | None = None
+        self.replayed = 0  # graph replays so far: the layer above tells a replayed call from an eager one
+        self._serve(table)
         # Rows of each padded buffer that may hold real data; rows past it hold padding.
         # Padding is copied in only where a smaller batch follows a larger one.
-        self.dirty = [0] * len(specs)
+        self.dirty = [0] * len(table.specs)
 
-    def _check_with(self, checks: ArgChecks) -> None:
-        self.checks = checks
-        self.rows_and_check = checks.rows  # bound once: the hot path calls it directly
-        self.req_idx = checks.req_idx
+    def _serve(self, table: GraphTable) -> None:
+        self.table = table
+        self.plans = table.holdings.plans  # the table's: released with its graphs
+        self.checks = ArgChecks(self.label, table.specs)
+        self.rows_and_check = self.checks.rows  # bound once: the hot path calls it directly
 
     # -- the call -------------------------------------------------------------------------
-    def run_trusted(self, stats: Stats):
-        """A call with exactly `static_inputs()`'s tuple (the caller checked identity): our
-        own buffers, checked when the tuple was made. With no per-call predicates the same
-        plan serves every such call: only padding a larger batch left (when another call
-        ran since), the replay, the tally and the outputs remain."""
-        watch = self.watch
-        if watch is not None:
-            watch.check()
-            if watch.requires_grad and torch.is_grad_enabled():
-                watch.warn_grad(self.fast[0])
-        if self.fast_plan is None:  # learnt on the first such call (or released: run says so)
-            return self.run(self.fast[0], stats, checked=True)
-        return self._replay_fast(stats)
-
-    def _replay_fast(self, stats: Stats):
-        with self.lock:
-            if self.fast_plan is None:  # released meanwhile
-                raise self._released()
-            plan, mode, n = self.fast_plan
-            if self.reach and any(r.changed() for r in self.reach):
-                raise self._stale()
-            if not self.fast_clean:  # another call ran since: it may have left rows past ours
-                self._restore_padding(plan, [], [])
-                self.fast_clean = True
-            plan.replay()
-            stats.tally(mode, n, plan.padded)
-            outputs = self.hand_out(plan)
-        return _result(plan, outputs)
-
-    def run(self, args: Sequence[Any], stats: Stats, checked: bool = False):
-        """A call's bound arguments; `checked`: the module watch already ran for it."""
-        watch = self.watch
-        fast = self.fast
-        trusted = fast is not None and len(args) == len(fast[0]) and all(map(is_, args, fast[0]))
-        if watch is not None and not checked:
-            watch.check()
-            # static_inputs()'s tuple holds graphify's own buffers, which never require grad
-            if (watch.requires_grad or not trusted) and torch.is_grad_enabled():
-                watch.warn_grad(args)
-        if trusted and self.fast_plan is not None:
-            return self._replay_fast(stats)
-        self.fast_clean = False  # this call may write rows past the static tuple's
+    def run(self, args: Sequence[Any], stats: Stats):
+        """A call's bound arguments: its result, or a `Miss` where the table lacks its graph."""
+        static, table = self.static_call, self.table
+        trusted = static is not None and len(args) == len(static.args) and all(map(is_, args, static.args))
+        table.reads.check_modules(() if trusted else args)  # static_inputs()'s buffers never require grad
+        learnt = self.plans.get(STATIC_PLAN) if trusted else None
+        if learnt is not None:
+            plan, mode, n = learnt
+            with self.lock:
+                return self._replay(plan, mode, n, [], [], stats)
+        if static is not None:
+            static.clean = False  # this call may write rows past the static tuple's
         if trusted:  # exactly the tuple static_inputs() handed out: our own views, checked then
-            n, r = fast[1], fast[2]
+            n, r = static.tokens, static.reqs
         else:
-            if len(args) != self.nargs:
-                raise InputMismatchError(f"{self.call}: expected {self.nargs} arguments as captured, got {len(args)}")
+            if len(args) != len(table.specs):
+                raise InputMismatchError(f"{self.label}: expected {len(table.specs)} arguments as captured, got {len(args)}")
             n, r = self.rows_and_check(args)
-        if n < 0:
+        if n is None:
             n = r
         if n == 0:  # an empty batch: what eager returns, no graph
-            with self.lock:
-                stats.tally(_NONE, 0, None)
-            return self.fn(*args)
-        if self.uniform_fn is not None:
-            uniform = bool(self.uniform_fn(*args))
-        else:
-            uniform = self.q == 1 if r < 0 else n == r * self.q
-        has_lora = bool(self.lora_fn(*args)) if self.lora_fn is not None else False
-        if self.full_ok_fn is None:
-            decision = self.dispatcher.lookup(n, uniform, has_lora)
-        else:
-            decision = self.dispatcher.lookup(n, uniform, has_lora, bool(self.full_ok_fn(*args)))
-        if self.released and decision.mode is not _NONE:  # before any collective: the others must not wait on it
+            return self._eager(args, 0, stats)
+        decision = self._decide(args, n, r)
+        if decision.mode is not _NONE and table.released:  # before any collective: the others must not wait
             raise self._released()
-        if self.host_agree:
-            self._agree(decision, n, r)
-        elif self.eager_check and decision.mode is not _FULL:  # FULL graphs check in the graph
-            self._check_eagerly(decision, n, r)
+        if self.agreement is not None and self.agreement.needed(decision.mode):
+            self.agreement.before(decision, n, r)
         if decision.mode is _NONE:
-            with self.lock:
-                stats.tally(_NONE, n, None)
-            return self.fn(*args)
-        if self.reach and any(r.changed() for r in self.reach):
-            raise self._stale()  # never replay a graph over memory its objects no longer hold
-        r_real = n if r < 0 else r
-        plan_key = (id(decision), n, r_real)  # decisions are unique objects of the dispatcher
+            return self._eager(args, n, stats)
+        return self._graphed(args, decision, n, n if r is None else r, trusted, stats)
+
+    def _decide(self, args: Sequence[Any], n: int, r: int | None) -> Decision:
+        rules = self.rules
+        if rules.shapes_only:
+            return self.dispatcher.lookup(n, rules.query_len == 1 if r is None else n == r * rules.query_len)
+        uniform = bool(rules.uniform(*args)) if rules.uniform is not None else (
+            rules.query_len == 1 if r is None else n == r * rules.query_len)
+        has_lora = bool(rules.has_lora(*args)) if rules.has_lora is not None else False
+        full_ok = bool(rules.allow_full(*args)) if rules.allow_full is not None else True
+        return self.dispatcher.lookup(n, uniform, has_lora, full_ok)
+
+    def _eager(self, args: Sequence[Any], n: int, stats: Stats):
         with self.lock:
+            stats.tally(_NONE, n, None)
+        return self.fn(*args)
+
+    def _graphed(self, args, decision: Decision, n: int, r: int, trusted: bool, stats: Stats):
+        """A call that replays the graph `decision` names (a `Miss` if the table lacks it)."""
+        plan_key = (id(decision), n, r)  # decisions are unique objects of the dispatcher
+        with self.lock:
+            reads = self.table.reads
+            if reads.reach and reads.stale():
+                raise reads.stale_error(self.label)  # never replay (nor grow) graphs over memory objects no longer hold
             plan = self.plans.get(plan_key)
             if plan is None:
                 entry = self.table.entries.get((decision.mode, decision.key))
                 if entry is None:
-                    entry = self._missing(decision, args)
-                    if entry is None:  # first use may capture no more graphs: this call runs eagerly
-                        stats.tally(_NONE, n, None)
-                        return self.fn(*args)
+                    return Miss(decision, n, tuple(args))
                 if len(self.plans) >= MAX_PLANS:  # many distinct (tokens, requests) pairs: bound the cache
                     self.plans.clear()
-                plan = self.plans[plan_key] = self._plan(entry, n, r_real)
+                plan = self.plans[plan_key] = self._plan(entry, n, r)
             dsts, srcs = [], []
             if trusted:
-                if self.simple and not self.host_agree and not (self.eager_check and decision.mode is not _FULL):
-                    self.fast_plan = (plan, decision.mode, n)  # the same plan serves every later call with this tuple
+                if self.rules.shapes_only and (self.agreement is None or not self.agreement.needed(decision.mode)):
+                    self.plans[STATIC_PLAN] = (plan, decision.mode, n)  # the same plan serves every later call
             else:
                 for i, view, ptr in plan.inputs:
                     a = args[i]
                     if a.data_ptr() != ptr:  # an argument that already is the static view needs no copy
                         dsts.append(view)
                         srcs.append(a)
-            self._restore_padding(plan, dsts, srcs)
-            plan.replay()
-            stats.tally(decision.mode, n, plan.padded)
-            outputs = self.hand_out(plan)
-        return _result(plan, outputs)
+            return self._replay(plan, decision.mode, n, dsts, srcs, stats, checked=True)
 
-    def _restore_padding(self, plan: _Plan, dsts: list, srcs: list) -> None:
+    def _replay(self, plan: Plan, mode: Mode, n: int, dsts: list, srcs: list, stats: Stats, checked: bool = False):
+        """The tail every graphed call shares (lock held): what graphs read checked (unless
+        `checked`), inputs and padding copied in, the graph replayed, the call counted,
+        outputs handed out."""
+        reads = self.table.reads
+        if not checked and reads.reach and reads.stale():
+            raise reads.stale_error(self.label)
+        static = self.static_call
+        if dsts or static is None or not static.clean:  # after a call with the static tuple, nothing moved
+            self._restore_padding(plan, dsts, srcs)
+            if static is not None:
+                learnt = self.plans.get(STATIC_PLAN)
+                static.clean = learnt is not None and learnt[0] is plan
+        plan.replay()
+        self.replayed += 1
+        stats.tally(mode, n, plan.padded)
+        return plan.result(self.hand_out(plan))
+
+    def _restore_padding(self, plan: Plan, dsts: list, srcs: list) -> None:
         """Copy the inputs in `dsts`/`srcs`, plus padding wherever a larger batch left real
         rows past this one's, in one `_foreach_copy_`."""
         dirty = self.dirty
+        static = self.table.static
         for b, real in plan.pads:
             held = dirty[b]
             if held > real:  # a larger batch left data past this one: restore padding there
-                dsts.append(self.table.static.buffers[b][real:held])
-                srcs.append(self.table.static.pads[b][real:held])
+                dsts.append(static.buffers[b][real:held])
+                srcs.append(static.pads[b][real:held])
             dirty[b] = real
         if dsts:
             if torch.is_grad_enabled():
@@ -268,86 +241,37 @@ class Runtime:
             else:
                 torch._foreach_copy_(dsts, srcs)
 
-    def _stale(self) -> StaleReachError:
-        what = next((d for d in (r.describe() for r in self.reach) if d is not None), "something it reads")
-        return StaleReachError(
-            f"{self.call}: {what} since capture. The graphs read what was captured (tensors by address, numbers "
-            "baked into kernels), so this call cannot replay them: update tensors in place (copy_) instead of "
-            "replacing them, keep numbers the function reads fixed, or capture again"
-        )
-
-    def forget(self) -> None:
-        """Drop every cached plan (the graphs are being released)."""
-        with self.lock:
-            self.plans.clear()
-            self.fast = self.fast_plan = None
-
     def _released(self) -> GraphifyError:
         return GraphifyError(
-            f"{self.call}: this callable's graphs were released (release()); use the callable "
+            f"{self.label}: this callable's graphs were released (release()); use the callable "
             "release() returned and capture it again"
         )
 
-    def _copy(self, plan: _Plan) -> list:
-        return [t.clone() if isinstance(t, torch.Tensor) else t for t in plan.outputs]
+    # -- the table it serves ------------------------------------------------------------------
+    def exclusive(self) -> threading.Lock:
+        """The lock calls hold while they copy and replay: hold it to write the static
+        buffers (a first-use capture) and `install` the table that results."""
+        return self.lock
 
-    def _view(self, plan: _Plan) -> list:
-        return plan.outputs
+    def install(self, table: GraphTable) -> None:
+        """Serve calls from `table` (hold `exclusive()`): a first-use capture's new table.
+        Cached plans go: output axes may have been re-read across the sizes."""
+        self._serve(table)  # its own, empty plans
+        self.static_call = None
 
-    def _checked_view(self, plan: _Plan) -> list:
-        """Views on their own storage objects; the previous call's are poisoned first, so
-        reading a view after the next replay raises instead of returning new data."""
-        msg = self.stale_msg
-        for t in self.handed:
-            _set_storage_msg(t, msg)
-        out = list(plan.outputs)
-        handed = []
-        for i, make in plan.aliases:
-            handed.append(make())
-            out[i] = handed[-1]
-        self.handed = handed
-        return out
+    def wrote(self, written: Sequence[int]) -> None:
+        """Note that a call's data now fills `written[b]` rows of static buffer b (hold
+        `exclusive()`): a first-use capture loaded them, so later smaller batches restore
+        padding there."""
+        self.dirty = [max(d, w) for d, w in zip(self.dirty, written)]
+        self.static_call = None
 
-    def _choice(self, decision, n: int, r: int) -> tuple[int, int, int]:
-        """(mode index, tokens, requests) of a call: what all ranks must agree on."""
-        key = decision.key
-        tokens, reqs = (n, r) if key is None else (key.num_tokens, key.reqs_rows)
-        return self.modes.index(decision.mode), tokens, reqs if reqs is not None else -1
-
-    def _agree(self, decision, n: int, r: int) -> None:
-        """All ranks must run the same graph, or eagerly on the same shape (host check)."""
-        self.lockstep.agree_call(*self._choice(decision, n, r))
-
-    def _check_eagerly(self, decision, n: int, r: int) -> None:
-        """The check FULL graphs carry, run before a PIECEWISE or eager call."""
-        self.lockstep.check(graph_code(*self._choice(decision, n, r)))
-
-    def release(self) -> int:
-        """Drop the plans and the table's graphs; returns how many graphs were freed."""
-        self.forget()
-        with self.lock:
-            self.released = True
-            return self.table.release()
-
-    def _missing(self, decision, args) -> Entry | None:
-        """The entry of a key this table lacks: captured now on first use, else the graphs
-        were released."""
-        if self.source is None or self.released:
-            raise self._released()
-        return self.source.capture_for(decision, args)
-
-    def adopt(self, table: GraphTable) -> None:
-        """Serve calls from `table` (a first-use capture's new table; the caller holds the
-        lock). Cached plans go: output axes may have been re-read across the sizes."""
-        self.table = table
-        self.reach = table.reach
-        self._check_with(ArgChecks(self.call, table.specs))
+    def forget(self) -> None:
+        """Drop every cached plan and the static tuple (the graphs being released)."""
         self.plans.clear()
-        self.fast = self.fast_plan = None
-        self.fast_clean = False
+        self.static_call = None
 
-    def _plan(self, entry: Entry, n: int, r: int) -> _Plan:
-        key = entry.key
+    def _plan(self, entry: Entry, n: int, r: int) -> Plan:
         inputs, pads = [], []
         for b, spec, view, real in self.table.static.slots(self.table.specs, n, r):
             if real is not None:
@@ -362,13 +286,10 @@ class Runtime:
         ]
         single = entry.out_spec.num_leaves == 1 and entry.out_spec.num_children == 0
         replay = functools.partial(entry.replay, n, r) if entry.sized else entry.replay
-        aliases = ()
-        if self.hand_out == self._checked_view:
-            aliases = tuple((i, alias_maker(t)) for i, t in enumerate(outputs) if isinstance(t, torch.Tensor))
-        weak = tuple(i for i, t in enumerate(outputs) if isinstance(t, WeakStatic))
-        return _Plan(
-            tuple(inputs), tuple(pads), replay, outputs, entry.out_spec, single, key.num_tokens, aliases,
-            has_boxes(entry.out_spec), weak,
+        return Plan(
+            tuple(inputs), tuple(pads), replay, outputs, entry.out_spec, single, entry.key.num_tokens,
+            self.hand_out.aliases(outputs), has_boxes(entry.out_spec),
+            tuple(i for i, t in enumerate(outputs) if isinstance(t, WeakStatic)),
         )
 
     def static_inputs(self, n: int, r: int | None) -> tuple:
@@ -382,9 +303,8 @@ class Runtime:
                 if real is not None:
                     self.dirty[b] = max(self.dirty[b], real)  # the caller will write these rows
         out = tuple(out)
-        tokens_rows, reqs_rows = self.rows_and_check(out)
+        tokens, reqs = self.rows_and_check(out)
         with self.lock:
-            self.fast = (out, tokens_rows, reqs_rows)  # calls with exactly these skip checks and copies
-            self.fast_plan = None  # learnt again on the first call with them
-            self.fast_clean = False
+            self.static_call = _StaticCall(out, tokens, reqs)  # calls with exactly these skip checks and copies
+            self.plans.pop(STATIC_PLAN, None)  # learnt again on the first call with them
         return out

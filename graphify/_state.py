@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass, is_traceable_wrapper_subclass_type
 
 from ._guard import CaptureGuard
+from ._state_types import capture_contexts
 
 __all__ = ["StateKeeper", "schema_facts", "UNANNOTATED_VIEWS", "UNANNOTATED_WRITES"]
 
@@ -153,6 +154,9 @@ class StateKeeper:
         self.peak_bytes = 0  # the most snapshot memory held at once
         self.restored: set[int] = set()  # storages restored over the whole capture
         self._covered = False
+        # (object, attribute names, values) of Python state registered types own
+        # (`graphify._state_types`): put back after every run, so each run sees the call's state
+        self.owned: list = []
 
     def record_writes(self, fn: Callable, *args):
         """`fn(*args)` with its outside writes recorded; call `restore()` after it. While
@@ -173,7 +177,11 @@ class StateKeeper:
             self._covered = outer
 
     def restore(self) -> None:
-        """Write back what the recorded run overwrote (newest first)."""
+        """Write back what the recorded run overwrote (newest first), and the owned Python
+        state as it was before the capture."""
+        for obj, names, values in self.owned:
+            for name, value in zip(names, values):
+                setattr(obj, name, value)
         if not self.undo:
             return
         with torch.no_grad():
@@ -208,17 +216,18 @@ def eager_runs(
     `finish(out)` sees the last run's result before its writes are undone (the
     simulation clones its outputs there); returns what it returns."""
     result = None
-    for i in range(count):
-        if i == 0:  # module-level helper, not a closure: a kept traceback must not pin `args`
-            recorded = keeper is not None and record
-            out = keeper.record_writes(_first_run, fn, guard, *args) if recorded else _first_run(fn, guard, *args)
-        else:
-            out = fn(*args)
-        if i == count - 1 and finish is not None:
-            result = finish(out)
-        del out
-        if keeper is not None:
-            keeper.restore()
+    with capture_contexts():  # code asking whether a graph captures sees what the capture will
+        for i in range(count):
+            if i == 0:  # module-level helper, not a closure: a kept traceback must not pin `args`
+                recorded = keeper is not None and record
+                out = keeper.record_writes(_first_run, fn, guard, *args) if recorded else _first_run(fn, guard, *args)
+            else:
+                out = fn(*args)
+            if i == count - 1 and finish is not None:
+                result = finish(out)
+            del out
+            if keeper is not None:
+                keeper.restore()
     return result
 
 

@@ -4,7 +4,7 @@ A structure is what a graph is specialised to apart from the batch: the call's l
 each tensor's dtype, device and non-batch shape, plain static values, static objects by
 identity. Two looser notions help first use decide what a call costs: its *family* (the
 same call with other non-batch shapes and other objects of the same types: a transformers
-decode step with a cache of another length) and its *signature* (the family with every
+decode step with a cache of another length) and its *likeness* (the family with every
 shape fixed: what a new object must match to take over a structure's graphs).
 """
 
@@ -17,7 +17,7 @@ import attrs
 
 from ._axes import Kind, by_value, mismatch
 
-__all__ = ["Pending", "family", "signature", "fits"]
+__all__ = ["Pending", "family_of", "likeness_of", "fits"]
 
 
 @attrs.define(eq=False)
@@ -26,10 +26,10 @@ class Pending:
 
     layout: Any
     specs: tuple
-    call: str
+    label: str
 
 
-def family(layout, specs) -> tuple:
+def family_of(layout, specs) -> tuple:
     """What calls of one kind share apart from shapes and object identity: the call's
     layout, each argument's axis, dtype, device and rank, plain static values, and the
     types of static objects."""
@@ -40,10 +40,10 @@ def family(layout, specs) -> tuple:
     )
 
 
-def signature(layout, specs) -> tuple:
-    """`_family` plus every non-batch shape and persistent address: a call with this
-    signature and objects of the same skeleton can replay a structure's graphs."""
-    return family(layout, specs) + tuple(
+def likeness_of(layout, specs) -> tuple:
+    """`family_of` plus every non-batch shape and persistent address: a call this like a
+    structure's, with objects of the same skeleton, can replay its graphs."""
+    return family_of(layout, specs) + tuple(
         (s.trailing, s.data_ptr) for s in specs if s.axis.kind is not Kind.STATIC
     )
 
@@ -52,4 +52,4 @@ def fits(pending: Pending, layout, slots: Sequence[Any]) -> bool:
     """Whether a call (bound by its own `layout` to `slots`) has `pending`'s structure."""
     if (layout.names, layout.kinds, layout.trees) != (pending.layout.names, pending.layout.kinds, pending.layout.trees):
         return False
-    return all(mismatch(pending.call, spec, slots[spec.index]) is None for spec in pending.specs)
+    return all(mismatch(pending.label, spec, slots[spec.index]) is None for spec in pending.specs)

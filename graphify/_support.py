@@ -89,49 +89,59 @@ def resolve_mode(
     if uniform_query_len < 1:
         raise ValueError(f"resolve_mode: uniform_query_len must be >= 1, got {uniform_query_len}")
     reasons: list[str] = []
-
-    # 0. Without split points there are no pieces to capture.
-    if not split and mode.has_piecewise:
-        if mode is Mode.PIECEWISE:
-            new = Mode.NONE
-        else:  # mixed batches can only go FULL, and only where the backend allows it
-            new = Mode.FULL if level is Support.ALWAYS else Mode.FULL_DECODE_ONLY
-        reasons.append(
-            f"{mode.value} needs piecewise graphs but the function is not split "
-            f"(wrap it in split(fn, ops)); using {new.value}"
-        )
-        mode = new
-
-    # 1. FULL graphs of mixed batches need a backend that handles any batch.
-    if mode.mixed_mode() is Mode.FULL and level is not Support.ALWAYS:
-        if level is Support.NEVER:
-            raise ValueError(
-                f"resolve_mode: {mode.value} needs full graphs but the weakest backend "
-                f"supports {level.name}; ask for PIECEWISE with split(fn, ops), or NONE"
-            )
-        new = Mode.FULL_AND_PIECEWISE if split else Mode.FULL_DECODE_ONLY
-        reasons.append(
-            f"{mode.value} captures mixed batches in full graphs but the weakest backend "
-            f"supports only {level.name}; using {new.value}"
-        )
-        mode = new
-
-    # 2. FULL decode graphs need at least single-token decode support.
-    if mode.decode_mode() is Mode.FULL and level is Support.NEVER:
-        new = Mode.PIECEWISE if split else Mode.NONE
-        reasons.append(
-            f"{mode.value} captures decode in full graphs but the weakest backend supports "
-            f"NEVER; using {new.value}"
-        )
-        mode = new
-
-    # 3. Spec decode (query length 1+k) needs uniform-batch support for FULL decode graphs.
-    if mode.decode_mode() is Mode.FULL and uniform_query_len > 1 and level < Support.UNIFORM_BATCH:
-        new = Mode.PIECEWISE if split else Mode.NONE
-        reasons.append(
-            f"{mode.value} with uniform query length {uniform_query_len} (spec decode) needs "
-            f"UNIFORM_BATCH support but the weakest backend supports {level.name}; using {new.value}"
-        )
-        mode = new
-
+    for rule in _RULES:
+        step = rule(mode, level, split, uniform_query_len)
+        if step is not None:
+            mode, reason = step
+            reasons.append(reason)
     return Resolution(Mode.parse(requested), mode, tuple(reasons))
+
+
+# The downgrade rules, in order: each takes (mode, weakest level, split, uniform query length)
+# and returns (the mode to use, why) where it applies, else None.
+
+def _needs_pieces(mode: Mode, level: Support, split: bool, q: int) -> "tuple[Mode, str] | None":
+    """Without split points there are no pieces to capture."""
+    if split or not mode.has_piecewise:
+        return None
+    if mode is Mode.PIECEWISE:
+        new = Mode.NONE
+    else:  # mixed batches can only go FULL, and only where the backend allows it
+        new = Mode.FULL if level is Support.ALWAYS else Mode.FULL_DECODE_ONLY
+    return new, (f"{mode.value} needs piecewise graphs but the function is not split "
+                 f"(wrap it in split(fn, ops)); using {new.value}")
+
+
+def _mixed_full(mode: Mode, level: Support, split: bool, q: int) -> "tuple[Mode, str] | None":
+    """FULL graphs of mixed batches need a backend that handles any batch."""
+    if mode.mixed_mode() is not Mode.FULL or level is Support.ALWAYS:
+        return None
+    if level is Support.NEVER:
+        raise ValueError(
+            f"resolve_mode: {mode.value} needs full graphs but the weakest backend "
+            f"supports {level.name}; ask for PIECEWISE with split(fn, ops), or NONE"
+        )
+    new = Mode.FULL_AND_PIECEWISE if split else Mode.FULL_DECODE_ONLY
+    return new, (f"{mode.value} captures mixed batches in full graphs but the weakest backend "
+                 f"supports only {level.name}; using {new.value}")
+
+
+def _full_decode(mode: Mode, level: Support, split: bool, q: int) -> "tuple[Mode, str] | None":
+    """FULL decode graphs need at least single-token decode support."""
+    if mode.decode_mode() is not Mode.FULL or level is not Support.NEVER:
+        return None
+    new = Mode.PIECEWISE if split else Mode.NONE
+    return new, (f"{mode.value} captures decode in full graphs but the weakest backend supports "
+                 f"NEVER; using {new.value}")
+
+
+def _spec_decode(mode: Mode, level: Support, split: bool, q: int) -> "tuple[Mode, str] | None":
+    """Spec decode (query length 1+k) needs uniform-batch support for FULL decode graphs."""
+    if mode.decode_mode() is not Mode.FULL or q == 1 or level >= Support.UNIFORM_BATCH:
+        return None
+    new = Mode.PIECEWISE if split else Mode.NONE
+    return new, (f"{mode.value} with uniform query length {q} (spec decode) needs "
+                 f"UNIFORM_BATCH support but the weakest backend supports {level.name}; using {new.value}")
+
+
+_RULES = (_needs_pieces, _mixed_full, _full_decode, _spec_decode)

@@ -13,8 +13,9 @@ from ._axes import ArgSpec, Kind
 from ._descriptor import BatchDescriptor
 from ._keys import KeySet
 from ._mode import Mode
+from ._reads import Reads
 
-__all__ = ["Entry", "GraphTable", "StaticBuffers"]
+__all__ = ["CaptureReport", "Entry", "GraphTable", "Holdings", "StaticBuffers"]
 
 
 @attrs.frozen(eq=False)
@@ -106,23 +107,54 @@ class StaticBuffers:
             if pad is not None and not torch.equal(buf, loaded[i] if loaded is not None and loaded[i] is not None else pad)
         ]
 
-    def load(self, specs: Sequence[ArgSpec], args: Sequence[Any], key: BatchDescriptor, dirty: list) -> list:
+    def load(self, specs: Sequence[ArgSpec], args: Sequence[Any], key: BatchDescriptor) -> tuple[list, tuple]:
         """Copy a call's padded and fixed arguments into the buffers for `key` (real rows,
         then padding up to the key's rows), so a first-use capture warms up on the call's
-        own data. Updates `dirty` (rows past which a buffer holds padding) and returns, per
-        buffer, a copy of what it now holds (None for non-buffers)."""
-        loaded = []
+        own data. Returns, per buffer, a copy of what it now holds (None for non-buffers)
+        and the rows that now hold the call's data (0 for non-padded arguments)."""
+        loaded, written = [], []
         for b, spec, view, top in self.slots(specs, key.num_tokens, key.reqs_rows, args):
+            real = 0
             if top is not None:  # a padded argument: its real rows, then padding up to the key's
-                arg = args[b]
-                real = arg.shape[0]
-                view[:real].copy_(arg)
+                real = args[b].shape[0]
+                view[:real].copy_(args[b])
                 view[real:top].copy_(self.pads[b][real:top])
-                dirty[b] = dirty[b] if dirty[b] > top else real
             elif spec.axis.kind is Kind.FIXED:
                 view.copy_(args[b])
             loaded.append(self.buffers[b].clone() if self.buffers[b] is not None else None)
-        return loaded
+            written.append(real)
+        return loaded, tuple(written)
+
+
+@attrs.frozen
+class CaptureReport:
+    """What capturing a table cost: seconds, and the outside tensors its runs wrote and
+    restored (with the most snapshot memory restoring held at once)."""
+
+    seconds: float = 0.0
+    state_tensors: int = 0
+    state_bytes: int = 0
+
+
+@attrs.define(eq=False)
+class Holdings:
+    """What a table owns until it is released: the mutable store behind its entries, the
+    library objects its graphs launch (`graphify._keepalive`), and the call plans a
+    runtime made from its entries (`graphify._runtime.Plan`), which reference the graphs.
+    Releasing drops all three, so the graphs go when the caller's last reference does."""
+
+    store: dict | None = None
+    hold: Any = None
+    plans: dict = attrs.Factory(dict)
+    released: bool = False
+
+    def release(self) -> None:
+        self.released = True
+        self.plans.clear()
+        if self.store is not None:
+            self.store.clear()
+        if self.hold is not None:
+            self.hold.release()
 
 
 @attrs.frozen(eq=False)
@@ -137,27 +169,36 @@ class GraphTable:
     backend: Any
     pool: Any
     device: torch.device | None
-    seconds: float = 0.0
     library: str | None = None
-    lockstep: Any = None  # tensor parallelism: ranks agree on every call (graphify._distributed)
-    layout: Any = None  # how calls bind to argument slots (graphify._signature.CallLayout)
-    watch: Any = None  # the modules whose tensors the graphs read (graphify._params.ModuleWatch)
-    state_tensors: int = 0  # outside tensors that capture wrote and restored
-    state_bytes: int = 0  # the most snapshot memory that restoring held at once
+    layout: Any = None  # how calls bind to argument slots (graphify._layout.CallLayout)
+    reads: Reads = attrs.field(factory=Reads)  # what the graphs read without a copy, checked every call
     examples: Any = None  # per argument, the example's tokens-axis tensor (what check() draws rows like)
-    hold: Any = None  # library objects the graphs launch, kept alive with them (graphify._keepalive)
-    reach: tuple = ()  # what the graphs read through static objects and the closure (graphify._reach)
-    _store: dict | None = attrs.field(default=None, repr=False, alias="store")
+    report: CaptureReport = attrs.field(factory=CaptureReport)
+    lockstep: Any = None  # tensor parallelism: ranks agree on every call (graphify._distributed)
+    holdings: Holdings = attrs.field(factory=Holdings, repr=False)
 
     def release(self) -> int:
         """Drop every graph (their pool memory becomes free for reuse or `Pool.trim()`);
         returns how many. Calls through this table then raise, saying to capture again."""
         count = len(self.entries)
-        if self._store is not None:
-            self._store.clear()
-        if self.hold is not None:
-            self.hold.release()
+        self.holdings.release()
         return count
+
+    @property
+    def released(self) -> bool:
+        return self.holdings.released
+
+    @property
+    def seconds(self) -> float:
+        return self.report.seconds
+
+    @property
+    def state_tensors(self) -> int:
+        return self.report.state_tensors
+
+    @property
+    def state_bytes(self) -> int:
+        return self.report.state_bytes
 
     def __getitem__(self, pair: tuple[Mode, BatchDescriptor]) -> Entry:
         return self.entries[pair]

@@ -19,12 +19,13 @@ import sys
 
 import torch
 
-from ._reach import Reach, _has_address, _read, _set
+from ._reach import Reach, has_address, read_edge
+from ._snapshot import set_attr
 
-__all__ = ["skeleton", "owners", "adoptable", "take_over"]
+__all__ = ["skeleton", "owners", "can_take_over", "take_over"]
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
-_OWN_REFS = 3  # references a Reach holds to each addressed tensor: its edge list, `_tensors`, `_addressed`
+_OWN_REFS = 3  # references a Reach holds to each addressed tensor: its edge list, `tensors`, `_addressed`
 
 
 def skeleton(reach: Reach) -> tuple:
@@ -32,47 +33,46 @@ def skeleton(reach: Reach) -> tuple:
     type (objects), value (plain values) or metadata (tensors, with which share storage)."""
     groups: dict = {}
     tensors = []
-    for t, (_, _, _, path) in zip(reach._tensors, reach.tensor_edges()):
-        storage = t.untyped_storage().data_ptr() if _has_address(t) else ("no storage", id(t))
+    for t, (_, _, _, path) in zip(reach.tensors, reach.tensor_edges()):
+        storage = t.untyped_storage().data_ptr() if has_address(t) else ("no storage", id(t))
         group = groups.setdefault(storage, len(groups))
         tensors.append((path, tuple(t.shape), t.stride(), t.dtype, t.device, t.storage_offset(), group))
-    ident = reach.ident.paths + reach.ident_attr.paths, reach.ident.values + reach.ident_attr.values
-    objects = tuple((p, type(v)) for p, v in zip(*ident))
-    plain = tuple(zip(reach.plain.paths + reach.plain_attr.paths, reach.plain.values + reach.plain_attr.values))
-    return objects, plain, tuple(tensors), tuple(zip(reach.sized_paths, reach.sized_len)), reach.truncated
+    paths, values = reach.object_edges()
+    objects = tuple((p, type(v)) for p, v in zip(paths, values))
+    plain = tuple(zip(*reach.plain_edges()))
+    sized = tuple(zip(reach.sized.paths, reach.sized.values))
+    return objects, plain, tuple(tensors), sized, reach.truncated
 
 
 def owners(reach: Reach) -> tuple[int, ...]:
     """References to each tensor now (taken right after capture: the containers that hold
     it and graphify's own); a larger count later means someone else kept it."""
-    return tuple(sys.getrefcount(t) for t in reach._tensors)
+    return tuple(sys.getrefcount(t) for t in reach.tensors)
 
 
-def adoptable(home: Reach, counts: tuple[int, ...], new: Reach) -> bool:
-    """Whether `new` (a new object's reach, recorded without snapshots) may take over
+def can_take_over(home: Reach, counts: tuple[int, ...], new: Reach) -> bool:
+    """Whether `new` (a new object's reach) may take over
     `home`'s tensors; `counts` are `owners(home)` as taken after its last capture."""
-    if new.snapshots is not None:
-        raise ValueError("adoptable: record the new object with snapshots=False")
     if _storage_use_count is None or home.truncated or new.truncated or skeleton(home) != skeleton(new):
         return False
-    if owners(home) != counts or not all(_has_address(t) and _sole_storage(t) for t in home._tensors):
+    if owners(home) != counts or not all(has_address(t) and _sole_storage(t) for t in home.tensors):
         return False
     for holder, key, attr, _ in new.tensor_edges():
-        # its container, `new`'s own references, getrefcount's argument
-        if sys.getrefcount(_read(holder, key, attr)) != 1 + _OWN_REFS + 1 or not _sole_storage(_read(holder, key, attr)):
+        t = read_edge(holder, key, attr)  # references: its container, `t`, `new`'s own, getrefcount's argument
+        if sys.getrefcount(t) != 2 + _OWN_REFS + 1 or not _sole_storage(t):
             return False
     return True
 
 
 def take_over(home: Reach, new: Reach) -> None:
     """Copy `new`'s tensors into `home`'s (the memory the graphs read) and point `new`'s
-    containers at them; check `adoptable` first. `new` is stale afterwards."""
-    homes = home._tensors
+    containers at them; check `can_take_over` first. `new` is stale afterwards."""
+    homes = home.tensors
     with torch.no_grad():
-        torch._foreach_copy_(list(homes), list(new._tensors))
+        torch._foreach_copy_(list(homes), list(new.tensors))
     for i, (holder, key, attr, _) in enumerate(new.tensor_edges()):
         if attr:
-            _set(holder, key, homes[i])
+            set_attr(holder, key, homes[i])
         else:
             holder[key] = homes[i]
 

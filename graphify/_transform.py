@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 from ._batching import Batching
 from ._graphify import Graphified
@@ -48,11 +47,9 @@ def graphify(
     - `batching`: a `Batching`: how batches are made up (tokens per request in a uniform
       batch, the most requests, LoRA variants, and per-call `uniform` / `has_lora`
       predicates); default: single-token decode, no LoRA.
-    - `options`: an `Options` for the rarely changed knobs: the backend ("sim" for the CPU
-      simulation; by default picked from the arguments' device), outputs as copies or
-      views, output axes, a tensor-parallel process group, warm-ups, restoring state
-      written during capture, full per-call checks, weak outputs, capture order, per-call
-      FULL exclusion, first use, compiling, the padding limit (see `Options`).
+    - `options`: an `Options` for the rarely changed knobs: the backend (by default picked
+      from the arguments' device), outputs as copies or views, a tensor-parallel process
+      group, compiling, first use, and the rest (see `Options`).
 
     **Returns:** a `Graphified`. Called as it is, it captures on first use: a call structure
     (arguments, dtypes, non-batch shapes, static values) that runs in two consecutive calls

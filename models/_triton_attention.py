@@ -4,7 +4,7 @@ of prefill and decode) with an online softmax over its request's blocks. Few lau
 matter here: split ops run eagerly between piecewise graphs, so their launch count is
 host time per layer; so is each launch's cost, and after the first launch of a
 specialisation the op launches Triton's compiled kernel directly (`launch_key` says when
-two calls may share one), 20-28 us of host a launch instead of ~40 on the H100.
+two calls may share one), at a fraction of the host time of Triton's own launch path.
 
 The torch implementation in `attention.py` is the reference (and the CPU path); the CUDA
 tests compare the two.
@@ -24,9 +24,9 @@ except ImportError:  # Triton < 3.4: Triton's own launch path only
 
 __all__ = ["paged_attention", "launch_key"]
 
-# Triton's launch path spends ~30 us of Python binding and specialising 21 arguments, and a
-# PIECEWISE step runs this op eagerly once per layer (24 x at 0.5B: ~0.7 ms of host a step,
-# more than the step's GPU time). So the first launch of each specialisation goes through
+# Triton's launch path spends tens of microseconds binding and specialising 21 arguments, and
+# a PIECEWISE step runs this op eagerly once per layer (more host time a step than the step's
+# GPU time at small batches). So the first launch of each specialisation goes through
 # Triton, which compiles or finds the kernel, and later ones with the same `launch_key`
 # launch that compiled kernel directly, with raw pointers (no per-call binding).
 # `CompiledKernel.run`'s arguments are Triton's private launcher API and change between
@@ -38,7 +38,7 @@ _COMPILED: dict = {}
 # Not specialised on num_reqs: Triton would compile a kernel of its own for a batch of one
 # request (value 1) and for request counts divisible by 16, on first sight; a captured graph
 # never saw a single-request prefill, so its first one compiled in the middle of serving
-# (0.8-1.2 s on the H100, with the launcher's C stub built by gcc).
+# (a Triton compile, with the launcher's C stub built by gcc).
 @triton.jit(do_not_specialize=["num_reqs"])
 def _attention_kernel(
     Q, K, V, KC, VC, Out, block_tables, query_lens, positions, slots,

@@ -30,3 +30,51 @@ def backend(request):
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(1234)
+
+
+# -- counting what calls ran as ------------------------------------------------------------
+# A graphified call that equals eager proves nothing by itself: an always-eager graphify
+# equals eager too. Tests that compare with eager therefore also count, from `g.stats`,
+# what the calls ran as.
+
+
+def calls_by_mode(g) -> dict:
+    """{Mode.NONE: n, Mode.PIECEWISE: n, Mode.FULL: n}: how many of `g`'s calls ran in each
+    runtime mode (zeros included)."""
+    return {r.mode: r.calls for r in g.stats.by_mode()}
+
+
+def counted(*, full: int = 0, piecewise: int = 0, none: int = 0) -> dict:
+    """The `calls_by_mode` a test expects: `counted(full=3, none=1)`."""
+    from graphify import Mode
+
+    return {Mode.NONE: none, Mode.PIECEWISE: piecewise, Mode.FULL: full}
+
+
+def replayed(g) -> int:
+    """Calls of `g` that replayed a graph (FULL or PIECEWISE); always 0 for eager calls."""
+    from graphify import Mode
+
+    by_mode = calls_by_mode(g)
+    return by_mode[Mode.FULL] + by_mode[Mode.PIECEWISE]
+
+
+def expected_calls(mode, batches, largest: int) -> dict:
+    """`counted(...)` for calls of a callable captured in (resolved) `mode` with sizes up to
+    `largest`, one call per `(num_tokens, uniform)` in `batches`: vLLM's dispatch stated
+    apart from graphify's. Above the largest size: eager. Otherwise FULL graphs take every
+    batch in FULL, uniform decode batches only in the dual modes (the rest: eagerly in
+    FULL_DECODE_ONLY, in pieces in FULL_AND_PIECEWISE); PIECEWISE takes every batch."""
+    from graphify import Mode
+
+    mode = Mode.parse(mode) if isinstance(mode, str) else mode
+    out = counted()
+    for tokens, uniform in batches:
+        if tokens > largest or mode is Mode.NONE:
+            ran = Mode.NONE
+        elif mode is Mode.FULL or (mode.is_dual and uniform):
+            ran = Mode.FULL
+        else:
+            ran = mode.mixed_mode()
+        out[ran] += 1
+    return out

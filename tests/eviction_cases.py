@@ -39,6 +39,14 @@ def check(got, want, what: str) -> None:
         sys.exit(3)
 
 
+def ran(g, *, full: int, none: int) -> None:
+    """What `g`'s calls ran as: `full` replays and `none` eager calls, or the case fails."""
+    got = {r.mode.value: r.calls for r in g.stats.by_mode()}
+    if got != {"NONE": none, "PIECEWISE": 0, "FULL": full}:
+        print(f"RAN {got}, not {full} FULL and {none} NONE", flush=True)
+        sys.exit(5)
+
+
 def cupy_fft_evicted() -> None:
     """The issue's CuPy case: sizes above the largest run eagerly, their plans evict the
     graphs' plans from CuPy's 16-plan cache, then a graph replays."""
@@ -56,6 +64,7 @@ def cupy_fft_evicted() -> None:
     cp.fft.config.get_plan_cache().clear()
     x = cp.random.standard_normal((4, 256), dtype=cp.float32)
     check(g(x), fn(x), "after clear()")
+    ran(g, full=8 + 1, none=25)  # 65 to 89 rows eagerly; the rest replayed, after the evictions too
 
 
 def torch_fft_evicted(first_use: bool = False) -> None:
@@ -79,6 +88,10 @@ def torch_fft_evicted(first_use: bool = False) -> None:
     for n in range(1, 20):
         x = torch.randn(n, 256, device="cuda")
         check(g(x), fn(x), f"replay {n}")
+    # above 8 rows eagerly (twice 11 sizes); captured ahead of time, 1 to 8 rows replay; on first
+    # use, each size is captured by its first call and replayed from then on, but for the very
+    # first call (the warm-up of the call structure)
+    ran(g, full=(15 if first_use else 0) + 8, none=(1 if first_use else 0) + 2 * 11)
     g.release()
     assert cache.max_size == 1, cache.max_size  # the user's last word, applied once released
     print("PINNED-THEN-RESTORED", flush=True)
@@ -110,6 +123,7 @@ def cublas_workspace_cleared() -> None:
             x = torch.randn(n, 8192, device="cuda", dtype=torch.bfloat16)
             check(g(x), fn(x), f"replay {n}")
     torch.cuda.synchronize()
+    ran(g, full=5 * 4, none=0)
     for i, f in enumerate(fillers):
         if not bool((f == float(i)).all()):
             print(f"CORRUPTED filler {i}: a replay wrote into memory eager code owns", flush=True)

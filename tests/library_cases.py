@@ -14,6 +14,12 @@ import torch
 SIZES = (2, 4, 8)
 
 
+def replayed_every_call(g, calls: int) -> None:
+    """Every one of `calls` calls of `g` replayed a FULL graph (none ran eagerly)."""
+    ran = {r.mode.value: r.calls for r in g.stats.by_mode()}
+    assert ran == {"NONE": 0, "PIECEWISE": 0, "FULL": calls}, ran
+
+
 def cupy_cases():
     import cupy as cp
     import cupyx.scipy.sparse as sp
@@ -88,11 +94,13 @@ def run(name: str) -> None:
                 assert not torch.equal(again, got_t), "a random graph replayed the same draws"
             else:
                 torch.testing.assert_close(got_t, want_t, rtol=1e-6, atol=1e-6)
+        replayed_every_call(g, 8 * (2 if "random" in name else 1))
         print("CAPTURED")
     plain = graphify(lambda x: x * 2 + 1, mode="FULL", sizes=SIZES)
     x = torch.randn(5, 16, device="cuda")
     plain = plain.capture(x)
     torch.testing.assert_close(plain(x), x * 2 + 1)
+    replayed_every_call(plain, 1)
     torch.cuda.synchronize()
     print("USABLE")
 

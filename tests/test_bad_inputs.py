@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import calls_by_mode, counted
 from graphify import Batching, GraphifyError, Options, Pool, fixed, graphify, persistent, reqs, static, tokens
 from graphify._errors import InputMismatchError
 
@@ -173,6 +174,7 @@ def test_empty_batches_copies_and_pickles_do_what_users_expect(backend):
     g = g.capture(torch.randn(2, 8, device=device), w, 2.0)
     empty = torch.randn(0, 8, device=device)
     torch.testing.assert_close(g(empty, w, 2.0), mlp(empty, w, 2.0))  # eager's empty result
+    assert calls_by_mode(g) == counted(none=1)  # no graph has 0 rows: eagerly
     assert copy.deepcopy(g) is g
     with pytest.raises(TypeError, match="cannot be pickled; pickle the function"):
         pickle.dumps(g)

@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 
+from conftest import calls_by_mode, counted
 from graphify import InputMismatchError, Options, StateChangedError, graphify, persistent, tokens
 
 
@@ -27,7 +28,7 @@ def test_nn_sequential_called_with_a_keyword(backend):
             x = fresh(n, 6, device, i + 1)
             torch.testing.assert_close(g(input=x), model(x))  # keyword
             torch.testing.assert_close(g(x), model(x))  # and positional, same graphs
-    assert g.stats.calls == 8
+    assert calls_by_mode(g) == counted(full=6, none=2)  # 11 rows: above the largest size, eager
 
 
 class Scaled(torch.nn.Module):
@@ -59,6 +60,7 @@ def test_defaults_keyword_only_and_var_keywords_bind_like_python(backend):
             torch.testing.assert_close(g(x, bias, scale=2.0, square=True), want)
             torch.testing.assert_close(g(x, bias=bias, square=True, scale=2.0), want)  # any order
             torch.testing.assert_close(g(x=x, bias=bias, scale=2.0, square=True), want)
+    assert calls_by_mode(g) == counted(full=9)
 
 
 @pytest.mark.filterwarnings("ignore:.*no gradient history")
@@ -92,6 +94,7 @@ def test_var_positional_arguments(backend):
     g = graphify(total, mode="FULL", sizes=(4,), options=Options(backend=name)).capture(*[fresh(4, 3, device, i) for i in range(3)])
     parts = [fresh(3, 3, device, 10 + i) for i in range(3)]
     torch.testing.assert_close(g(*parts), total(*parts))
+    assert calls_by_mode(g) == counted(full=1)
     with pytest.raises(InputMismatchError, match=r"2 extra positional arguments \(\*args\) but the capture saw 3"):
         g(*parts[:2])
 
@@ -140,6 +143,7 @@ def test_outputs_of_any_pytree_come_back_cut_in_their_own_type(backend, kind):
                 assert a == b
     if kind == "dataclass":
         assert isinstance(got.nested["inner"], Frozen)
+    assert calls_by_mode(g) == counted(full=3)
 
 
 class Counter(torch.nn.Module):
@@ -178,6 +182,7 @@ def test_capture_leaves_buffers_and_arguments_as_it_found_them(backend):
             torch.testing.assert_close(g(x, cache), ref(x, ref_cache))
         torch.testing.assert_close(cache, ref_cache)
         torch.testing.assert_close(m.total, ref.total)
+    assert calls_by_mode(g) == counted(full=4)  # the state written by replays, not by eager runs
 
 
 def test_restore_keeps_to_the_written_rows():
@@ -237,6 +242,7 @@ def test_a_different_object_than_the_captured_one_is_an_error():
     torch.testing.assert_close(g(torch.ones(2, 3), box), torch.ones(2, 3) + box.t)
     with pytest.raises(InputMismatchError, match=r"'box' is a different Box object.*pass the same object"):
         g(torch.ones(2, 3), Box())
+    assert calls_by_mode(g) == counted(full=1)
 
 
 REBINDS = {
@@ -256,6 +262,7 @@ def test_parameters_rebound_after_capture_are_an_error(how):
         g = graphify(m, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(4, 4))
         x = torch.randn(2, 4)
         torch.testing.assert_close(g(x), m(x))  # right before the rebind
+        assert calls_by_mode(g) == counted(full=1)
         REBINDS[how](m)
         with pytest.raises(StateChangedError, match="since capture.*capture again"):
             g(torch.randn(2, 4))
@@ -269,19 +276,18 @@ def test_updates_in_place_and_unrelated_modules_keep_working():
         m[0].weight.copy_(torch.randn(4, 4))  # in place: the graphs see it
         x = torch.randn(3, 4)
         torch.testing.assert_close(g(x), m(x))
+    assert calls_by_mode(g) == counted(full=1)  # the replay, not an eager run, saw the new weights
 
 
-def test_full_checks_catch_a_single_data_swap():
+def test_every_call_catches_a_single_data_swap_in_the_middle():
     m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
     with torch.no_grad():
-        cheap = graphify(m, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(4, 4))
-        full = graphify(m, mode="FULL", sizes=(4,), options=Options(backend="sim", full_checks=True)).capture(
-            torch.randn(4, 4)
-        )
+        g = graphify(m, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(4, 4))
+        g(torch.randn(2, 4))
         m[1].weight.data = torch.randn(4, 4)  # neither the first nor the last parameter
-        cheap(torch.randn(2, 4))  # documented: the cheap check looks at registrations and the ends
         with pytest.raises(StateChangedError, match=r"1.weight has new storage"):
-            full(torch.randn(2, 4))
+            g(torch.randn(2, 4))
+    assert calls_by_mode(g) == counted(full=1)
 
 
 def test_grad_mode_warns_once_that_graphs_give_no_gradients():
@@ -296,3 +302,24 @@ def test_grad_mode_warns_once_that_graphs_give_no_gradients():
         torch.testing.assert_close(g(x), m(x).detach())  # once
         with torch.no_grad():
             torch.testing.assert_close(g(x), m(x))
+    assert calls_by_mode(g) == counted(full=3)  # grad mode or not, the graph replays
+
+
+def test_a_capture_that_fails_part_way_leaves_the_objects_it_changed_as_they_were():
+    class Cache:  # grows by a new tensor each call, as a DynamicCache does
+        def __init__(self):
+            self.keys = torch.zeros(0, 4)
+
+    def step(x, cache):
+        cache.keys = torch.cat([cache.keys, x])
+        return x * cache.keys.sum().item()  # a host read: the capture stops here, after the append
+
+    g = graphify(step, options=Options(backend="sim"))
+    mine, theirs = Cache(), Cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(4):  # the second call tries a capture
+            x = torch.full((1, 4), float(i + 1))
+            torch.testing.assert_close(g(x, mine), step(x, theirs))
+            assert torch.equal(mine.keys, theirs.keys), i
+    assert calls_by_mode(g) == counted(none=4)

@@ -13,7 +13,7 @@ import attrs
 import pytest
 
 from graphify import BatchDescriptor
-from graphify.capture.capturers import mode_capturers
+from graphify.capture.capturers import CaptureSettings, KeyCapture, mode_capturers
 from graphify._mode import Mode
 from graphify.backends import Captured
 
@@ -89,8 +89,7 @@ KEY = BatchDescriptor(8, 8, True)
 
 
 def capture(capturer, keeper, first, sibling=None, key=KEY):
-    return capturer((), key=key, pool=None, warmups=1, weak_outputs=False, stream=None, keeper=keeper,
-                    probe=probe, first=first, sibling=sibling)
+    return capturer((), KeyCapture(key, keeper, first, probe, sibling), CaptureSettings(None, 1, False))
 
 
 def test_an_unsplit_full_function_is_guarded_and_warmed_up_at_every_key():

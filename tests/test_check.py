@@ -14,9 +14,10 @@ def test_check_passes_a_row_wise_function_at_every_size(backend):
     g = graphify(lambda x, w: torch.tanh(x @ w), mode="FULL", sizes=(2, 4, 8), axes=(tokens(), persistent()), options=Options(backend=name)).capture(torch.randn(3, 6, device=device), w)
     report = g.check(atol=1e-4)
     assert report.ok, report
-    assert [(r.num_tokens, r.where) for r in report.rows] == [
-        (1, "between"), (2, "captured"), (3, "between"), (4, "captured"), (6, "between"), (8, "captured"), (9, "above")
-    ]
+    assert [(r.num_tokens, r.where, r.mode, r.padded_to) for r in report.rows] == [
+        (1, "between", "FULL", 2), (2, "captured", "FULL", 2), (3, "between", "FULL", 4), (4, "captured", "FULL", 4),
+        (6, "between", "FULL", 8), (8, "captured", "FULL", 8), (9, "above", "NONE", None),
+    ]  # what each checked call ran as: replays of the graphs, eager only above them
     assert g.stats.calls == 0  # the check is not counted as the caller's traffic
 
 
@@ -29,6 +30,8 @@ def test_check_finds_a_function_that_mixes_rows_across_the_batch(backend):
     assert not report.ok
     bad = {r.num_tokens for r in report.rows if not r.match}
     assert bad == {1, 3, 6}  # padded sizes only; captured sizes and eager above are right
+    assert {r.num_tokens: r.mode for r in report.rows} == {1: "FULL", 2: "FULL", 3: "FULL", 4: "FULL", 6: "FULL",
+                                                          8: "FULL", 9: "NONE"}
     assert all("padding changes real rows" in r.verdict for r in report.rows if not r.match)
     assert "MISMATCHES" in str(report) and "| 3 | between | FULL | 4 |" in str(report)
 
@@ -51,4 +54,8 @@ def test_check_with_request_axes_needs_and_uses_make_batch(backend):
 
     report = g.check(make_batch, atol=1e-4, rtol=1e-4)
     assert report.ok, report
+    assert [(r.num_tokens, r.where, r.mode) for r in report.rows] == [
+        (2, "between", "FULL"), (4, "captured", "FULL"), (6, "between", "FULL"), (8, "captured", "FULL"),
+        (12, "between", "FULL"), (16, "captured", "FULL"), (17, "above", "NONE"),
+    ]  # replays of the graphs; eager only above them
     assert torch.equal(cache[:, :, 1:], before[:, :, 1:])  # the eager runs' K/V writes were put back

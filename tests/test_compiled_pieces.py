@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import transforms._compile as compile_mod
+from conftest import calls_by_mode, counted
 from graphify import Options, graphify, plan_keys, vllm_sizes
 from graphify._keys import specialised_sizes
 from models import BlockTables, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
@@ -71,6 +72,7 @@ def test_specialised_sizes_get_static_compiles_made_by_warm_ups(recorded, rule, 
         batch = tables.batch(cfg, tuple(range(10, 10 + len(q))), q, ctx, device="cpu", seed=len(q))
         ref = cache.clone()
         torch.testing.assert_close(g(*batch, cache), step(*batch, ref), rtol=1e-5, atol=1e-5)
+    assert calls_by_mode(g) == counted(full=1, piecewise=1, none=1)  # decode FULL, mixed in pieces, 80 tokens eager
     assert sorted(c[0] for c in recorded if c[1] == "from_graph") == sorted(distinct)
 
 
@@ -92,7 +94,7 @@ def test_full_keys_compile_outside_every_dispatch_mode(recorded):
         batch = tables.batch(cfg, tuple(range(10, 10 + len(q))), q, ctx, device="cpu", seed=len(q) + 7)
         ref = cache.clone()
         torch.testing.assert_close(g(*batch, cache), step(*batch, ref), rtol=1e-5, atol=1e-5)
-    assert {r.mode.value: r.calls for r in g.stats.by_mode()}["FULL"] == 2
+    assert calls_by_mode(g) == counted(full=2)  # FULL graphs take the mixed batch too
 
 
 def test_specialised_sizes_rules():
@@ -118,3 +120,4 @@ def test_inductor_pieces_on_the_cpu_equal_eager():
         batch = tables.batch(cfg, tuple(range(10, 10 + len(q))), q, ctx, device="cpu", seed=len(q))
         ref = cache.clone()
         torch.testing.assert_close(g(*batch, cache), step(*batch, ref), rtol=1e-4, atol=1e-4)
+    assert calls_by_mode(g) == counted(full=1, piecewise=1)  # the decode batch FULL, the mixed one in pieces

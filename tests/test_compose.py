@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.func import functional_call, grad, vmap
 
+from conftest import calls_by_mode, counted
 from graphify import Options, CaptureError, GraphifyError, graphify
 
 SIZES = (2, 4, 8)
@@ -26,6 +27,7 @@ def check(g, f, device):
         got, want = g(x), f(x)
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert calls_by_mode(g) == counted(full=len(batches(device)))  # every batch (1 to 8 rows) replayed
 
 
 def test_per_example_gradients_inside(backend):
@@ -81,6 +83,8 @@ def test_a_fixed_output_as_long_as_one_size_is_not_cut(backend):
         scaled, const = g(x)
         assert scaled.shape == x.shape and const.shape == (8, 4)  # padded to 8: the constant stays whole
         torch.testing.assert_close(const, c + 1)
+        torch.testing.assert_close(scaled, x * 2)
+    assert calls_by_mode(g) == counted(full=len(batches(device)))
 
 
 @pytest.mark.parametrize("outside", ["vmap", "grad"])
@@ -94,6 +98,7 @@ def test_transforms_around_a_graphified_call_are_an_error_that_says_what_compose
         else:
             grad(lambda x: g(x).sum())(x)
     torch.testing.assert_close(g(x), torch.sin(x) * 2)  # and the callable still works
+    assert calls_by_mode(g) == counted(full=1)  # the refused calls ran as nothing
 
 
 def test_linalg_results_checked_on_the_host_are_rejected_and_ex_variants_capture(backend):
@@ -108,6 +113,7 @@ def test_linalg_results_checked_on_the_host_are_rejected_and_ex_variants_capture
     g = graphify(f, mode="FULL", sizes=SIZES, options=Options(backend=name)).capture(x)
     for x in batches(device):
         torch.testing.assert_close(g(x.double()), torch.linalg.solve(A, x.double().T).T)
+    assert calls_by_mode(g) == counted(full=len(batches(device)))
 
 
 def test_a_library_cupy_refuses_during_capture_is_named_with_what_to_do():

@@ -3,11 +3,12 @@ by the cuda backend, CuPy pool reports against CuPy's own counters, memory retur
 torch-only pool report test is in test_cuda_memory.py: it runs without CuPy.)"""
 
 import gc
+import time
 
 import pytest
 import torch
 
-from conftest import requires_cuda
+from conftest import calls_by_mode, counted, requires_cuda
 from graphify import Pool, UnsupportedOpError, graphify, persistent, tokens
 
 cp = pytest.importorskip("cupy", reason="needs CuPy (pip install 'graphify[cuda12]' or '[cuda13]')")
@@ -17,6 +18,23 @@ MiB = 1 << 20
 SIZES = (1, 2, 4, 8, 16, 32)
 
 _scale_rows = None
+_spin = None
+SPIN_CYCLES = 2_000_000_000  # some 1 s at an H100's clocks, far longer than 20 warm calls take to issue
+
+
+def spin_kernel():
+    """A RawKernel that holds its stream for `cycles` clock cycles (CuPy's torch.cuda._sleep)."""
+    global _spin
+    if _spin is None:
+        _spin = cp.RawKernel(
+            r'''
+            extern "C" __global__ void spin(long long cycles) {
+                long long start = clock64();
+                while (clock64() - start < cycles) {}
+            }''',
+            "spin",
+        )
+    return _spin
 
 
 def scale_rows_kernel():
@@ -67,6 +85,7 @@ def test_cupy_matmul_is_rejected_with_advice_and_the_callable_still_works():
         g.capture(rs.standard_normal((2, 8), dtype=cp.float32), w)
     x = rs.standard_normal((3, 8), dtype=cp.float32)
     cp.testing.assert_allclose(g(x, w), x @ w)  # uncaptured: eager, unchanged
+    assert calls_by_mode(g) == counted(none=1)
 
 
 def capture_cupy(pool=None):
@@ -85,21 +104,39 @@ def test_cupy_function_equals_eager_at_every_size():
         got = g(x, w)
         assert isinstance(got, cp.ndarray) and got.shape == (n, 128)
         cp.testing.assert_allclose(got, cupy_fn(x, w), rtol=1e-5, atol=1e-5)
-    assert {row.mode.value for row in g.stats.rows()} == {"FULL", "NONE"}
+    assert calls_by_mode(g) == counted(full=32, none=1)  # 1 to 32 rows replayed, 40 eagerly
 
 
 def test_cupy_replay_runs_on_the_callers_cupy_stream():
+    """The caller's CuPy stream (not blocking with the default one) spins, then writes the
+    input: a call whose copies or replay ran on another stream reads the input before that
+    write (or hands back an output the caller's stream copies before it is made), and a call
+    that waited on the host would return only after the spin."""
     g, w = capture_cupy()
-    x = cp.random.RandomState(2).standard_normal((16, 64), dtype=cp.float32)
-    want = cupy_fn(x, w)
-    cp.cuda.Device().synchronize()
+    new = cp.random.RandomState(2).standard_normal((16, 64), dtype=cp.float32)
+    want = cupy_fn(new, w)
+    x = cp.zeros((16, 64), dtype=cp.float32)
     side = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
+    with side:  # every kernel of the timed part once (CuPy compiles a kernel on its first launch)
+        spin_kernel()((1,), (1,), (cp.int64(1),))
+        x[...] = new
+        g(x, w).copy()
+        x[...] = 0
+    cp.cuda.Device().synchronize()
     with side:
+        spin_kernel()((1,), (1,), (cp.int64(SPIN_CYCLES),))
+        x[...] = new  # the input, written on the caller's stream once the spin is over
+        t0 = time.perf_counter()
         for _ in range(20):
             out = g(x, w)
         kept = out.copy()
+        issued = time.perf_counter() - t0
+        assert not side.done, f"{issued:.3f} s to issue"  # still spinning: the calls returned without waiting for it
+    assert cp.cuda.Stream.null.done  # nothing was queued behind the spin on the default stream
     side.synchronize()
-    cp.testing.assert_allclose(kept, want, rtol=1e-5, atol=1e-5)
+    cp.testing.assert_allclose(kept, want, rtol=1e-5, atol=1e-5)  # copies and replays in order on the stream
+    assert calls_by_mode(g) == counted(full=1 + 20)
 
 
 def test_mixed_torch_and_cupy_function_is_captured_by_the_cuda_backend():
@@ -110,6 +147,7 @@ def test_mixed_torch_and_cupy_function_is_captured_by_the_cuda_backend():
     for n in (1, 5, 16, 32, 33):
         x = torch.randn(n, 64, device="cuda")
         torch.testing.assert_close(g(x, w), mixed_fn(x, w), rtol=1e-5, atol=1e-5)
+    assert calls_by_mode(g) == counted(full=4, none=1)  # 33 rows: above the largest size, eager
 
 
 def test_cupy_pool_report_matches_cupy_counters_and_memory_returns():

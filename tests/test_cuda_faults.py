@@ -6,7 +6,7 @@ import gc
 import pytest
 import torch
 
-from conftest import requires_cuda
+from conftest import calls_by_mode, counted, requires_cuda
 from graphify import CaptureError, Pool, graphify, persistent, tokens
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
@@ -39,9 +39,11 @@ def test_real_out_of_memory_during_capture():
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() - allocated <= MiB  # no graph or buffer memory kept
         torch.testing.assert_close(g(x, w), wide(x, w))  # the callable captured from still works
+        assert calls_by_mode(g) == counted(none=1)  # eagerly: uncaptured, and a first call of its structure
         smaller = graphify(wide, mode="FULL", sizes=(8, 64), axes=(tokens(), persistent()))
         smaller = smaller.capture(x, w)
         torch.testing.assert_close(smaller(x, w), wide(x, w))  # torch can still capture: nothing poisoned
+        assert calls_by_mode(smaller) == counted(full=1)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         gc.collect()

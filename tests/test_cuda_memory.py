@@ -6,7 +6,7 @@ import gc
 import pytest
 import torch
 
-from conftest import requires_cuda
+from conftest import calls_by_mode, counted, requires_cuda
 from graphify import Options, Pool, graphify, persistent, tokens
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
@@ -44,6 +44,7 @@ def test_weak_outputs_use_less_pool_memory_and_stay_correct():
     for n in (3, 100):  # padded: another matmul shape, so equal up to rounding
         x = torch.randn(n, 256, device="cuda")
         torch.testing.assert_close(weak(x, w), wide(x, w), rtol=1e-3, atol=1e-3)
+    assert calls_by_mode(weak) == counted(full=6)  # every call replayed a graph
 
 
 def test_memory_returns_after_the_callable_is_dropped():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import requires_cuda
+from conftest import calls_by_mode, counted, requires_cuda
 from graphify import Batching, Options, Pool, graphify, sglang_piecewise_sizes
 from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
@@ -30,6 +30,7 @@ def test_all_sizes_share_the_largest_sizes_memory():
     batch = lay.build(CFG, device="cuda", seed=5)
     ref_cache = cache.clone()
     torch.testing.assert_close(every(*batch, cache), step(*batch, ref_cache), rtol=1e-4, atol=1e-4)
+    assert calls_by_mode(every) == counted(piecewise=1)
 
 
 def test_inductor_compiled_pieces_match_eager():
@@ -44,6 +45,7 @@ def test_inductor_compiled_pieces_match_eager():
         batch = lay.build(CFG, device="cuda", seed=len(lay.query_lens))
         ref_cache = cache.clone()
         torch.testing.assert_close(g(*batch, cache), step(*batch, ref_cache), rtol=2e-3, atol=2e-3)
+    assert calls_by_mode(g) == counted(full=1, piecewise=1)  # the decode batch FULL, the mixed one in pieces
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["plain", "inductor"])
@@ -75,7 +77,7 @@ def test_capture_leaves_the_cache_and_closed_over_state_as_it_found_them(compile
         torch.testing.assert_close(g(*batch, cache), step(*batch, ref_cache), rtol=2e-3, atol=2e-3)
         # block 0 is scratch: padded rows write there, eager writes nothing
         torch.testing.assert_close(cache[:, :, 1:], ref_cache[:, :, 1:], rtol=2e-3, atol=2e-3)
-    assert {r.mode.value for r in g.stats.rows()} == {"FULL", "PIECEWISE"}
+    assert calls_by_mode(g) == counted(full=1, piecewise=1)  # the uniform spec batch FULL, the mixed one in pieces
 
 
 def replayed_kernels(call) -> list[str]:
@@ -104,6 +106,7 @@ def test_full_graphs_of_compiled_pieces_hold_inductor_kernels(compile_sizes, cap
     assert len(compiled_kernels) < len(replayed_kernels(lambda: plain(*batch, cache)))
     ref_cache = cache.clone()
     torch.testing.assert_close(g(*batch, cache), step(*batch, ref_cache), rtol=2e-3, atol=2e-3)
+    assert calls_by_mode(g) == counted(full=3) and calls_by_mode(plain) == counted(full=2)
 
 
 def test_full_graph_of_a_torch_compiled_function_matches_eager():
@@ -119,3 +122,4 @@ def test_full_graph_of_a_torch_compiled_function_matches_eager():
     for n in (3, 6, 8):
         x = torch.randn(n, 64, device="cuda")
         torch.testing.assert_close(g(x, w), block(x, w), rtol=1e-4, atol=1e-4)
+    assert calls_by_mode(g) == counted(full=3)

@@ -1,5 +1,7 @@
 """Dispatch is a pure function of the key set; these tests never touch a device."""
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -48,6 +50,18 @@ def test_precomputed_dispatcher_equals_dispatch(keys, uniform, lora, ratio, full
         assert (got.mode, got.key) == (slow.mode, slow.key)
         if n <= keys.max_tokens():
             assert got == slow  # the reason too
+
+
+@given(keysets(), st.one_of(st.none(), st.floats(1.0, 4.0)))
+def test_a_dispatcher_hands_out_one_decision_object_per_mode_and_key(keys, ratio):
+    """The runtime keys its per-call plans by the decision's identity."""
+    fast = Dispatcher(keys, ratio)
+    seen: dict = {}
+    for n in range(1, keys.max_tokens() + 1):
+        for uniform, lora, full_ok in itertools.product((False, True), repeat=3):
+            d = fast.lookup(n, uniform, lora, full_ok)
+            if d.mode is not Mode.NONE:
+                assert seen.setdefault((d.mode, d.key), d) is d
 
 
 @given(keysets(), st.integers(1, 400), st.booleans(), st.booleans())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from conftest import calls_by_mode, counted
 from graphify import Mode, Options, graphify, reqs, tokens
 
 
@@ -32,8 +33,8 @@ def test_a_batch_that_may_not_use_full_graphs_runs_piecewise_or_eagerly(backend)
         g = g.capture(*example, cache)
         decode, excluded = layout([1] * 3, [5] * 3), layout([1] * 4, [6] * 4)
         check_against_eager(g, step, cache, [decode, excluded], device)
-        modes = [row.mode for row in g.stats.rows()]
-        assert Mode.FULL in modes and excluded_runs_as in modes, (mode, modes)
+        ran = calls_by_mode(g)
+        assert ran[Mode.FULL] == 1 and ran[excluded_runs_as] == 1 and sum(ran.values()) == 2, (mode, ran)
 
 
 def test_request_axis_arguments_of_a_mixed_full_graph_hold_as_many_rows_as_tokens(backend):
@@ -48,5 +49,8 @@ def test_request_axis_arguments_of_a_mixed_full_graph_hold_as_many_rows_as_token
     g = g.capture(torch.randn(5, 3, device=device), torch.ones(2, dtype=torch.long, device=device))
     graphs = {pair for pair in seen if pair[0] in (4, 8)}  # (a shape probe with fake tensors also runs fn)
     assert graphs == {(4, 4), (8, 8)}  # the relaxed key of n tokens serves 1..n requests: n request rows
-    out, lens = g(torch.randn(5, 3, device=device), torch.tensor([2, 3], device=device))
+    x = torch.randn(5, 3, device=device)
+    out, lens = g(x, torch.tensor([2, 3], device=device))
     assert out.shape == (5, 3) and lens.tolist() == [3, 4]  # cut back to the real requests
+    assert torch.equal(out, x * 2)
+    assert calls_by_mode(g) == counted(full=1)  # the mixed batch replayed the relaxed 8-token graph

@@ -23,6 +23,7 @@ from graphify import (
     static,
     tokens,
 )
+from conftest import calls_by_mode, counted
 from test_graphify import SIZES, captured_mlp, mlp, weights
 
 @pytest.mark.parametrize(
@@ -58,6 +59,7 @@ def test_persistent_tensor_swapped_for_another_is_an_error(backend):
         g(x, w1, w2.half())
     w1.mul_(2)  # in-place updates are what persistent means: the graph sees them
     assert torch.equal(g(torch.ones(2, 32, device=backend[1]), w1, w2), mlp(torch.ones(2, 32, device=backend[1]), w1, w2))
+    assert calls_by_mode(g) == counted(full=1)  # a replay saw them; the refused calls ran as nothing
 
 
 def test_static_argument_must_not_change(backend):
@@ -67,6 +69,7 @@ def test_static_argument_must_not_change(backend):
     assert torch.equal(g(torch.ones(2, 3, device=device), 2.0), torch.full((2, 3), 2.0, device=device))
     with pytest.raises(InputMismatchError, match="'scale' is 3.0 but was captured as 2.0"):
         g(torch.ones(2, 3, device=device), 3.0)
+    assert calls_by_mode(g) == counted(full=1)
 
 
 def test_argument_count_and_disagreeing_token_rows(backend):
@@ -103,6 +106,7 @@ def test_exception_during_capture_names_the_size_and_releases_graphs(backend):
     assert pool.report().per_graph == ()
     x = torch.randn(3, 3, device=device)
     assert torch.equal(g0(x), x * 2)
+    assert calls_by_mode(g0) == counted(none=1)  # uncaptured: its first call of a structure runs eagerly
 
 
 @pytest.mark.parametrize(
@@ -122,6 +126,7 @@ def test_op_that_cannot_be_captured_is_named_and_the_process_stays_usable(backen
     ok, w1, w2 = captured_mlp(backend)  # capture still works afterwards (no leaked capture state)
     x = torch.randn(4, 32, device=device)
     assert torch.equal(ok(x, w1, w2), mlp(x, w1, w2))
+    assert calls_by_mode(ok) == counted(full=1)
 
 
 @pytest.mark.cuda

@@ -10,7 +10,7 @@ import weakref
 import pytest
 import torch
 
-from conftest import requires_cuda
+from conftest import calls_by_mode, counted, requires_cuda
 from graphify import Options, CaptureError, graphify, persistent, tokens
 
 SIZES = (2, 4, 8, 16)
@@ -60,7 +60,9 @@ def test_ctrl_c_in_the_middle_of_a_capture(backend):
     assert len(buffers) >= 3 and not [b for b in buffers if b() is not None]  # sizes 16, 8 and 4 ran: none pinned
     assert state.tolist() == [0.0] * 4
     x = torch.randn(3, 16, device=device)
-    torch.testing.assert_close(graphify(mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), options=Options(backend=name)).capture(x, w)(x, w), mlp(x, w))
+    again = graphify(mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), options=Options(backend=name)).capture(x, w)
+    torch.testing.assert_close(again(x, w), mlp(x, w))
+    assert calls_by_mode(again) == counted(full=1)  # a new capture replays
 
 
 @requires_cuda
@@ -82,5 +84,6 @@ def test_a_cuda_error_inside_a_capture_leaves_the_process_usable():
     torch.testing.assert_close(good(x, w), mlp(x, w))  # the earlier graphs still replay
     again = graphify(mlp, mode="FULL", sizes=SIZES, axes=(tokens(), persistent())).capture(x, w)
     torch.testing.assert_close(again(x, w), mlp(x, w))  # and torch can capture again
+    assert calls_by_mode(good) == calls_by_mode(again) == counted(full=1)
     y = torch.randn(5, 16, device="cuda")
     torch.testing.assert_close(torch.tanh(y @ w), mlp(y, w))  # eager work goes on

@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import calls_by_mode, counted
 from graphify import Options, graphify, persistent, tokens
 
 W = torch.randn(5, 5, generator=torch.Generator().manual_seed(0))
@@ -22,9 +23,12 @@ G = graphify(rowwise, mode="FULL", sizes=(2, 4, 8), axes=(tokens(pad=-3.0), pers
 def test_any_sequence_of_batches_matches_eager_and_keeps_padding(sizes, seed):
     gen = torch.Generator().manual_seed(seed)
     buf = G.table.static.buffers[0]
+    before = calls_by_mode(G)
     for n in sizes:
         x = torch.randn(n, 5, generator=gen)
         out = G(x, W)
         torch.testing.assert_close(out, rowwise(x, W), rtol=1e-5, atol=1e-5)
         if n <= 8:
             assert torch.equal(buf[n:], torch.full_like(buf[n:], -3.0))
+    ran = {m: n - before[m] for m, n in calls_by_mode(G).items()}
+    assert ran == counted(full=sum(n <= 8 for n in sizes), none=sum(n > 8 for n in sizes))  # replays up to 8 rows

@@ -35,6 +35,10 @@ def closure_over(t, scale):
     return fn
 
 
+def full_calls(g) -> int:
+    return sum(r.calls for r in g.stats.rows() if r.mode is Mode.FULL)
+
+
 def replay_directly(g, x):
     """Run the one captured graph for `x` past graphify's checks: what the device would do."""
     runtime = g._runtime if g._runtime is not None else g._first_use.current().runtime
@@ -62,6 +66,7 @@ def test_a_tensor_replaced_in_a_static_object_is_refused_by_a_captured_callable(
     torch.testing.assert_close(g(x, box), box_fn(x, box))  # the captured tensor back: replays again
     box.t.copy_(torch.randn(4, 8, device=device))  # in place: what graphs are for
     torch.testing.assert_close(g(x, box), box_fn(x, box))
+    assert full_calls(g) == 3  # every call but the refused one replayed
 
 
 @pytest.mark.parametrize("what", ["tensor", "number"])
@@ -76,6 +81,7 @@ def test_a_rebound_closure_is_refused_by_a_captured_callable(backend, what):
     cell.cell_contents = torch.randn(4, 8, device=device) if what == "tensor" else 3.0
     with pytest.raises(StateChangedError, match="closure '(t|scale)'"):
         g(x)
+    assert full_calls(g) == 1
     # the graph itself still computes with the captured tensor / number, on every backend
     want = x * 2.0 + (old if what == "tensor" else dict(zip(fn.__code__.co_freevars, fn.__closure__))["t"].cell_contents)
     torch.testing.assert_close(replay_directly(g, x), want)
@@ -103,6 +109,7 @@ def test_first_use_gives_eagers_answer_after_every_kind_of_replacement(backend):
             cells["t"].cell_contents = torch.randn(4, 8, device=device)
         x = torch.randn(4, 8, device=device)
         torch.testing.assert_close(g(x), fn(x))
+    assert full_calls(g) >= 6  # graphs replayed between the changes
 
 
 def test_a_structure_whose_objects_keep_changing_runs_eagerly(backend, caplog):
@@ -116,6 +123,8 @@ def test_a_structure_whose_objects_keep_changing_runs_eagerly(backend, caplog):
         box.t = torch.randn(4, 8, device=device)
     assert "changed between calls 3 times" in caplog.text
     assert g._first_use.structures == []
+    # each of the three structures: a warm-up, then the capturing call and the next replay; then eager
+    assert full_calls(g) == 6
 
 
 # -- capture replaces state: refused, and left as found --------------------------------------
@@ -171,7 +180,7 @@ class Slotted:
 def test_reach_names_the_first_change_through_lists_dicts_slots_and_cells():
     inner = Slotted(torch.randn(3), 4)
     root = types.SimpleNamespace(layers=[Box(torch.randn(2)), Box(torch.randn(2))], meta={"n": 1, "inner": inner})
-    reach = Reach.walk({"cache": root}).freeze()
+    reach = Reach.walk({"cache": root})
     assert not reach.changed() and reach.describe() is None
     cases = [
         (lambda: setattr(root.layers[1], "t", torch.randn(2)), r"cache\.layers\[1\]\.t: tensor"),
@@ -182,7 +191,7 @@ def test_reach_names_the_first_change_through_lists_dicts_slots_and_cells():
         (lambda: inner.w.resize_(6), r"in place \(\(3,\) -> \(6,\)\)"),
     ]
     for change, pattern in cases:
-        reach = Reach.walk({"cache": root}).freeze()
+        reach = Reach.walk({"cache": root})
         change()
         assert reach.changed()
         assert pytest.importorskip("re").search(pattern, reach.describe()), reach.describe()

@@ -15,7 +15,8 @@ import tracemalloc
 import pytest
 import torch
 
-from graphify import Options, CaptureError, Pool, graphify, persistent, sglang_piecewise_sizes, tokens
+from conftest import calls_by_mode, counted, expected_calls
+from graphify import Options, CaptureError, Mode, Pool, graphify, persistent, sglang_piecewise_sizes, tokens
 from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 from transforms import split
 
@@ -51,10 +52,12 @@ def test_random_calls_match_eager_in_every_mode(backend, mode):
         g = g.capture(*example, cache)
     ref_cache = cache.clone()
     rnd = random.Random(f"{mode}-{name}")
-    worst, mismatches = 0.0, 0
+    worst, mismatches, seen = 0.0, 0, []
     with torch.inference_mode():
         for i in range(CALLS):
-            batch = random_layout(rnd).build(CFG, device=device, seed=i)
+            layout = random_layout(rnd)
+            seen.append((sum(layout.query_lens), all(q == 1 for q in layout.query_lens)))  # (tokens, uniform decode)
+            batch = layout.build(CFG, device=device, seed=i)
             got, want = g(*batch, cache), step(*batch, ref_cache)
             err = (got - want).abs().max().item()
             worst = max(worst, err)
@@ -62,8 +65,8 @@ def test_random_calls_match_eager_in_every_mode(backend, mode):
     assert mismatches == 0, f"{mismatches} of {CALLS} calls differ from eager (worst {worst:.3g})"
     # the KV writes agree too (block 0 is scratch: padded rows write there, eager runs do not)
     torch.testing.assert_close(cache[:, :, 1:], ref_cache[:, :, 1:], rtol=1e-4, atol=1e-4)
-    if mode != "NONE":
-        assert g.stats.calls == CALLS
+    # what each call ran as, as vLLM would dispatch it: an always-eager graphify fails here
+    assert calls_by_mode(g) == expected_calls(g.resolution.mode, seen, MAX_SIZE)
 
 
 def mlp(x, w):
@@ -92,6 +95,7 @@ def test_exception_in_eager_fallback_propagates_and_the_callable_keeps_working(b
         g(torch.randn(20, 16, device=device), w)  # above the largest size: eager, the user's error as is
     x = torch.randn(6, 16, device=device)
     torch.testing.assert_close(g(x, w), mlp(x, w))
+    assert calls_by_mode(g)[Mode.FULL] == 1  # the call after the error replayed its graph
 
 
 def test_out_of_memory_during_capture_says_what_to_do_and_leaks_nothing(backend):
@@ -113,8 +117,10 @@ def test_out_of_memory_during_capture_says_what_to_do_and_leaks_nothing(backend)
     assert pool.report().per_graph == ()  # nothing captured is kept
     x = torch.randn(5, 16, device=device)
     torch.testing.assert_close(g(x, w), mlp(x, w))  # the uncaptured callable still runs
+    assert calls_by_mode(g) == counted(none=1)  # eagerly: a first call of a structure is its warm-up
     smaller = graphify(hungry, mode="FULL", sizes=(4, 8), axes=(tokens(), persistent()), pool=pool, options=Options(backend=name)).capture(x, w)  # the advice works
     torch.testing.assert_close(smaller(x, w), mlp(x, w))
+    assert calls_by_mode(smaller) == counted(full=1)
 
 
 def test_concurrent_callers_never_see_each_others_outputs(backend):
@@ -139,6 +145,7 @@ def test_concurrent_callers_never_see_each_others_outputs(backend):
         t.join()
     assert not wrong, f"{len(wrong)} calls returned another caller's result"
     assert len(ok) == 160
+    assert calls_by_mode(g) == counted(full=160)  # every call replayed (1 to 16 rows, all captured sizes)
 
 
 def test_no_host_or_device_memory_grows_over_many_calls_or_stays_after_drop(backend):

@@ -79,6 +79,7 @@ def test_graphify_warns_once_when_piecewise_of_an_unsplit_function_runs_eagerly(
 
     import torch
 
+    from conftest import calls_by_mode, counted
     from graphify import graphify
 
     with pytest.warns(UserWarning, match=r"not split.*graphify\.split\(fn, ops, \*example\).*mode='FULL'") as got:
@@ -89,4 +90,5 @@ def test_graphify_warns_once_when_piecewise_of_an_unsplit_function_runs_eagerly(
         warnings.simplefilter("error")
         g = g.capture(torch.randn(2, 3))  # not again per capture
         torch.testing.assert_close(g(torch.ones(2, 3)), torch.full((2, 3), 2.0))
+        assert calls_by_mode(g) == counted(none=1)  # mode NONE: eager, as the warning said
         graphify(lambda x: x * 2, mode="FULL", sizes=[1, 2], options=Options(backend="sim"))  # nothing to warn about

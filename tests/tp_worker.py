@@ -59,12 +59,15 @@ def equal(rank: int, world: int) -> dict:
     for mode in ("FULL", "FULL_AND_PIECEWISE"):
         g, cache, reference, ref_cache = build(rank, world, mode)
         rnd = random.Random(mode)  # the same batches on every rank
-        worst = 0.0
+        worst, seen = 0.0, []
         with torch.inference_mode():
             for i in range(12):
-                batch = layout(rnd).build(CFG, seed=i)
+                lay = layout(rnd)
+                seen.append((sum(lay.query_lens), all(q == 1 for q in lay.query_lens)))  # (tokens, uniform decode)
+                batch = lay.build(CFG, seed=i)
                 worst = max(worst, (g(*batch, cache) - reference(*batch, ref_cache)).abs().max().item())
-        out[mode] = {"max_err": worst, "modes": {r.mode.value: r.calls for r in g.stats.by_mode()}}
+        out[mode] = {"max_err": worst, "modes": {r.mode.value: r.calls for r in g.stats.by_mode()}, "seen": seen,
+                     "resolved": g.resolution.mode.value, "largest": max(g.sizes)}
     return out
 
 
@@ -86,13 +89,17 @@ def symm_fallback(rank: int, world: int) -> dict:
         n, ncache, _, _ = build(rank, world, mode)
         rnd = random.Random(mode)
         worst = same = 0.0
+        seen = []
         with torch.inference_mode():
             for i in range(8):
-                batch = layout(rnd).build(CFG, seed=i)
+                lay = layout(rnd)
+                seen.append((sum(lay.query_lens), all(q == 1 for q in lay.query_lens)))
+                batch = lay.build(CFG, seed=i)
                 got = g(*batch, cache)
                 same = max(same, (got - n(*batch, ncache)).abs().max().item())
                 worst = max(worst, (got - reference(*batch, ref_cache)).abs().max().item())
-        out[mode] = {"max_err": worst, "vs_nccl": same}
+        out[mode] = {"max_err": worst, "vs_nccl": same, "modes": {r.mode.value: r.calls for r in g.stats.by_mode()},
+                     "seen": seen, "resolved": g.resolution.mode.value, "largest": max(g.sizes)}
     return out
 
 
@@ -160,14 +167,16 @@ def equal_cuda(rank: int, world: int, all_reduce: str = "nccl") -> dict:
     for mode in ("FULL", "FULL_AND_PIECEWISE"):
         g, cache, reference, ref_cache, cfg, device = build_cuda(rank, world, mode, all_reduce)
         rnd = random.Random(mode)
-        worst = 0.0
+        worst, seen = 0.0, []
         with torch.inference_mode():
             for i in range(12):
                 lay = BatchLayout((1,) * 6, tuple(rnd.randint(1, 60) for _ in range(6)), 16, 8) if i % 2 else layout(rnd)
+                seen.append((sum(lay.query_lens), all(q == 1 for q in lay.query_lens)))
                 batch = lay.build(cfg, seed=i, device=device)
                 got = g(*batch, cache).float()
                 worst = max(worst, (got - reference(*batch, ref_cache).float()).abs().max().item())
-        out[mode] = {"max_err": worst, "modes": {r.mode.value: r.calls for r in g.stats.by_mode()}}
+        out[mode] = {"max_err": worst, "modes": {r.mode.value: r.calls for r in g.stats.by_mode()}, "seen": seen,
+                     "resolved": g.resolution.mode.value, "largest": max(g.sizes)}
     return out
 
 

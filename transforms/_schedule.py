@@ -26,9 +26,8 @@ from torch.utils import _pytree as pytree
 
 from graphify.extend import Captured
 
-__all__ = ["capture_pieces", "Schedule"]
+__all__ = ["capture_pieces", "PassSettings", "Schedule"]
 
-_STATIC = object()
 
 
 def _weak(t, enabled: bool):
@@ -77,7 +76,7 @@ def _sym_sizer(val, symbols) -> Callable[[int, int], Any] | None:
 
 def _compiled(expr, kinds: tuple[str, ...]) -> Callable[[int, int], int]:
     """(tokens, reqs) -> int for a symbolic size. A bare batch symbol (the common case)
-    needs no sympy; anything else is lambdified (~0.4 ms, once per input: `_sizer_of`)."""
+    needs no sympy; anything else is lambdified (once per input: `_sizer_of`)."""
     import sympy
 
     args = sorted(expr.free_symbols, key=str)
@@ -168,116 +167,162 @@ class Schedule:
             _prefix(dst, tuple(src.shape)).copy_(src)
 
 
-def capture_pieces(
-    pw, backend, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None, guard: bool = True, keeper=None,
-    record: bool = False,
-) -> Captured:
+@attrs.frozen
+class PassSettings:
+    """How one capture pass captures its graph pieces (`capture_pieces`' keywords)."""
+
+    pool: Any
+    warmups: int
+    weak_outputs: bool
+    stream: Any = None
+    guard: bool = True
+    keeper: Any = attrs.field(default=None, eq=False)
+    record: bool = False
+
+
+def capture_pieces(pw, backend, args: tuple, settings: PassSettings) -> Captured:
     """Capture `pw`'s graph pieces at the size of `args`; returns a `Captured` whose
     `replay(n, r)` runs the schedule for n real tokens and r real requests. Each graph
-    piece gets `warmups` eager runs first (0: capture straight away), the first under the
-    op guard when `guard`. `keeper` (a `StateKeeper`) learns which storages are graph
-    memory (never to be restored: holding them would also keep the pool from reusing
-    them) and, with `record`, records the split ops' writes to outside state, which the
-    caller undoes after the pass."""
-    program = pw.program
-    nodes = list(program.graph.nodes)
-    last_use: dict = {}
-    for i, node in enumerate(nodes):
-        for src in node.all_input_nodes:
-            last_use[src] = i
-    kinds = {p.name: p.kind for p in pw.pieces}
-    symbols = pw.symbols
-    weak = weak_outputs and backend.name == "cuda"
+    piece gets `settings.warmups` eager runs first (0: capture straight away), the first
+    under the op guard when `settings.guard`. `settings.keeper` (a `StateKeeper`) learns
+    which storages are graph memory (never to be restored: holding them would also keep
+    the pool from reusing them) and, with `settings.record`, records the split ops' writes
+    to outside state, which the caller undoes after the pass."""
+    capture = _CapturePass(pw, backend, settings)
+    try:
+        outputs = capture.run(*args, enable_io_processing=False)
+    finally:
+        capture.env.clear()  # values no later node read (and, after an error, every value)
+    schedule = Schedule(capture.steps, len(capture.slot_of), capture.static_values, tuple(capture.final_copies),
+                        capture.graphs)
+    return Captured(schedule.replay, schedule, outputs, capture.nbytes, sized=True)
 
-    slot_of: dict = {}
-    static_values: dict = {}
-    env: dict = {}  # strong capture-time values, dropped at their last use
-    steps: list = []
-    graphs: list = []
-    nbytes = 0
-    final_copies: list = []
-    outputs = None
 
-    def new_slot(node, value, static: bool):
-        slot = slot_of[node] = len(slot_of)
-        if static:
-            static_values[slot] = value
+class _CapturePass(torch.fx.Interpreter):
+    """One pass over the stitching program in program order: each graph piece captured, each
+    split piece run eagerly, and the replay schedule written down as the pass goes.
+    `torch.fx.Interpreter` drops each capture-time value after its last use
+    (`garbage_collect_values`), so the pool reuses a piece's output memory within the size
+    exactly as liveness allows; the schedule keeps weak aliases of them.
+
+    Every node gets a slot: static slots hold a value fixed at capture (inputs, constants,
+    graph piece outputs), dynamic ones a value each replay computes (split op results)."""
+
+    def __init__(self, pw, backend, settings: PassSettings):
+        super().__init__(pw.program, garbage_collect_values=True)
+        self.extra_traceback = False  # a capture's error reaches graphify as raised, not reworded
+        self.pw, self.backend, self.settings = pw, backend, settings
+        self.kinds = {p.name: p.kind for p in pw.pieces}
+        self.weak = settings.weak_outputs and backend.name == "cuda"
+        self.slot_of: dict = {}
+        self.static_values: dict = {}  # slot -> value fixed at capture
+        self.steps: list = []
+        self.graphs: list = []
+        self.final_copies: list = []
+        self.nbytes = 0
+        self.node: torch.fx.Node | None = None
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        # `Interpreter.run_node` less its per-node context manager (fx_traceback's current
+        # node meta, which matters only under `preserve_node_meta`) and debug log: host time
+        # at every captured size, for nothing here.
+        self.node = n  # the handlers below read its arguments' slots
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        return getattr(self, n.op)(n.target, args, kwargs)
+
+    def _slot(self) -> int:
+        """A dynamic slot for the current node: each replay computes its value."""
+        slot = self.slot_of[self.node] = len(self.slot_of)
         return slot
 
-    def is_static(node) -> bool:
-        return slot_of[node] in static_values
+    def _static_slot(self, value) -> int:
+        """A static slot for the current node, holding `value` (fixed at capture)."""
+        slot = self._slot()
+        self.static_values[slot] = value
+        return slot
 
-    def resolve(a):
-        return torch.fx.node.map_arg(a, env.__getitem__)  # C++; pytree's map costs ~70 us a node
+    def _static(self, node) -> bool:
+        return self.slot_of[node] in self.static_values
 
-    placeholder_i = 0
-    for i, node in enumerate(nodes):
-        if node.op == "placeholder":
-            env[node] = args[placeholder_i]
-            placeholder_i += 1
-            new_slot(node, env[node], True)
-        elif node.op == "get_attr":
-            env[node] = getattr(program, node.target)
-            new_slot(node, env[node], True)
-        elif node.op == "call_function":
-            value = node.target(*resolve(node.args), **resolve(node.kwargs))
-            env[node] = value
-            if all(is_static(src) for src in node.all_input_nodes):
-                src_static = static_values[slot_of[node.args[0]]] if node.target is operator.getitem else None
-                new_slot(node, src_static[node.args[1]] if src_static is not None else value, True)
+    def placeholder(self, target, args, kwargs):
+        value = super().placeholder(target, args, kwargs)
+        self._static_slot(value)
+        return value
+
+    def get_attr(self, target, args, kwargs):
+        value = super().get_attr(target, args, kwargs)
+        self._static_slot(value)
+        return value
+
+    def call_function(self, target, args, kwargs):
+        value = super().call_function(target, args, kwargs)
+        node = self.node
+        if all(self._static(src) for src in node.all_input_nodes):
+            # an item of a graph piece's outputs: the schedule keeps the (weak) static one
+            whole = self.static_values[self.slot_of[node.args[0]]] if target is operator.getitem else None
+            self._static_slot(whole[node.args[1]] if whole is not None else value)
+        else:
+            slot = self._slot()
+            self.steps.append(_EagerStep(target, tuple(self._arg(a, None) for a in node.args), slot))
+        return value
+
+    def call_module(self, target, args, kwargs):
+        if self.kinds[target] == "graph":
+            return self._capture_piece(target, list(args))
+        return self._run_split_piece(target, args)
+
+    def _capture_piece(self, target: str, inputs: list):
+        node, module, settings = self.node, self.fetch_attr(target), self.settings
+        copies = []
+        for j, src in enumerate(node.args):
+            if isinstance(src, torch.fx.Node) and not self._static(src) and isinstance(inputs[j], torch.Tensor):
+                inputs[j] = inputs[j].clone()  # a buffer we own, read by the graph
+                copies.append((self.slot_of[src], inputs[j]))
+        # Inductor-compiled pieces are compiled on their first (warm-up) call: not under the
+        # op guard, whose dispatch mode would compile them for fake inputs.
+        captured = self.backend.capture(
+            module, tuple(inputs), pool=settings.pool, warmups=settings.warmups, weak_outputs=False,
+            stream=settings.stream, guard=settings.guard and not self.pw.compiled,
+        )
+        self.graphs.append(captured.graph if captured.graph is not None else captured)
+        if settings.keeper is not None:  # split ops write into these (`out` buffers): graph memory, not outside state
+            settings.keeper.exclude.update(_graph_memory(captured.outputs, inputs, module))
+        self.nbytes += captured.nbytes
+        self._static_slot(pytree.tree_map(lambda t: _weak(t, self.weak), captured.outputs))
+        self.steps.append(_GraphStep(captured.replay, tuple(copies)))
+        return captured.outputs
+
+    def _run_split_piece(self, target: str, inputs: tuple):
+        node, module, settings = self.node, self.fetch_attr(target), self.settings
+        value = settings.keeper.record_writes(module, *inputs) if settings.record else module(*inputs)
+        placeholders = [p for p in module.graph.nodes if p.op == "placeholder"]
+        specs = tuple(self._arg(a, p) for a, p in zip(node.args, placeholders))
+        self.steps.append(_EagerStep(_direct_call(module), specs, self._slot(), module))
+        return value
+
+    def _arg(self, a, placeholder: torch.fx.Node | None) -> tuple:
+        """How an eager step gets one argument: (slot, sizer) for a node's value, the sizer
+        cutting a static value to the real batch; (None, a) for a constant."""
+        if not isinstance(a, torch.fx.Node):
+            return (None, a)
+        sizer = _sizer_of(placeholder, self.pw.symbols) if placeholder is not None and self._static(a) else None
+        return (self.slot_of[a], sizer)
+
+    def output(self, target, args, kwargs):
+        """The pass's outputs: a dynamic value copied into a buffer of its own, which every
+        replay refills (`final_copies`); static values as they are."""
+        finals = []
+        flat, spec = pytree.tree_flatten(self.node.args[0])
+        for src in flat:
+            if isinstance(src, torch.fx.Node) and not self._static(src):
+                buf = self.env[src].clone()
+                self.final_copies.append((self.slot_of[src], buf))
+                finals.append(buf)
+            elif isinstance(src, torch.fx.Node):
+                finals.append(self.static_values[self.slot_of[src]])
             else:
-                slot = new_slot(node, None, False)
-                steps.append(_EagerStep(node.target, tuple(_arg_spec(a, slot_of) for a in node.args), slot))
-        elif node.op == "call_module":
-            module = getattr(program, node.target)
-            inputs = list(resolve(node.args))
-            if kinds[node.target] == "graph":
-                copies = []
-                for j, src in enumerate(node.args):
-                    if isinstance(src, torch.fx.Node) and not is_static(src) and isinstance(inputs[j], torch.Tensor):
-                        inputs[j] = inputs[j].clone()  # a buffer we own, read by the graph
-                        copies.append((slot_of[src], inputs[j]))
-                # Inductor-compiled pieces are compiled on their first (warm-up) call: not
-                # under the op guard, whose dispatch mode would compile them for fake inputs.
-                captured = backend.capture(module, tuple(inputs), pool=pool, warmups=warmups,
-                                           weak_outputs=False, stream=stream, guard=guard and not pw.compiled)
-                graphs.append(captured.graph if captured.graph is not None else captured)
-                if keeper is not None:  # split ops write into these (`out` buffers): graph memory, not outside state
-                    keeper.exclude.update(_graph_memory(captured.outputs, inputs, module))
-                nbytes += captured.nbytes
-                env[node] = captured.outputs
-                new_slot(node, pytree.tree_map(lambda t: _weak(t, weak), captured.outputs), True)
-                steps.append(_GraphStep(captured.replay, tuple(copies)))
-            else:
-                env[node] = keeper.record_writes(module, *inputs) if record else module(*inputs)
-                direct = _direct_call(module)
-                placeholders = [p for p in getattr(program, node.target).graph.nodes if p.op == "placeholder"]
-                specs = []
-                for a, p in zip(node.args, placeholders):
-                    if isinstance(a, torch.fx.Node):
-                        specs.append((slot_of[a], _sizer_of(p, symbols) if is_static(a) else None))
-                    else:
-                        specs.append((None, a))
-                steps.append(_EagerStep(direct, tuple(specs), new_slot(node, None, False), module))
-        elif node.op == "output":
-            flat, spec = pytree.tree_flatten(node.args[0])
-            finals = []
-            for src in flat:
-                if isinstance(src, torch.fx.Node) and not is_static(src):
-                    buf = env[src].clone()
-                    final_copies.append((slot_of[src], buf))
-                    finals.append(buf)
-                elif isinstance(src, torch.fx.Node):
-                    finals.append(static_values[slot_of[src]])
-                else:
-                    finals.append(src)
-            outputs = pytree.tree_unflatten(finals, spec)
-        for src in node.all_input_nodes:  # drop capture-time references at their last use
-            if last_use.get(src) == i:
-                env.pop(src, None)
-    env.clear()
-    schedule = Schedule(steps, len(slot_of), static_values, tuple(final_copies), graphs)
-    return Captured(schedule.replay, schedule, outputs, nbytes, sized=True)
+                finals.append(src)
+        return pytree.tree_unflatten(finals, spec)
 
 
 def _graph_memory(outputs, inputs, module) -> set[int]:
@@ -320,9 +365,3 @@ def _direct_call(module: torch.fx.GraphModule) -> Callable:
         return (result,) if isinstance(returns, tuple) and returns else result
 
     return direct
-
-
-def _arg_spec(a, slot_of):
-    if isinstance(a, torch.fx.Node):
-        return (slot_of[a], None)
-    return (None, a)

@@ -7,9 +7,12 @@ same object on every call); the graphs read and write its tensors, including its
 position counters, and `capture()` leaves the cache as it found it. A static cache's batch
 size is fixed, so each batch size is one captured size.
 
-This module adds the few helpers a generation loop needs. transformers is imported only
-here, and only when these helpers run (`pip install graphify[hf]`); graphify's core never
-imports it.
+This module adds the few helpers a generation loop needs, and tells graphify how to follow
+the Python state of transformers' cache layers (`graphify._state_types`): a sliding-window
+layer keeps a Python counter that picks its update's branch (filling the window, or full:
+roll), so first use captures a graph per branch and advances the counter after each replay.
+graphify imports this module when a call first passes a transformers object. transformers
+is imported only here (`pip install graphify[hf]`); graphify's core never imports it.
 
 !!! example
     >>> from graphify.transforms.hf import decode_graphs, greedy_generate, static_cache  # doctest: +SKIP
@@ -20,12 +23,81 @@ imports it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["static_cache", "decode_graphs", "greedy_generate"]
+__all__ = ["static_cache", "decode_graphs", "greedy_generate", "query_length"]
+
+
+# -- the Python state of cache layers ---------------------------------------------------------
+def query_length(call: dict) -> int | None:
+    """New tokens per sequence in a forward call (its arguments by name), or None if unknown."""
+    for name, dim in (("cache_position", 0), ("input_ids", -1), ("inputs_embeds", 1), ("decoder_input_ids", -1)):
+        t = call.get(name)
+        if isinstance(t, torch.Tensor) and t.dim() > (dim if dim >= 0 else -dim - 1):
+            return t.shape[dim]
+    return None
+
+
+def _sliding_branch(layer, call: dict):
+    """What `StaticSlidingWindowLayer.update` does with this call's q new tokens: "fill" (the
+    window has room: written at the layer's tensor counter), "full" (roll by one, q = 1) or
+    ("full", q) (concatenate); None for a call that crosses the window's end (its slices
+    depend on the counter's value) or a layer not yet set up: those run eagerly."""
+    q = query_length(call)
+    if q is None or not getattr(layer, "is_initialized", True):
+        return None
+    seen, window = layer.cumulative_length_int, layer.max_cache_len
+    if seen >= window:
+        return "full" if q == 1 else ("full", q)
+    return "fill" if seen + q <= window else None
+
+
+def _sliding_after(layer, call: dict) -> tuple:
+    return (layer.cumulative_length_int + query_length(call),)
+
+
+@contextlib.contextmanager
+def _seen_as_capturing():
+    """transformers asks `is_cuda_stream_capturing()` before host reads it can skip (the
+    encoder mask's `padding_mask.all()` in T5's and Bart's masking: a capture materialises
+    the mask instead, right for any mask). Warm-ups and the simulation's capture run are
+    told the same, so they take the path the CUDA capture takes."""
+    from transformers.utils import import_utils
+
+    saved = import_utils.is_cuda_stream_capturing
+    import_utils.is_cuda_stream_capturing = _capturing
+    try:
+        yield
+    finally:
+        import_utils.is_cuda_stream_capturing = saved
+
+
+def _capturing() -> bool:
+    return True
+
+
+def _register() -> None:
+    """Register transformers' cache layers that keep Python state, and the capture context
+    (where transformers is installed; the layer's update is the same code in 5.17 and 5.24)."""
+    try:
+        from transformers import cache_utils
+        from transformers.utils import import_utils
+    except ImportError:
+        return
+    from graphify.extend import StateType, register_capture_context, register_state_type
+
+    sliding = getattr(cache_utils, "StaticSlidingWindowLayer", None)
+    if sliding is not None:
+        register_state_type(sliding, StateType(("cumulative_length_int",), _sliding_branch, _sliding_after))
+    if hasattr(import_utils, "is_cuda_stream_capturing"):
+        register_capture_context(_seen_as_capturing)
+
+
+_register()
 
 
 def static_cache(model: torch.nn.Module, batch_size: int, max_cache_len: int):

@@ -107,12 +107,13 @@ class Piecewise:
 
         return specialised(num_tokens)
 
-    def capture_pieces(self, backend, args: tuple, **options):
+    def capture_pieces(self, backend, args: tuple, **settings):
         """Capture every graph piece at the size of `args` (graphify calls this for
-        PIECEWISE keys). See `transforms._schedule.capture_pieces`."""
-        from ._schedule import capture_pieces
+        PIECEWISE keys); `settings` are `transforms._schedule.PassSettings`' fields. See
+        `transforms._schedule.capture_pieces`."""
+        from ._schedule import PassSettings, capture_pieces
 
-        return capture_pieces(self, backend, args, **options)
+        return capture_pieces(self, backend, args, PassSettings(**settings))
 
 
 def _user_frame(exc: BaseException) -> str:
@@ -222,6 +223,27 @@ def split(
 
     layout = layout_for("split", param_names(fn, len(example)), axes, example)
     gm = _trace(fn, example, layout)
+    found = _ops_called(fn, gm, names)
+    symbols = _symbols(gm, layout)
+    part, split_ids = _partition(gm, names)
+    pieces_write_outside = any(part[n] not in split_ids for n in outside_writes(gm))
+    program = split_module(gm, None, lambda node: part[node], keep_original_order=True)
+    pieces = []
+    for node in program.graph.nodes:
+        if node.op == "call_module":
+            index = int(node.target.rsplit("_", 1)[-1])
+            kind = "split" if index in split_ids else "graph"
+            pieces.append(Piece(node.target, kind, getattr(program, node.target)))
+    if compile:
+        pieces = _compile_graph_pieces(program, pieces, compile if isinstance(compile, dict) else None)
+    return Piecewise(
+        fn, names, program, tuple(pieces), axes, symbols, bool(compile), _out_axes(gm, symbols), frozenset(found),
+        pieces_write_outside,
+    )
+
+
+def _ops_called(fn: Callable, gm: torch.fx.GraphModule, names: tuple[str, ...]) -> set[str]:
+    """Every op the trace calls ('aten::mm', ...); `SplitError` if one of `names` is not among them."""
     found = {n.target._schema.name for n in gm.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")}
     missing = [n for n in names if n not in found]
     if missing:
@@ -229,7 +251,13 @@ def split(
             f"split({getattr(fn, '__name__', fn)}): op(s) {missing} do not occur in the traced function; "
             f"ops it calls include {sorted(o for o in found if not o.startswith('aten::'))[:10] or 'only aten ops'}"
         )
-    symbols = _symbols(gm, layout)
+    return found
+
+
+def _partition(gm: torch.fx.GraphModule, names: tuple[str, ...]) -> tuple[dict, set[int]]:
+    """Each node's piece number for `split_module`: every call of one of `names` gets a piece
+    of its own (a split piece), and the nodes between two such calls share one (a graph
+    piece). Returns (piece of each node, the split pieces' numbers)."""
     part: dict = {}
     current = 0
     split_ids = set()
@@ -243,27 +271,19 @@ def split(
             current += 1
         else:
             part[node] = current
-    pieces_write_outside = any(part[n] not in split_ids for n in outside_writes(gm))
-    program = split_module(gm, None, lambda node: part[node], keep_original_order=True)
-    pieces = []
-    for node in program.graph.nodes:
-        if node.op == "call_module":
-            index = int(node.target.rsplit("_", 1)[-1])
-            kind = "split" if index in split_ids else "graph"
-            pieces.append(Piece(node.target, kind, getattr(program, node.target)))
-    if compile:
-        from ._compile import compile_pieces
+    return part, split_ids
 
-        graph = [p for p in pieces if p.kind == "graph"]
-        options = compile if isinstance(compile, dict) else None
-        compiled = dict(zip((p.name for p in graph), compile_pieces([p.module for p in graph], options)))
-        for name, piece in compiled.items():
-            object.__setattr__(program, name, piece)  # the stitching program calls it in the piece's place
-        pieces = [Piece(p.name, p.kind, compiled.get(p.name, p.module)) for p in pieces]
-    return Piecewise(
-        fn, names, program, tuple(pieces), axes, symbols, bool(compile), _out_axes(gm, symbols), frozenset(found),
-        pieces_write_outside,
-    )
+
+def _compile_graph_pieces(program: torch.fx.GraphModule, pieces: list, options: dict | None) -> list:
+    """The graph pieces compiled with inductor (`transforms._compile`), each set on the
+    stitching program in its piece's place; split pieces as they are."""
+    from ._compile import compile_pieces
+
+    graph = [p for p in pieces if p.kind == "graph"]
+    compiled = dict(zip((p.name for p in graph), compile_pieces([p.module for p in graph], options)))
+    for name, piece in compiled.items():
+        object.__setattr__(program, name, piece)  # the stitching program calls it in the piece's place
+    return [Piece(p.name, p.kind, compiled.get(p.name, p.module)) for p in pieces]
 
 
 def _out_axes(gm: torch.fx.GraphModule, symbols: Mapping) -> tuple:

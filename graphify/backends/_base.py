@@ -28,7 +28,7 @@ class Captured:
 class Backend(Protocol):
     name: str
 
-    def validate(self, call: str, device: torch.device) -> None:
+    def validate(self, label: str, device: torch.device) -> None:
         """Raise a `CaptureError` saying what to do if this backend cannot capture here."""
 
     def new_pool_handle(self, device: torch.device) -> Any:

@@ -44,14 +44,14 @@ class CupyBackend:
 
     name = "cupy"
 
-    def validate(self, call: str, device: torch.device) -> None:
+    def validate(self, label: str, device: torch.device) -> None:
         try:
             cp = module("cupy")
         except ImportError as exc:
-            raise CaptureError(f"{call}: backend='cupy' {exc}") from None
+            raise CaptureError(f"{label}: backend='cupy' {exc}") from None
         if cp.cuda.runtime.getDeviceCount() < 1 or device is None or device.type != "cuda":
             raise CaptureError(
-                f"{call}: backend='cupy' captures CuPy arrays on a CUDA GPU, but the example arguments "
+                f"{label}: backend='cupy' captures CuPy arrays on a CUDA GPU, but the example arguments "
                 f"are on {device}; pass CuPy arrays, or NumPy arrays with Options(backend='sim')"
             )
 

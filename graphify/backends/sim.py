@@ -172,7 +172,7 @@ class SimBackend:
     def __init__(self, rerun: bool = False):
         self.rerun = rerun
 
-    def validate(self, call: str, device: torch.device) -> None:
+    def validate(self, label: str, device: torch.device) -> None:
         return None
 
     def new_pool_handle(self, device: torch.device):

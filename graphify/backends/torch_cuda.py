@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from .._alias import alias, metadata
@@ -38,16 +39,16 @@ class TorchCudaBackend:
 
     name = "cuda"
 
-    def validate(self, call: str, device: torch.device) -> None:
+    def validate(self, label: str, device: torch.device) -> None:
         if not torch.cuda.is_available():
             raise CaptureError(
-                f"{call}: backend='cuda' needs a CUDA GPU, but torch.cuda.is_available() is False "
+                f"{label}: backend='cuda' needs a CUDA GPU, but torch.cuda.is_available() is False "
                 f"(torch {torch.__version__}); pass Options(backend='sim') to run the same capture and replay "
                 "semantics on the CPU"
             )
         if device is None or device.type != "cuda":
             raise CaptureError(
-                f"{call}: backend='cuda' captures CUDA tensors, but the example arguments are on {device}; "
+                f"{label}: backend='cuda' captures CUDA tensors, but the example arguments are on {device}; "
                 "move them to a CUDA device or pass Options(backend='sim')"
             )
 
@@ -107,23 +108,61 @@ class TorchCudaBackend:
         # capture allocates its own inside the graph's pool, where a later clear cannot hand
         # it to eager code (graphify._keepalive).
         clear_cublas_workspaces()
+        # compiled code must not see a mode of ours: dynamo would compile it again for it
+        staged = StagedConstants() if not _compiled(fn, guard) else contextlib.nullcontext(StagedConstants())
         with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
-                outputs = fn(*args)
+                with staged as constants:
+                    outputs = fn(*args)
             except BaseException:
                 with contextlib.suppress(Exception):  # an invalidated capture: report fn's error
                     graph.capture_end()
                 raise
             graph.capture_end()
         nbytes = _reserved(device) - before  # what this capture grew the pool by
+        graph.graphify_constants = constants.kept  # the host memory its copies read, for as long as it lives
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)
         return Captured(graph.replay, graph, outputs, nbytes)
 
 
+_FROM_DATA = (torch.tensor, torch.as_tensor, torch.asarray)
+
+
+def _compiled(fn, guard) -> bool:
+    """Whether `fn` runs torch.compile'd code (a compiled function, or a compiled piece)."""
+    return callable(guard) or any(
+        getattr(fn, name, None) is not None for name in ("_torchdynamo_orig_callable", "_orig_mod")
+    )
+
+
+class StagedConstants(TorchFunctionMode):
+    """While a graph captures: a CUDA tensor made from Python data (transformers' sliding
+    cache builds `torch.tensor([-1], device=...)` every step) is a copy from pageable host
+    memory, which stream capture refuses. Made in pinned host memory and copied
+    asynchronously instead, the copy is a node of the graph that reads that memory on every
+    replay; `kept` holds it, and the graph holds `kept`."""
+
+    def __init__(self):
+        super().__init__()
+        self.kept: list[torch.Tensor] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if func in _FROM_DATA and args and not isinstance(args[0], torch.Tensor) and device is not None \
+                and torch.device(device).type == "cuda":
+            host = func(*args, **{**kwargs, "device": "cpu"}).pin_memory()
+            out = torch.empty_like(host, device=device)
+            out.copy_(host, non_blocking=True)
+            self.kept.append(host)
+            return out
+        return func(*args, **kwargs)
+
+
 def _reserved(device: int) -> int:
     """Bytes the caching allocator holds from the device. While a stream captures, every
     allocation it makes comes from the graph's pool, so the growth across a capture is the
-    pool's growth (the segment table `usage` reads is exact but costs ~1 ms per look)."""
+    pool's growth (the segment table `usage` reads is exact but walks every segment)."""
     return torch._C._cuda_memoryStats(device)["reserved_bytes"]["all"]["current"]

@@ -9,15 +9,16 @@
 - `context`: the garbage collector held still, the device made current.
 - `errors`: what a failed capture raises.
 - `ahead`: `capture()` ahead of time, every planned key (with tensor-parallel agreement).
-
-First use (`graphify._first_use`) opens a session per call structure and captures one key
-at a time. The backends (`graphify.backends`, their protocol in `backends/_base.py`)
+- `call_capture`: `CallCapture`, a session held open for one first-use call structure,
+  capturing one key at a time for the call that needs it (`graphify._first_use` decides).
+ The backends (`graphify.backends`, their protocol in `backends/_base.py`)
 record and replay; this package decides what is captured, when and how.
 """
 
 from .ahead import capture_ahead
+from .call_capture import CallCapture
 from .context import freeze_gc
 from .prepare import Prepared, prepare
 from .session import CaptureSession
 
-__all__ = ["CaptureSession", "Prepared", "capture_ahead", "freeze_gc", "prepare"]
+__all__ = ["CallCapture", "CaptureSession", "Prepared", "capture_ahead", "freeze_gc", "prepare"]

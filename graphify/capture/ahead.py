@@ -15,6 +15,8 @@ import attrs
 
 from .._errors import CaptureError
 from .._function import FunctionSpec
+from .._reach import Reach
+from .._state_types import adapters_for
 from .._table import GraphTable
 from .errors import as_capture_error
 from .prepare import prepare
@@ -32,7 +34,7 @@ def capture_ahead(spec: FunctionSpec, example_args: tuple, example_kwargs: dict)
     if spec.group is not None:  # tensor parallel: every rank plans and captures the same graphs
         from .._distributed import Lockstep
 
-        lockstep = Lockstep(spec.group, spec.call, spec.options.lockstep)
+        lockstep = Lockstep(spec.group, spec.label, spec.options.lockstep)
     try:
         prepared = prepare(spec, example_args, example_kwargs)
     except Exception as exc:
@@ -57,22 +59,40 @@ def capture_ahead(spec: FunctionSpec, example_args: tuple, example_kwargs: dict)
             table.release()
             raise
         table = attrs.evolve(table, lockstep=lockstep)
+        lockstep.track(table)  # released with its group (`graphify.release_all`)
     return table
 
 
 def _capture_all(spec: FunctionSpec, prepared, lockstep) -> GraphTable:
     try:
         session = CaptureSession(spec, prepared, spec.keys, lockstep=lockstep)
+        _follows_no_state(spec, session)
     except Exception as exc:  # out_axes that cannot be, a pool of another device, ...
-        raise as_capture_error(spec.call, exc, 0, len(spec.keys)) from exc
+        raise as_capture_error(spec.label, exc, 0, len(spec.keys)) from exc
     try:
-        table = session.capture(session.keys.pairs(session.largest_first))
+        table = session.capture(session.keys.pairs(spec.options.largest_first))
     except BaseException:
         session.abort()  # a kept exception's frames reference the session: it must pin nothing
         raise
     if session.keeper.unrestorable:
-        log.warning("%s: capture ran %s on outside tensors, which cannot be undone", spec.call,
+        log.warning("%s: capture ran %s on outside tensors, which cannot be undone", spec.label,
                     sorted(session.keeper.unrestorable))
-    log.info("%s: captured %d graphs in %.2f s, %.1f MiB in pool %r", spec.call, len(table), table.seconds,
+    log.info("%s: captured %d graphs in %.2f s, %.1f MiB in pool %r", spec.label, len(table), table.seconds,
              table.nbytes / MiB, session.pool.name)
     return table
+
+
+def _follows_no_state(spec: FunctionSpec, session: CaptureSession) -> None:
+    """Refuse static objects whose Python state graphs must follow by branch
+    (`graphify._state_types`): ahead-of-time graphs serve one branch and cannot advance
+    that state; first use (calling the function without `capture()`) follows it."""
+    objects = session.objects(session.example)
+    adapters_for(objects)
+    stateful = Reach.walk(objects).stateful
+    if stateful:
+        obj, _, path = stateful[0]
+        raise CaptureError(
+            f"{spec.label}: {path} ({type(obj).__name__}) keeps Python state that decides what each call runs "
+            "(a sliding-window cache layer's counter); graphs captured ahead of time cannot follow it. Call the "
+            "graphified function without capture(): first use captures a graph per branch and advances that state"
+        )

@@ -28,7 +28,7 @@ PIECEWISE keys after the first, where graph pieces write nothing outside, the sp
 writes are recorded as they run in the pass (as for plain pieces) instead of by an eager,
 recorded run of the whole function first. FULL keys warm up twice, running the compiled
 code at the key's shapes (without that run, a FULL graph captured straight after its
-schedule replayed ~10% slower on the H100); the writes those warm-ups make are learnt from
+schedule replayed slower: benchmarks/results); the writes those warm-ups make are learnt from
 one replay of the same-size schedule where it can stand in, else from a first warm-up
 recorded under a dispatch mode, which runs the pieces as traced. At the
 sizes chosen for specialisation (`Options(compile_sizes=...)`) compiled pieces run, in
@@ -42,112 +42,157 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
+
+import attrs
 
 from .._mode import Mode
 
-__all__ = ["mode_capturers"]
+__all__ = ["CaptureSettings", "KeyCapture", "mode_capturers"]
+
+
+@attrs.frozen
+class CaptureSettings:
+    """The backend's capture keywords that every key of a session shares."""
+
+    pool: Any  # the pool's handle for this device and backend
+    warmups: int  # at least this many eager runs before a capture that warms up
+    weak_outputs: bool
+    stream: Any = None  # the side stream captures run on
+
+    def for_backend(self, warmups: int) -> dict:
+        return {"pool": self.pool, "warmups": warmups, "weak_outputs": self.weak_outputs, "stream": self.stream}
+
+
+@attrs.frozen(eq=False)
+class KeyCapture:
+    """One key's capture, as the capturer decides its warm-ups from: `first` of its mode in
+    the table; `sibling` the PIECEWISE entry of the same token count, captured already;
+    `quick` (first use, kin captured before) for no warm-up; `probe` what the state keeper
+    records to learn the whole function's writes."""
+
+    key: Any  # BatchDescriptor
+    keeper: Any  # StateKeeper
+    first: bool
+    probe: Callable | None = None
+    sibling: Any = None
+    quick: bool = False
 
 
 def mode_capturers(
     backend, fn: Callable, twin: Callable | None, piecewise_fn=None, full_for: Callable | None = None,
     specialise: frozenset = frozenset(), whole: bool = False,
 ) -> dict[Mode, Callable]:
-    """{mode: capturer}; a capturer takes (args, *, key, pool, warmups, weak_outputs, stream,
-    keeper, probe, first, sibling, quick) and returns a `Captured`. `twin` is the eager function
-    behind a compiled `fn`; `piecewise_fn` the split function for PIECEWISE keys;
-    `full_for(key) -> (fn, twin)` what a FULL key records instead (tensor parallelism
-    prefixes each with the ranks' agreement check on that key's code). `specialise`: the
-    token counts whose captures run compiled pieces specialised to their shapes. `whole`: FULL
-    keys of the split function record `fn`, the function it was split from compiled whole
-    (`Options(compile=True)`), which may compile at any new size, so every key warms up."""
-    executes = backend.name != "cuda"  # the simulation runs what it captures
-    split = piecewise_fn is not None
-    compiled = piecewise_fn is not None and piecewise_fn.compiled
-    if full_for is None:
-        def full_for(key):
-            return fn, twin
+    """{mode: capturer}; a capturer takes (args, `KeyCapture`, `CaptureSettings`) and returns
+    a `Captured`. `twin` is the eager function behind a compiled `fn`; `piecewise_fn` the
+    split function for PIECEWISE keys; `full_for(key) -> (fn, twin)` what a FULL key records
+    instead (tensor parallelism prefixes each with the ranks' agreement check on that key's
+    code). `specialise`: the token counts whose captures run compiled pieces specialised to
+    their shapes. `whole`: FULL keys of the split function record `fn`, the function it was
+    split from compiled whole (`Options(compile=True)`), which may compile at any new size,
+    so every key warms up."""
+    policy = _Capturers(backend, fn, twin, piecewise_fn, full_for, specialise, whole)
+    capturers = {Mode.FULL: policy.full}
+    if piecewise_fn is not None:
+        capturers[Mode.PIECEWISE] = policy.piecewise
+    return capturers
 
-    def shaped(key):
-        """The context a key's warm-ups and capture run in: compiled pieces specialised
-        to its shapes where its size is chosen."""
-        if compiled and key.num_tokens in specialise:
-            return piecewise_fn.specialised(key.num_tokens)
+
+@attrs.frozen(eq=False)
+class _Capturers:
+    backend: Any
+    fn: Callable
+    twin: Callable | None
+    split: Any  # the Piecewise function, or None
+    full_for: Callable | None
+    specialise: frozenset
+    whole: bool
+
+    @property
+    def compiled(self) -> bool:
+        return self.split is not None and self.split.compiled
+
+    def _shaped(self, key):
+        """The context a key's warm-ups and capture run in: compiled pieces specialised to
+        its shapes where its size is chosen."""
+        if self.compiled and key.num_tokens in self.specialise:
+            return self.split.specialised(key.num_tokens)
         return contextlib.nullcontext()
 
-    def full(args, *, key, **kw):
-        with shaped(key):
-            return full_capture(args, key=key, **kw)
+    def full(self, args, step: KeyCapture, settings: CaptureSettings):
+        fn, twin = self.full_for(step.key) if self.full_for is not None else (self.fn, self.twin)
+        warmups, guard, through_schedule = self._full_policy(step, twin, settings.warmups)
+        keeper = step.keeper
+        with self._shaped(step.key):
+            covering = contextlib.nullcontext()
+            if through_schedule:
+                _learn_from_schedule(step)
+                if warmups:  # the warm-ups run what the schedule's record covers
+                    covering = keeper.covering()
+                else:
+                    keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
+            with covering:
+                return self.backend.capture(fn, args, guard=guard, keeper=keeper, **settings.for_backend(warmups))
 
-    def full_capture(args, *, key, warmups, keeper, probe, first, sibling, quick=False, **kw):
-        fn, twin = full_for(key)
-        if whole:  # the first key checks the eager original under the op guard; each warms up
-            return backend.capture(fn, args, warmups=max(warmups, 2), guard=twin if first else False,
-                                   keeper=keeper, **kw)
-        if quick and twin is None and not compiled:
+    def _full_policy(self, step: KeyCapture, twin, warmups: int) -> tuple:
+        """(warm-ups, op guard, whether a replay of the same-size schedule learns the writes
+        first) for a FULL key."""
+        if self.whole:  # the first key checks the eager original under the op guard; each warms up
+            return max(warmups, 2), twin if step.first else False, False
+        compiled = self.compiled
+        if step.quick and twin is None and not compiled:
             # First use, a structure whose kin (the same code at other static shapes, such as
             # a new transformers cache length) captured before: capture straight away. A
             # capture executes nothing on CUDA, so nothing to record or undo there.
-            return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
+            return 0, False, False
         # Replaying the schedule runs its graph pieces for real, unrecorded: only where they
         # write nothing outside the call (`Piecewise.pieces_write_outside`).
-        replayable = sibling is not None and not first and not piecewise_fn.pieces_write_outside
-
-        def learn_from_schedule():
-            """Replay the same-size PIECEWISE schedule with its split ops at this key's shape
-            (compiling or tuning what they need) under the recorder: it writes what a run at
-            this key writes, in ~2 ms instead of an eager pass over the whole function."""
-            keeper.record_writes(sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
-            keeper.restore()
-
-        if not first and sibling is not None and not compiled:
-            if sibling.key.reqs_rows == key.reqs_rows:  # its capture pass ran every op of this graph at these shapes
-                return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
-            if not replayable:
-                return backend.capture(fn, args, warmups=max(warmups, 1), guard=False, keeper=keeper, **kw)
-            learn_from_schedule()
-            keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
-            return backend.capture(fn, args, warmups=0, guard=False, keeper=keeper, **kw)
+        replayable = step.sibling is not None and not step.first and not self.split.pieces_write_outside
+        if not step.first and step.sibling is not None and not compiled:
+            if step.sibling.key.reqs_rows == step.key.reqs_rows:  # its capture pass ran every op at these shapes
+                return 0, False, False
+            return (0, False, True) if replayable else (max(warmups, 1), False, False)
         if replayable and compiled:
-            # Compiled pieces never capture straight after the schedule: their FULL graph, with no
-            # eager run of the compiled code at these shapes first, replayed the same kernels,
-            # launch dimensions and topology ~10% slower on the H100 (more idle time between every
-            # pair of kernels: 1.25 vs 1.14 ms a batch-8 step, four probes), and a specialised
-            # compile for this key's request rows may not exist yet. Both warm-ups run the
-            # compiled code; the schedule's record covers what they write.
-            learn_from_schedule()
-            with keeper.covering():
-                return backend.capture(fn, args, warmups=max(warmups, 2), guard=False, keeper=keeper, **kw)
+            # Compiled pieces never capture straight after the schedule: their FULL graph, with
+            # no eager run of the compiled code at these shapes first, replayed the same kernels
+            # slower (more idle time between kernels), and a specialised compile for this key's
+            # request rows may not exist yet. Both warm-ups run the compiled code.
+            return max(warmups, 2), False, True
+        split = self.split is not None
         if twin is not None:
             # torch.compile'd code called under the op guard's dispatch mode falls back to
             # eager for good, so the guard checks the eager twin; an unguarded warm-up then
             # compiles on these very arguments and the capture records inductor's kernels.
-            return backend.capture(fn, args, warmups=max(warmups, 2), guard=twin if first or not split else False,
-                                   keeper=keeper, **kw)
+            return max(warmups, 2), twin if step.first or not split else False, False
         # Compiled pieces run as traced in the first, recorded warm-up (no compile under a
         # dispatch mode), so a second one compiles what this key's shapes need before capture.
-        return backend.capture(fn, args, warmups=max(warmups, 2 if compiled else 1), guard=first or not split,
-                               keeper=keeper, **kw)
+        return max(warmups, 2 if compiled else 1), step.first or not split, False
 
-    capturers = {Mode.FULL: full}
-    if piecewise_fn is not None:
+    def piecewise(self, args, step: KeyCapture, settings: CaptureSettings):
+        executes = self.backend.name != "cuda"  # the simulation runs what it captures
+        warm = step.first or self.compiled or executes
+        # The pass runs graph pieces eagerly (warm-ups): learn the whole function's writes
+        # first, unless only the split ops can write outside state (their writes are then
+        # recorded as they run in the pass).
+        probed = warm and step.probe is not None and (step.first or executes or self.split.pieces_write_outside)
+        keeper = step.keeper
+        if probed:
+            keeper.record_writes(step.probe, *args)
+            keeper.restore()
+        try:
+            with self._shaped(step.key):
+                return self.split.capture_pieces(
+                    self.backend, args, guard=step.first, keeper=keeper, record=not probed,
+                    **settings.for_backend(max(settings.warmups, 1) if warm else 0),
+                )
+        finally:
+            keeper.restore()
 
-        def piecewise(args, *, key, warmups, keeper, probe, first, sibling, quick=False, **kw):
-            warm = first or compiled or executes
-            # The pass runs graph pieces eagerly (warm-ups): learn the whole function's writes
-            # first, unless only the split ops can write outside state (their writes are then
-            # recorded as they run in the pass).
-            probed = warm and probe is not None and (first or executes or piecewise_fn.pieces_write_outside)
-            if probed:
-                keeper.record_writes(probe, *args)
-                keeper.restore()
-            try:
-                with shaped(key):
-                    return piecewise_fn.capture_pieces(
-                        backend, args, warmups=max(warmups, 1) if warm else 0, guard=first, keeper=keeper,
-                        record=not probed, **kw,
-                    )
-            finally:
-                keeper.restore()
 
-        capturers[Mode.PIECEWISE] = piecewise
-    return capturers
+def _learn_from_schedule(step: KeyCapture) -> None:
+    """Replay the same-size PIECEWISE schedule with its split ops at this key's shape
+    (compiling or tuning what they need) under the recorder: it writes what a run at this
+    key writes, at a fraction of an eager pass over the whole function."""
+    key = step.key
+    step.keeper.record_writes(step.sibling.graph.replay, key.num_tokens, key.reqs_rows, True)
+    step.keeper.restore()

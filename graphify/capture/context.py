@@ -20,8 +20,8 @@ def freeze_gc(collect: bool = True):
     """Collect once (unless `collect` is False), then keep the GC from running (and from
     scanning old objects) while graphs are captured: a collection mid-capture costs time
     and can free memory the capture is using (vLLM's and SGLang's `freeze_gc`). A full
-    collection in a process holding a model costs ~0.3 s, so first-use captures after the
-    first one skip it."""
+    collection in a process holding a model walks every object it holds, so first-use
+    captures after the first one skip it."""
     if collect:
         gc.collect()
     was_enabled = gc.isenabled()
@@ -49,11 +49,11 @@ def device_scope(device: torch.device | None):
     return contextlib.nullcontext()
 
 
-def progress(pairs, call: str, show: bool):
+def progress(pairs, label: str, show: bool):
     """`pairs` with a progress bar where `show` and the output is a terminal (tqdm's own
     switch, `TQDM_DISABLE=1`, turns it off)."""
     if not show:
         return pairs
     from tqdm.auto import tqdm
 
-    return tqdm(pairs, desc=f"{call}: capturing", unit="graph", leave=False, disable=None)
+    return tqdm(pairs, desc=f"{label}: capturing", unit="graph", leave=False, disable=None)

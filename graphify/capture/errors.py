@@ -14,8 +14,8 @@ from .._guard import library_frame
 __all__ = ["as_capture_error"]
 
 
-def as_capture_error(call: str, exc: Exception, done: int, total: int) -> CaptureError:
-    if isinstance(exc, CaptureError) and str(exc).startswith(call):
+def as_capture_error(label: str, exc: Exception, done: int, total: int) -> CaptureError:
+    if isinstance(exc, CaptureError) and str(exc).startswith(label):
         return exc  # already names the call (an in-place write, a pool on another device)
     key = getattr(exc, "graphify_key", None)
     where = f" at {key[0].value} graph {key[1]} ({done + 1} of {total})" if key else ""
@@ -30,13 +30,13 @@ def as_capture_error(call: str, exc: Exception, done: int, total: int) -> Captur
     if refused is not None:  # CuPy checks the stream before calling the library: CUDA never saw it
         lib = refused.group(1)
         return UnsupportedOpError(
-            f"{call}: capture failed{where}: {_user_frame(exc)} calls {lib}, which CuPy refuses inside a CUDA graph "
+            f"{label}: capture failed{where}: {_user_frame(exc)} calls {lib}, which CuPy refuses inside a CUDA graph "
             f"capture; keep that call out of the graphified function (run it before or after the graphed part, or "
             f"make it a split op), or use torch's equivalent where it captures (torch.fft, torch.randn, "
             f"torch.linalg.*_ex); {released}{advice}"
         )
     cls = type(exc) if isinstance(exc, CaptureError) else CaptureError
-    return cls(f"{call}: capture failed{where}: {type(exc).__name__}: {exc}; {released}{advice}")
+    return cls(f"{label}: capture failed{where}: {type(exc).__name__}: {exc}; {released}{advice}")
 
 
 _LIBRARY_REFUSED = re.compile(r"calling (cu[A-Za-z]+) API during stream capture is currently unsupported")

@@ -80,7 +80,7 @@ def _probe_out_axes(fn, specs, args) -> tuple[str | None, ...] | None:
     )
 
 
-def consistent_out_axes(call: str, entries: dict) -> dict:
+def consistent_out_axes(label: str, entries: dict) -> dict:
     """One batch axis per output across every captured size, read from the real shapes.
 
     An output of the same shape at every size is not cut (even where its length happens
@@ -110,7 +110,7 @@ def consistent_out_axes(call: str, entries: dict) -> dict:
         else:
             (_, a), (_, b) = items[0], items[-1]
             raise CaptureError(
-                f"{call}: output {i} has shape {shapes[0]} at {a.key} but {shapes[-1]} at {b.key}: it grows with the "
+                f"{label}: output {i} has shape {shapes[0]} at {a.key} but {shapes[-1]} at {b.key}: it grows with the "
                 "batch, but not as dim 0 following the tokens or the requests, so graphify cannot cut the padded "
                 "rows off. Return the batch on dim 0 (for example .movedim(1, 0) for a vmapped ensemble, or reshape "
                 "a 2x-per-row output to (rows, 2, ...)); out_axes marks dim-0 axes only ('tokens', 'reqs' or None)"

@@ -11,8 +11,8 @@ import attrs
 from .._axes import ArgSpec, layout_for, specs_for
 from .._function import FunctionSpec
 from .._interop import ForeignFunction, foreign_library, to_torch
+from .._layout import CallLayout
 from .._outputs import box
-from .._signature import CallLayout
 from ..backends import Backend, get_backend
 from ..extend import as_split
 
@@ -34,28 +34,28 @@ class Prepared:
 
 def prepare(spec: FunctionSpec, example_args: tuple, example_kwargs: dict) -> Prepared:
     """Bind the example call, read each argument's axis and spec, pick the backend."""
-    call, fn = spec.call, spec.fn
-    layout = CallLayout.build(call, fn, example_args, example_kwargs)
+    label, fn = spec.label, spec.fn
+    layout = CallLayout.build(label, fn, example_args, example_kwargs)
     split = as_split(fn)
     if spec.compiled is not None:  # Options(compile=...): captures record the compiled function
         fn = spec.compiled  # (a split function's: compiled whole, for FULL)
     twin = eager_twin(fn)
     args = layout.bind(example_args, example_kwargs)
-    library = foreign_library(call, args)
+    library = foreign_library(label, args)
     if library is not None:  # CuPy / NumPy arrays: capture a torch-facing view of fn
         if split is not None:
-            raise ValueError(f"{call}.capture: split functions take torch tensors, not {library} arrays")
+            raise ValueError(f"{label}.capture: split functions take torch tensors, not {library} arrays")
         fn, args = ForeignFunction(fn, library), tuple(map(to_torch, args))
     axes = spec.axes if spec.axes is not None else (split.axes if split is not None else None)
-    arg_axes = layout_for(call, layout.slot_names, axes, args)
+    arg_axes = layout_for(label, layout.slot_names, axes, args)
     if not any(a.kind.padded for a in arg_axes):
-        raise ValueError(f"{call}.capture: no argument grows with the batch; mark at least one tokens() or reqs()")
-    specs = specs_for(call, layout.slot_names, arg_axes, args)
+        raise ValueError(f"{label}.capture: no argument grows with the batch; mark at least one tokens() or reqs()")
+    specs = specs_for(label, layout.slot_names, arg_axes, args)
     device = next((s.device for s in specs if s.device is not None), None)
     try:
         backend = get_backend(spec.backend, device, library)
     except ValueError as exc:
-        raise ValueError(f"{call}.capture: {exc}") from None
+        raise ValueError(f"{label}.capture: {exc}") from None
     return Prepared(
         layout=layout, args=args, specs=specs, fn=_boxing(layout.caller(fn)),
         twin=_boxing(layout.caller(twin)) if twin is not None else None, backend=backend, library=library,

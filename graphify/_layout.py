@@ -72,7 +72,7 @@ class CallLayout:
     parameters, no defaults used, no extras) map a positional call to itself.
     """
 
-    call: str
+    label: str
     names: tuple[str, ...]
     kinds: tuple[str, ...]  # per slot: "pos", "kw" (keyword-only or **kwargs), "var" (*args)
     defaults: tuple[Any, ...]  # per slot: the parameter default, or _MISSING
@@ -94,18 +94,18 @@ class CallLayout:
     num_posonly: int = 0  # leading positional-only parameters (never passed by keyword)
 
     @classmethod
-    def build(cls, call: str, fn: Callable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> "CallLayout":
+    def build(cls, label: str, fn: Callable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> "CallLayout":
         sig = signature_of(fn)
         if sig is None:  # a builtin or C callable: positional calls only
             if kwargs:
-                raise InputMismatchError(f"{call}: keyword arguments need a function with a signature; pass them positionally")
+                raise InputMismatchError(f"{label}: keyword arguments need a function with a signature; pass them positionally")
             n = len(args)
-            return cls(call, tuple(f"arg{i}" for i in range(n)), ("pos",) * n, (_MISSING,) * n, {}, n, 0, False,
+            return cls(label, tuple(f"arg{i}" for i in range(n)), ("pos",) * n, (_MISSING,) * n, {}, n, 0, False,
                        frozenset(i for i, a in enumerate(args) if isinstance(a, torch.Tensor)), True, example_nargs=n)
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as exc:
-            raise InputMismatchError(f"{call}: {exc}") from None
+            raise InputMismatchError(f"{label}: {exc}") from None
         names, kinds, defaults = [], [], []
         num_var, has_var_kw = 0, False
         params = list(sig.parameters.values())
@@ -127,7 +127,7 @@ class CallLayout:
                 for key in bound.arguments.get(p.name, {}):
                     names.append(key), kinds.append("kw"), defaults.append(_MISSING)
         index = {n: i for i, (n, k) in enumerate(zip(names, kinds)) if k != "var"}
-        layout = cls(call, tuple(names), tuple(kinds), tuple(defaults), index, num_pos, num_var, has_var_kw,
+        layout = cls(label, tuple(names), tuple(kinds), tuple(defaults), index, num_pos, num_var, has_var_kw,
                      frozenset(), False)
         flat = layout._bind_slow(args, kwargs, check_given=False)
         from ._axes import same_static
@@ -176,7 +176,7 @@ class CallLayout:
             leaves, spec = pytree.tree_flatten(value)
             if spec != tree:
                 raise InputMismatchError(
-                    f"{self.call}: argument {self.names[i]!r} has another structure than at capture "
+                    f"{self.label}: argument {self.names[i]!r} has another structure than at capture "
                     f"({spec} instead of {tree}); pass the same keys and nesting"
                 )
             out.extend(leaves)
@@ -200,12 +200,12 @@ class CallLayout:
         if len(args) > npos + nvar:
             extra = "" if nvar or len(args) <= npos else " (the function takes no *args)"
             raise InputMismatchError(
-                f"{self.call}: got {len(args)} positional arguments but the capture bound {npos + nvar}{extra}; "
+                f"{self.label}: got {len(args)} positional arguments but the capture bound {npos + nvar}{extra}; "
                 "call with the arguments the capture saw, or capture again"
             )
         if nvar and npos <= len(args) < npos + nvar:
             raise InputMismatchError(
-                f"{self.call}: got {len(args) - npos} extra positional arguments (*args) but the capture saw {nvar}; "
+                f"{self.label}: got {len(args) - npos} extra positional arguments (*args) but the capture saw {nvar}; "
                 "capture again to change their number"
             )
         for i, a in enumerate(args):
@@ -216,26 +216,26 @@ class CallLayout:
             if i is None:
                 if self.has_var_kw:
                     raise InputMismatchError(
-                        f"{self.call}: keyword {key!r} was not passed at capture; the graphs were captured without it: "
+                        f"{self.label}: keyword {key!r} was not passed at capture; the graphs were captured without it: "
                         f"capture again with {key}=... in the example call"
                     )
                 raise InputMismatchError(
-                    f"{self.call}: unexpected keyword {key!r}; parameters are {list(self.index)}"
+                    f"{self.label}: unexpected keyword {key!r}; parameters are {list(self.index)}"
                 )
             if filled[i]:
-                raise InputMismatchError(f"{self.call}: got multiple values for argument {key!r}")
+                raise InputMismatchError(f"{self.label}: got multiple values for argument {key!r}")
             out[i] = value
             filled[i] = True
         for i, value in enumerate(out):
             if value is _MISSING:
                 what = "keyword" if self.kinds[i] == "kw" and self.defaults[i] is _MISSING and self.has_var_kw else "argument"
                 raise InputMismatchError(
-                    f"{self.call}: missing {what} {self.names[i]!r}, which the capture was given; pass it"
+                    f"{self.label}: missing {what} {self.names[i]!r}, which the capture was given; pass it"
                     + (" (static values must equal the captured ones)" if what == "keyword" else "")
                 )
             if check_given and not filled[i] and i in self.given:
                 raise InputMismatchError(
-                    f"{self.call}: argument {self.names[i]!r} was passed at capture but left out of this call "
+                    f"{self.label}: argument {self.names[i]!r} was passed at capture but left out of this call "
                     "(its default differs from what the graphs were captured with); pass it"
                 )
         return tuple(out)
@@ -267,7 +267,7 @@ class CallLayout:
         # defaults there): given later, they and those before them go positionally
         posonly = tuple((i, self.defaults[i]) for i in range(nargs, self.num_posonly))
 
-        def call(*slots):
+        def from_slots(*slots):
             npos = nargs
             for i, default in posonly:
                 if slots[i] is not default:
@@ -278,5 +278,5 @@ class CallLayout:
                     kwargs[n] = slots[i]
             return fn(*slots[:npos], **kwargs)
 
-        call.__name__ = getattr(fn, "__name__", type(fn).__name__)
-        return call
+        from_slots.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        return from_slots

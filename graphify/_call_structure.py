@@ -1,0 +1,182 @@
+"""A first-use call structure with graphs, and the branches its Python state takes.
+
+A structure (`graphify._structures`) gets one table of graphs per *branch*: what the Python
+state of the registered types it reaches (`graphify._state_types`) decides for a call. A
+structure that reaches none has one branch, `()`. Each branch holds a capture open for its
+graphs (`graphify.capture.CallCapture`) and a runtime that replays them; all branches read
+the same objects, so a new object of the same shapes takes over all of them at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import attrs
+
+from ._axes import Kind, by_value
+from ._errors import InputMismatchError
+from ._reach import Reach
+from ._runtime import Runtime
+from ._snapshot import owned_values, set_attr
+from ._state_types import adapters_for, any_registered
+from ._takeover import can_take_over, owners, take_over
+from .capture import CallCapture
+
+__all__ = [
+    "Branch", "CallStructure", "NO_STATE", "branch_of", "stateful_of", "static_objects", "fitting", "take_over_idle",
+]
+
+NO_STATE: tuple = ()  # the branch of a structure that reaches no registered type
+
+
+def branch_of(stateful: Sequence, names: Sequence[str], slots: Sequence[Any]) -> Hashable | None:
+    """The branch a call (`slots` by parameter `names`) takes through the registered objects
+    `stateful` ((object, StateType, path) each): one key per object, or None where any says
+    a graph cannot stand in for the call."""
+    if not stateful:
+        return NO_STATE
+    call = dict(zip(names, slots))
+    key = tuple(st.branch(obj, call) for obj, st, _ in stateful)
+    return None if None in key else key
+
+
+@attrs.define(eq=False)
+class Branch:
+    """The graphs of one branch: its capture, its runtime, what it captured and refused."""
+
+    key: Any  # what the structure's Python state decides (`NO_STATE` where it reaches none)
+    capture: CallCapture
+    runtime: Runtime
+    graphs: int = 0
+    at_limit: bool = False  # exact sizes only: `MAX_EXACT_GRAPHS` reached (warned once)
+    uncapturable: set = attrs.field(factory=set)  # (mode, key) whose capture failed: their calls run eagerly
+
+    def release(self) -> int:
+        freed = self.runtime.table.release()
+        self.runtime.forget()
+        self.capture.abort()
+        return freed
+
+
+@attrs.define(eq=False)
+class CallStructure:
+    """One call structure with graphs: how calls bind, its branches (the most recently used
+    first), and what first use needs to decide about new objects and kin."""
+
+    layout: Any
+    branches: dict  # branch key -> Branch
+    exact: bool  # every batch size its own graph (no `sizes=`)
+    family: tuple = ()  # what kin share (`graphify._structures.family_of`)
+    likeness: tuple = ()  # the family plus every shape and plain value: what a new object must match
+    kin_keys: frozenset = frozenset()  # (branch, mode, key) its kin captured: captured here with no warm-up
+    stateful: tuple = ()  # (object, StateType, path) of the registered types its objects reach
+    owners: tuple = ()  # references to its objects' tensors after the last capture (`graphify._takeover`)
+    follows_state: bool = True  # False once a StateType mispredicted an eager run: calls run eagerly
+
+    @property
+    def default(self) -> Branch:
+        return next(iter(self.branches.values()))
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.default.runtime
+
+    @property
+    def capture(self) -> CallCapture:
+        return self.default.capture
+
+    @property
+    def graphs(self) -> int:
+        return sum(b.graphs for b in self.branches.values())
+
+    def alive(self) -> bool:
+        return self.default.capture.alive()
+
+    def settle(self) -> None:
+        """Count the references to the objects' tensors now that the tables moved on (the
+        baseline `graphify._takeover.can_take_over` compares with)."""
+        if self.capture.reach:
+            self.owners = owners(self.capture.reach[0])
+
+    def rebind(self, objects: dict) -> None:
+        """After a takeover: every branch holds `objects`, and the registered types are the
+        new objects' (hold no runtime lock: each branch's is taken in turn)."""
+        for branch in self.branches.values():
+            with branch.runtime.exclusive():
+                branch.runtime.install(branch.capture.rebind(objects))
+        self.stateful = tuple(self.capture.reach[0].stateful) if self.capture.reach else ()
+
+    def release(self) -> int:
+        return sum(b.release() for b in self.branches.values())
+
+    # -- the Python state its graphs follow ------------------------------------------------
+    def branch_key(self, names: Sequence[str], slots: Sequence[Any]) -> Hashable | None:
+        """The branch a call takes (None: a graph cannot stand in for it)."""
+        return branch_of(self.stateful, names, slots) if self.follows_state else None
+
+    def predict(self, names: Sequence[str], slots: Sequence[Any]) -> list:
+        """(object, attribute names, their values after this call) per registered object."""
+        call = dict(zip(names, slots))
+        return [(obj, st.owns, tuple(st.after(obj, call))) for obj, st, _ in self.stateful]
+
+    def advance(self, predicted: list) -> None:
+        """What a replay leaves the Python state as: the values `predict` gave."""
+        for obj, names, values in predicted:
+            for name, value in zip(names, values):
+                set_attr(obj, name, value)
+
+    def verify(self, predicted: list) -> str | None:
+        """After an eager run: None if the state is as predicted, else what differs."""
+        for obj, names, values in predicted:
+            now = owned_values(obj, names)
+            if now != values:
+                return f"{type(obj).__name__}.{names} is {now} after a call, predicted {values}"
+        return None
+
+
+# -- finding a call's structure ----------------------------------------------------------------
+def static_objects(specs, slots: Sequence[Any]) -> dict:
+    """{argument name: object} of a call's static objects (compared by identity)."""
+    return {s.name: slots[s.index] for s in specs if s.axis.kind is Kind.STATIC and not by_value(slots[s.index])}
+
+
+def stateful_of(objects: dict) -> tuple:
+    """(object, StateType, path) of every registered type the static `objects` reach."""
+    if not objects:
+        return ()
+    adapters_for(objects)
+    return tuple(Reach.walk(objects).stateful) if any_registered() else ()
+
+
+def fitting(structures, args: tuple, kwargs: dict) -> "CallStructure | None":
+    """The first structure a call fits, checked without running it."""
+    for structure in structures:
+        try:
+            structure.runtime.rows_and_check(structure.layout.bind(args, kwargs))
+        except InputMismatchError:
+            continue
+        return structure
+    return None
+
+
+def take_over_idle(structures, likeness: tuple, specs, slots: Sequence[Any]) -> "CallStructure | None":
+    """An idle structure (its objects gone) that took over this call's new static objects
+    (`graphify._takeover`): their tensors moved into the memory its graphs read, every branch
+    rebound to them. None where none can."""
+    objects = static_objects(specs, slots)
+    if not objects:
+        return None
+    for structure in structures:
+        if structure.likeness != likeness or structure.alive() or not structure.capture.reach:
+            continue
+        new = Reach.walk(objects)
+        held = structure.capture.reach[0]
+        if not can_take_over(held, structure.owners, new):
+            continue
+        take_over(held, new)
+        del new, held
+        structure.rebind(objects)
+        structure.settle()
+        return structure
+    return None

@@ -1,0 +1,104 @@
+"""Types that keep Python state a replay cannot run, and how graphs follow them.
+
+A graph replays kernels, not Python: a counter an object keeps as a Python int (a
+transformers sliding-window cache layer's `cumulative_length_int`, which picks the branch
+its `update()` takes) would stop advancing under replays, and the branch would be frozen at
+the one captured. As `torch.utils._pytree.register_pytree_node` tells pytree how to walk a
+type, `register_state_type` tells graphify how to follow one:
+
+- `owns`: the attributes whose values the type's code changes on every call;
+- `branch(obj, call)`: what those values decide for this call (a hashable: graphs are
+  captured and replayed per branch), or None where a graph cannot stand in for the call
+  (it runs eagerly);
+- `after(obj, call)`: the values of `owns` after the call, as the type's own code would
+  leave them: set after each replay, and checked against what each eager run left (a
+  prediction that is ever wrong turns graphs off for those calls).
+
+`call` is the call's arguments by parameter name. Lookups go by the type's MRO, so
+subclasses are covered. Adapters for a library's types live beside graphify's helpers for
+it (`graphify.transforms.hf` registers transformers' cache layers) and are imported when a
+call first passes an object from that library (`adapters_for`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, ContextManager
+
+import attrs
+
+__all__ = [
+    "StateType", "register_state_type", "state_type_of", "any_registered", "adapters_for", "ADAPTER_MODULES",
+    "register_capture_context", "capture_contexts",
+]
+
+
+@attrs.frozen
+class StateType:
+    """How graphs follow one registered type; see the module docstring."""
+
+    owns: tuple[str, ...]
+    branch: Callable[[Any, Mapping[str, Any]], Hashable | None]
+    after: Callable[[Any, Mapping[str, Any]], tuple]
+
+
+_REGISTRY: dict[type, StateType] = {}
+_CONTEXTS: list = []
+
+# library (top-level package of an object's type) -> the module that registers its types
+ADAPTER_MODULES = {"transformers": "graphify.transforms.hf"}
+_loaded: set[str] = set()
+
+
+def register_state_type(cls: type, state_type: StateType) -> None:
+    """Follow instances of `cls` (and its subclasses) as `state_type` says."""
+    if not isinstance(cls, type):
+        raise TypeError(f"register_state_type: expected a class, got {cls!r}")
+    _REGISTRY[cls] = state_type
+
+
+def register_capture_context(make: Callable[[], ContextManager]) -> None:
+    """Run every eager run of a capture (warm-ups, the simulation's capture run) inside
+    `make()`: code that asks whether a CUDA graph is capturing (transformers skips a host
+    read of its mask then) must take, in those runs, the path the capture takes."""
+    _CONTEXTS.append(make)
+
+
+@contextlib.contextmanager
+def capture_contexts():
+    """Every registered capture context, entered."""
+    with contextlib.ExitStack() as stack:
+        for make in _CONTEXTS:
+            stack.enter_context(make())
+        yield
+
+
+def any_registered() -> bool:
+    """Whether any type is registered (else no walk need look for them)."""
+    return bool(_REGISTRY)
+
+
+def state_type_of(obj: Any) -> StateType | None:
+    """The registration covering `obj`'s type (nearest in its MRO), or None."""
+    if not _REGISTRY:
+        return None
+    for klass in type(obj).__mro__:
+        found = _REGISTRY.get(klass)
+        if found is not None:
+            return found
+    return None
+
+
+def adapters_for(objects: Mapping[str, Any]) -> None:
+    """Import the adapter module of each library the `objects` come from (once each), so
+    its types are registered before graphify walks them. Only libraries the process has
+    imported already count: an object of theirs proves it."""
+    for obj in objects.values():
+        library = type(obj).__module__.split(".", 1)[0]
+        module = ADAPTER_MODULES.get(library)
+        if module is not None and module not in _loaded and library in sys.modules:
+            _loaded.add(module)
+            importlib.import_module(module)

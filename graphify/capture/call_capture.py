@@ -1,0 +1,107 @@
+"""Capture for one call: a session held open for a first-use call structure.
+
+First use (`graphify._first_use`) captures one key at a time, when a call first needs it,
+warmed up on that call's own rows. What only it needs lives here, around a plain
+`CaptureSession`:
+
+- static objects (a transformers cache) are held weakly (`WeakStatic`), by the specs and by
+  entries whose outputs return them, so nothing here keeps a dropped cache alive and each
+  capture reads the objects of the call that needs it;
+- the call's rows are loaded into the static buffers first (`load`), and the rows written
+  are handed back so the runtime keeps its padding record right, whether or not the capture
+  that follows succeeds;
+- a new object of the same shapes can be rebound in place of the captured one after it took
+  over its memory (`graphify._takeover`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from .._axes import Kind, WeakStatic, weaken
+from .._function import FunctionSpec
+from .._keys import KeySet
+from .._reach import Reach
+from .._table import GraphTable
+from .prepare import Prepared
+from .session import CaptureSession
+
+__all__ = ["CallCapture"]
+
+
+class CallCapture:
+    """A session for one call structure; see the module docstring."""
+
+    def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet):
+        session = self.session = CaptureSession(spec, prepared, keys)
+        session.specs = tuple(
+            attrs.evolve(s, value=weaken(s.value)) if s.axis.kind is Kind.STATIC else s for s in session.specs
+        )
+        session.example = tuple(weaken(a) if s.axis.kind is Kind.STATIC else a for s, a in zip(session.specs, session.example))
+
+    @property
+    def reach(self) -> tuple[Reach, ...]:
+        """What the graphs read through the static objects and the closure."""
+        return self.session.reach
+
+    @property
+    def seconds(self) -> float:
+        return self.session.seconds
+
+    def load(self, pair: tuple, args: Sequence[Any]) -> tuple[list, tuple]:
+        """Copy the call `args`' rows into the static buffers for a capture of `pair` (mode,
+        key): (what was loaded, for `capture`; rows written per buffer, for the runtime's
+        padding record). Hold the runtime's `exclusive()` lock: the buffers are its too."""
+        return self.session.static.load(self.session.specs, args, pair[1])
+
+    def capture(self, pair: tuple, args: Sequence[Any], loaded: list, *, quick: bool = False,
+                collect: bool = True) -> GraphTable:
+        """Capture `pair` warmed up on the call `args`, whose rows `load` put in the static
+        buffers (`loaded`); returns the new table. Hold the runtime's `exclusive()` lock."""
+        session = self.session
+        session.capture((pair,), example=args, loaded=loaded, quick=quick, collect=collect)
+        session.entries[pair] = self._weak_outputs(session.entries[pair], session.objects(args))
+        return session.table()
+
+    def _weak_outputs(self, entry, objects: dict):
+        """`entry` with the static objects it returns (a model returning its cache) held
+        weakly by the very references the specs hold (so `rebind` can swap both)."""
+        held = {id(o): s.value for s in self.session.specs for o in objects.values()
+                if isinstance(s.value, WeakStatic) and s.value() is o}
+        if not any(id(t) in held for t in entry.flat_outputs):
+            return entry
+        return attrs.evolve(entry, flat_outputs=tuple(held.get(id(t), t) for t in entry.flat_outputs))
+
+    def alive(self) -> bool:
+        """Whether every weakly held static object still exists (a call can still match)."""
+        return all(s.value() is not None for s in self.session.specs if isinstance(s.value, WeakStatic))
+
+    def rebind(self, objects: dict) -> GraphTable:
+        """Hold `objects` ({argument name: new object}) in place of the static objects the
+        graphs were captured with (they took over those objects' memory); the new table."""
+        session = self.session
+        held = {}
+        specs = []
+        for s in session.specs:
+            if s.name in objects:
+                held[id(s.value)] = weaken(objects[s.name])
+                s = attrs.evolve(s, value=held[id(s.value)])
+            specs.append(s)
+        session.specs = tuple(specs)
+        session.example = tuple(
+            weaken(objects[s.name]) if s.name in objects else a for s, a in zip(session.specs, session.example)
+        )
+        session.entries = {
+            k: attrs.evolve(e, flat_outputs=tuple(held.get(id(t), t) for t in e.flat_outputs))
+            if any(id(t) in held for t in e.flat_outputs) else e
+            for k, e in session.entries.items()
+        }
+        current = {s.name: objects[s.name] for s in session.specs if s.name in objects}
+        session.reach = (Reach.walk(current), session.reach[1] if len(session.reach) > 1 else Reach())
+        return session.table()
+
+    def abort(self) -> None:
+        self.session.abort()

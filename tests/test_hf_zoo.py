@@ -1,0 +1,110 @@
+"""The one line across the transformers families people run, unmodified, with their own
+`generate()`: a tiny random-weight config of each, both cache kinds, both lines (plain, and
+`Options(compile=...)`). Every case gives eager's tokens with no exception; with the static
+cache every family replays graphs, as transformers' own compile makes graphs for it.
+
+Sliding-window families (Mistral, Qwen2 with sliding layers, Phi-3, Gemma 2 and 3, Cohere2,
+gpt-oss) run with a window of 4 and a prompt of 2, so decode fills the window, crosses it
+and rolls. The compile line uses dynamo's "eager" backend here (the mechanism, without
+inductor's compile time on a CPU); the GPU benchmarks run inductor.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from conftest import calls_by_mode, replayed  # noqa: E402
+from graphify import Mode, Options, graphify  # noqa: E402
+
+TINY = dict(
+    vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256,
+)
+WINDOW = 4
+MOE = {"num_experts_per_tok": 2}
+ZOO = {  # family -> (config class, model class, config)
+    "Llama": ("LlamaConfig", "LlamaForCausalLM", TINY),
+    "Qwen2": ("Qwen2Config", "Qwen2ForCausalLM", TINY),
+    "Qwen2-sliding": ("Qwen2Config", "Qwen2ForCausalLM",
+                      {**TINY, "use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
+    "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**TINY, "head_dim": 8}),
+    "Mistral-window": ("MistralConfig", "MistralForCausalLM", {**TINY, "sliding_window": WINDOW}),
+    "Gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {**TINY, "head_dim": 8, "sliding_window": WINDOW}),
+    "Gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        **TINY, "head_dim": 8, "sliding_window": WINDOW, "num_hidden_layers": 3,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
+    "Phi3-window": ("Phi3Config", "Phi3ForCausalLM", {**TINY, "sliding_window": WINDOW, "pad_token_id": 0}),
+    "Cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {**TINY, "sliding_window": WINDOW, "pad_token_id": 0}),
+    "OLMo2": ("Olmo2Config", "Olmo2ForCausalLM", {**TINY, "pad_token_id": 0}),
+    "GPT2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=4, vocab_size=96, n_positions=256)),
+    "Mixtral": ("MixtralConfig", "MixtralForCausalLM", {**TINY, **MOE, "num_local_experts": 4}),
+    "Qwen3-MoE": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  {**TINY, **MOE, "head_dim": 8, "num_experts": 4, "moe_intermediate_size": 32}),
+    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM",
+                {**TINY, **MOE, "head_dim": 8, "num_local_experts": 4, "sliding_window": WINDOW}),
+    "Mamba": ("MambaConfig", "MambaForCausalLM", dict(hidden_size=32, num_hidden_layers=2, vocab_size=96, state_size=8)),
+    "T5": ("T5Config", "T5ForConditionalGeneration", dict(
+        d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8, vocab_size=96, decoder_start_token_id=0, pad_token_id=0)),
+}
+# with the default cache (DynamicCache: new tensors every step) calls run eagerly; these update
+# their cache in place whatever its kind, so their decode steps replay graphs with it too
+IN_PLACE_DEFAULT_CACHE = {"Mamba"}
+NEW_TOKENS = 8
+
+
+def fresh(family: str, device: str):
+    cfg_cls, model_cls, config = ZOO[family]
+    torch.manual_seed(0)
+    return getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**config)).to(device).eval()
+
+
+def generate(model, cache: str | None, device: str, **kw):
+    ids = torch.randint(1, 96, (2, 2), generator=torch.Generator().manual_seed(7)).to(device)
+    return model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+        do_sample=False, pad_token_id=0, cache_implementation=cache, **kw,
+    )
+
+
+@pytest.mark.parametrize("cache", ["static", None], ids=["static", "default"])
+@pytest.mark.parametrize("family", sorted(ZOO))
+def test_the_one_line_equals_eager_generate_and_replays_graphs(backend, family, cache):
+    _, device = backend
+    want = generate(fresh(family, device), cache, device, disable_compile=True)
+    model = fresh(family, device)
+    model.forward = graphify(model.forward)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = generate(model, cache, device)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if cache == "static" or family in IN_PLACE_DEFAULT_CACHE:
+        # decode steps: the first a warm-up, then graphs (a branch of a window captured by its first step)
+        assert calls_by_mode(model.forward)[Mode.FULL] >= NEW_TOKENS - 3, calls_by_mode(model.forward)
+        assert not [w for w in seen if "run eagerly" in str(w.message) or "runs eagerly" in str(w.message)]
+    else:
+        assert replayed(model.forward) == 0  # new tensors every step: eagerly, with one warning
+        assert len([w for w in seen if "replaces a tensor" in str(w.message)]) <= 1
+
+
+# on the CPU the compile line takes a family of each kind (a dynamo trace of each costs more
+# than the rest of its case): a window, full attention with experts, encoder-decoder, a state
+# space model; on a GPU every family
+CPU_COMPILE_LINE = {"Gemma3", "Mixtral", "T5", "Mamba"}
+
+
+@pytest.mark.parametrize("family", sorted(ZOO))
+def test_the_compile_line_equals_eager_generate_and_replays_graphs(backend, family):
+    _, device = backend
+    if device == "cpu" and family not in CPU_COMPILE_LINE:
+        pytest.skip("the compile line on the CPU: one family of each kind (all of them on a GPU)")
+    want = generate(fresh(family, device), "static", device, disable_compile=True)
+    model = fresh(family, device)
+    model.forward = graphify(model.forward, options=Options(compile={"backend": "eager"}))
+    got = generate(model, "static", device)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert calls_by_mode(model.forward)[Mode.FULL] >= NEW_TOKENS - 3, calls_by_mode(model.forward)

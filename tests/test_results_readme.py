@@ -1,0 +1,136 @@
+"""Numbers in the READMEs come from result files.
+
+1. benchmarks/results/README.md, and every block of README.md between
+   `<!-- generated:NAME -->` and `<!-- /generated -->`, equal what benchmarks.render_results
+   renders now from benchmarks/results/: a hand-edited or stale number fails. After adding
+   a result file or changing the renderer, run `python3 -m benchmarks.render_results`.
+2. README.md holds no measurement outside its generated blocks (code and inline code
+   included). A measurement is
+   - a number followed by a unit, with or without a space: ms, s, min, µs, us, ns, x, ×,
+     %, KiB, MiB, GiB, MB, GB, GB/s, TB/s, tok/s, tokens/s, kernels ("4.2 s", "1.3x", "317
+     kernels", "42 ms/token"), the number perhaps in thousands ("62.2k tok/s"); or
+   - a number in thousands ("54k"); or
+   - a bare decimal fraction, a ratio such as "0.877", unless it is a version: right after
+     torch, transformers, CUDA, Python, Triton or "==", or one part of a dotted triple
+     (2.13.0).
+   A number inside a word is neither (H100, 0.5B, Qwen2.5, bf16, 80gb in a file name), nor
+   is a number without a unit ("512 tokens", "64 graphs", "8 structures", "B = 8"): those
+   are sizes and constants of the library. Constants that do carry a unit are listed in
+   ALLOWED, each with its reason; each must still occur, so the list cannot go stale.
+3. The renderer's own prose (what each benchmark measures, how to run it, the code changes
+   it names) holds no measurement either, by the same rule.
+4. Every cell of README's short table, graphify's and what it is compared with, has result
+   files behind it.
+Everything here reads files only: it runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+import pytest
+
+from benchmarks import render_results as rr
+
+UNITS = r"tokens/s|tok/s|TB/s|GB/s|kernels|KiB|MiB|GiB|MB|GB|min|ms|µs|us|ns|s|x|×|%"
+MEASUREMENT = re.compile(
+    rf"(?<![\w.])\d+(?:[.,]\d+)*k?\s?(?:{UNITS})(?!\w)"  # a number and its unit
+    r"|(?<![\w.])\d+(?:\.\d+)?k(?!\w)"  # thousands
+    r"|(?<![\w.])\d+\.\d+(?![\w.])"  # a bare decimal fraction
+)
+VERSION_BEFORE = re.compile(r"(?:torch|transformers|CUDA|Python|Triton|==)\s*$")
+
+ALLOWED = {  # phrase in README.md -> why its number is not a measurement
+    "32 MiB on Hopper": "the size of the cuBLAS workspace torch allocates on Hopper GPUs, a documented constant",
+    "over 8 MiB": "models/_symm_mem.py's DEFAULT_MAX_BYTES, the library's own threshold for NCCL",
+}
+
+
+def measurements(text: str) -> list[str]:
+    """The measurement-like numbers in `text`, by the rule in this module's docstring."""
+    found = []
+    for line in text.splitlines():
+        found += [m.group(0) for m in MEASUREMENT.finditer(line) if not VERSION_BEFORE.search(line[: m.start()])]
+    return found
+
+
+def outside_blocks(text: str) -> str:
+    return rr.BLOCK.sub("", text)
+
+
+def first_difference(have: str, want: str) -> str:
+    diff = difflib.unified_diff(have.splitlines(), want.splitlines(), "on disk", "rendered now", n=0, lineterm="")
+    return "\n".join(list(diff)[:12])
+
+
+@pytest.fixture(scope="module")
+def rendered():
+    runs, suites = rr.load_runs(), rr.load_suites()
+    return runs, suites
+
+
+def test_the_results_readme_is_rendered_from_the_files(rendered):
+    have = (rr.RESULTS / "README.md").read_text()
+    want = rr.render_results_readme(*rendered)
+    assert have == want, "stale: run python3 -m benchmarks.render_results\n" + first_difference(have, want)
+
+
+def test_the_readmes_generated_blocks_are_rendered_from_the_files(rendered):
+    have = rr.README.read_text()
+    assert {m.group(2) for m in rr.BLOCK.finditer(have)} == set(rr.BLOCKS)
+    want = rr.render_readme(have, *rendered)
+    assert have == want, "stale: run python3 -m benchmarks.render_results\n" + first_difference(have, want)
+
+
+def test_the_readme_quotes_no_measurement_outside_its_generated_blocks():
+    text = outside_blocks(rr.README.read_text())
+    for phrase in ALLOWED:
+        assert phrase in text, f"ALLOWED names {phrase!r}, which README.md no longer holds"
+        text = text.replace(phrase, "")
+    assert measurements(text) == []
+
+
+def test_the_renderers_prose_quotes_no_measurement():
+    prose = [rr.INTRO, rr.SUITES_ABOUT] + [part for b in rr.BENCHES for part in (b.title, b.about)]
+    prose += [what for b in rr.BENCHES for _, what in b.eras]
+    assert [m for text in prose for m in measurements(text)] == []
+
+
+@pytest.mark.parametrize("text", [
+    "the first generate() took 4.2 s against 2.6 s", "0.86 ms of host a step", "0.196 and 0.436 µs a call",
+    "1.3-2.9x the peer's", "p99 went to 10–16 ms", "NCCL 0.877 (two runs)", "317 kernels a step", "a 20% drift",
+    "62,238 tok/s", "transformers 5.17, 5.23 and 5.24", "42 ms/token", "62.2k tok/s", "a peer at 44-54k",
+    "45 min of device time",
+])
+def test_a_planted_measurement_is_found(text):
+    assert measurements(text)
+
+
+@pytest.mark.parametrize("text", [
+    "up to 512 tokens and 64 graphs per structure", "At most 8 structures", "torch 2.13.0", "torch==2.13.0",
+    "transformers 5.24", "the 0.5B model on an H100", "Qwen2.5-0.5B in bf16", "B = 1 / 8 / 32",
+    "`decode-8b-nvidia-h100-80gb-hbm3.json`", "8 xdist workers", "51 sizes", "Python 3.12",
+])
+def test_sizes_versions_and_names_are_not_measurements(text):
+    assert measurements(text) == []
+
+
+def test_a_hand_edited_number_in_a_block_is_stale(rendered):
+    text = rr.README.read_text()
+    block = next(m for m in rr.BLOCK.finditer(text) if m.group(2) == "results-short")
+    edited = text[: block.start(3)] + block.group(3).replace("|", "| 9.99 |", 1) + text[block.end(3):]
+    assert edited != text and rr.render_readme(edited, *rendered) == rr.render_readme(text, *rendered)
+
+
+def test_every_claim_of_the_short_table_has_runs_behind_it(rendered):
+    runs, _ = rendered
+    for claim in rr.CLAIMS:
+        for cell in (claim.ours, claim.peer) if claim.peer else (claim.ours,):
+            text, used = rr.render_cell(runs, claim.kind, claim.table, cell)
+            assert used and "-" not in text.split(" / "), f"no result file behind {claim.what!r}: {cell.text!r}"
+
+
+def test_an_unknown_generated_block_is_an_error_not_left_stale(rendered):
+    with pytest.raises(KeyError, match="no-such-table"):
+        rr.render_readme("<!-- generated:no-such-table -->\n| 1.5 ms |\n<!-- /generated -->\n", *rendered)
