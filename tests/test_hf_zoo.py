@@ -97,11 +97,23 @@ def test_the_one_line_equals_eager_generate_and_replays_graphs(backend, family, 
 CPU_COMPILE_LINE = {"Gemma3", "Mixtral", "T5", "Mamba"}
 
 
+SLIDING = {"Qwen2-sliding", "Mistral-window", "Gemma2", "Gemma3", "Phi3-window", "Cohere2", "gpt-oss"}
+COMPILED_CONSTANTS = (
+    "open (issue 40): under Options(compile=...) with dynamo's 'eager' backend, a sliding window's full branch "
+    "makes torch.tensor([-1], device='cuda') inside the compiled code, a copy from pageable host memory that stream "
+    "capture refuses; graphify stages such constants in pinned memory only outside compiled code (a mode of ours "
+    "would make dynamo compile again), so those steps run eagerly with a warning (tokens still equal eager's). "
+    "Inductor folds such constants at compile time: untested"
+)
+
+
 @pytest.mark.parametrize("family", sorted(ZOO))
-def test_the_compile_line_equals_eager_generate_and_replays_graphs(backend, family):
+def test_the_compile_line_equals_eager_generate_and_replays_graphs(backend, family, request):
     _, device = backend
     if device == "cpu" and family not in CPU_COMPILE_LINE:
         pytest.skip("the compile line on the CPU: one family of each kind (all of them on a GPU)")
+    if device == "cuda" and family in SLIDING:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=COMPILED_CONSTANTS))
     want = generate(fresh(family, device), "static", device, disable_compile=True)
     model = fresh(family, device)
     model.forward = graphify(model.forward, options=Options(compile={"backend": "eager"}))
