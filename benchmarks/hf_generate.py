@@ -9,7 +9,8 @@ by itself.
                  graphify compiles the calls it captures (the decode step) with inductor
     graphify_compiled   model.forward = graphify(torch.compile(model.forward, fullgraph=True))
 
-Random-weight models from configs (no downloads): the Qwen2.5-0.5B and Llama-3-8B shapes,
+Random-weight models from configs (no downloads): the Qwen2.5-0.5B and Llama-3-8B shapes, a
+Gemma 3 1B shape whose window (64) a generation crosses, an MoE shape (8 experts, 2 active),
 bf16, greedy. Per configuration and batch, in a process of its own: the first generate()
 (compile and capture included), ms per new token in a 64-token generate() (median after
 the first call; prefill excluded), steady ms per token (a 192-token call minus a 64-token
@@ -49,7 +50,22 @@ SHAPES = {
                               num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0)),
     "tiny-qwen": ("Qwen2", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                 num_key_value_heads=2, vocab_size=256)),
+    # Gemma 3 1B's shape (5 sliding-window layers to 1 full), its window cut to 64 tokens so that a
+    # 64-token generate() fills it, crosses it and rolls: the hybrid cache's every branch
+    "gemma3-1b": ("Gemma3Text", dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                                     num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                                     sliding_window=64)),
+    # a mixture of experts: 8 experts, 2 active per token (Mixtral's layout at about 1.5B parameters)
+    "moe": ("Mixtral", dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=16, num_attention_heads=16,
+                            num_key_value_heads=8, vocab_size=32000, num_local_experts=8, num_experts_per_tok=2)),
+    "tiny-gemma3": ("Gemma3Text", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, vocab_size=256, sliding_window=8,
+                                       layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "tiny-moe": ("Mixtral", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=256, num_local_experts=4, num_experts_per_tok=2)),
 }
+# the model class of an architecture whose config's name is not `<arch>Config`'s own
+MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
 CONFIGS = {
     "eager": "eager generate() (transformers' compile off)",
     "hf_compile": "transformers' own compile (no line)",
@@ -70,7 +86,7 @@ def build(shape: str, device: str):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
     with torch.device(device):
-        return getattr(transformers, f"{arch}ForCausalLM")(cfg).to(dtype).eval()
+        return getattr(transformers, MODEL_CLASS.get(arch, f"{arch}ForCausalLM"))(cfg).to(dtype).eval()
 
 
 def one_line(name: str, model) -> None:

@@ -16,6 +16,7 @@ from graphify import BatchDescriptor
 from graphify.capture.capturers import CaptureSettings, KeyCapture, mode_capturers
 from graphify._mode import Mode
 from graphify.backends import Captured
+from graphify.backends._base import CompiledCode
 
 
 class FakeBackend:
@@ -25,7 +26,8 @@ class FakeBackend:
     def capture(self, fn, args, *, pool, warmups, weak_outputs, stream=None, guard=True, keeper=None):
         # whether the warm-ups' first run would be recorded again (not while a record covers them)
         recorded = keeper is not None and warmups > 0 and not keeper.covered
-        self.calls.append({"fn": fn, "warmups": warmups, "guard": guard, "keeper": keeper, "recorded": recorded})
+        self.calls.append({"fn": fn, "warmups": warmups, "guard": guard, "keeper": keeper, "recorded": recorded,
+                           "compiled_code": isinstance(fn, CompiledCode)})
         return Captured(lambda: None, None, None, 0)
 
 
@@ -200,3 +202,17 @@ def test_the_simulation_warms_up_every_piecewise_key_because_its_capture_execute
     keeper = FakeKeeper()
     capture(pw, keeper, first=False)
     assert split.calls[0]["warmups"] == 1 and [f for f, _ in keeper.recorded] == [probe]
+
+
+@pytest.mark.parametrize("compiled", ["none", "whole", "pieces"])
+def test_compiled_code_is_never_captured_under_the_constant_staging_mode(compiled):
+    """Staging constants is a torch function mode around the CUDA capture run; dynamo would
+    compile torch.compile'd code again under it, inside the capture. Every FULL key of a
+    compiled function (the first key's guard is its eager twin, later ones' is off) and of a
+    split function with compiled pieces captures without it."""
+    backend = FakeBackend()
+    twin = eager_twin if compiled == "whole" else None
+    full = mode_capturers(backend, fn, twin, FakeSplit(compiled=compiled == "pieces"))[Mode.FULL]
+    capture(full, FakeKeeper(), first=True)
+    capture(full, FakeKeeper(), first=False)
+    assert [c["compiled_code"] for c in backend.calls] == [compiled != "none"] * 2

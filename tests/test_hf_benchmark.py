@@ -27,3 +27,18 @@ def test_hf_generate_smoke(tmp_path, monkeypatch):
     assert rows["graphify"]["max_logit_diff"] < 1e-4  # the simulation runs the same kernels
     assert rows["graphify"]["replayed_share"] > 0.5  # decode steps replayed, prefills eager
     assert rows["graphify"]["first_generate_s"] > 0 and rows["graphify"]["steady_ms_per_token"] > 0
+
+
+@pytest.mark.parametrize("shape", ["tiny-gemma3", "tiny-moe"])
+def test_the_hybrid_cache_and_experts_shapes_run_and_replay(tmp_path, monkeypatch, shape):
+    """The Gemma 3 shape's window (8 here) is crossed by the generation, the MoE shape routes
+    to 2 of 4 experts: both equal eager's logits and replay their decode steps."""
+    from benchmarks import _report, hf_generate
+
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    hf_generate.main(["--models", shape, "--batches", "2", "--configs", "eager", "graphify", "--chat-configs",
+                      "--new-tokens", "12", "--prompt-len", "5", "--reps", "1"])
+    result = json.loads(next(tmp_path.glob("hf-generate-*.json")).read_text())
+    assert not result["failures"]
+    rows = {r["key"]: r for r in result["rows"] if "chat_total_s" not in r}
+    assert rows["graphify"]["max_logit_diff"] < 1e-4 and rows["graphify"]["replayed_share"] > 0.5

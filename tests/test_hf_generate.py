@@ -171,6 +171,27 @@ def test_sliding_window_caches_replay_graphs_per_branch_and_equal_eager(backend,
     assert any("fill" in key for key in branches) and any("full" in key for key in branches)
 
 
+def test_a_256_token_generation_through_a_sliding_window_equals_eager(backend):
+    """Gemma 3's hybrid cache, window 4, 256 new tokens: the window rolls 250 times in a
+    replayed graph, the Python counter advanced after each replay, for B = 1 and 8."""
+    _, device = backend
+    cfg_cls, model_cls, extra = WINDOWED["Gemma3"]
+    cfg = getattr(transformers, cfg_cls)(**{**TINY, **extra})
+
+    def fresh():
+        torch.manual_seed(0)
+        return getattr(transformers, model_cls)(cfg).to(device).eval()
+
+    model, reference = fresh(), fresh()
+    model.forward = graphify(model.forward)
+    for b, n in ((1, 2), (8, 7)):
+        ids = prompt(b, n, device, seed=b)
+        want, _ = generate(reference, ids, 256, do_sample=False, disable_compile=True)
+        got, _ = generate(model, ids, 256, do_sample=False)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert calls_by_mode(model.forward)[Mode.FULL] >= 2 * 255 - 2
+
+
 def test_one_line_over_a_compiled_forward_does_not_recompile_per_call():
     """graphify(torch.compile(model.forward, fullgraph=True)): transformers slices its layers
     into a new ModuleList on every forward; graphify's registration hook must not turn that

@@ -50,6 +50,10 @@ ZOO = {  # family -> (config class, model class, config)
     "Mamba": ("MambaConfig", "MambaForCausalLM", dict(hidden_size=32, num_hidden_layers=2, vocab_size=96, state_size=8)),
     "T5": ("T5Config", "T5ForConditionalGeneration", dict(
         d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8, vocab_size=96, decoder_start_token_id=0, pad_token_id=0)),
+    "Whisper": ("WhisperConfig", "WhisperForConditionalGeneration", dict(
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8, max_source_positions=16, max_target_positions=64,
+        vocab_size=96, decoder_start_token_id=1, pad_token_id=0, eos_token_id=2, bos_token_id=1)),
 }
 # with the default cache (DynamicCache: new tensors every step) calls run eagerly; these update
 # their cache in place whatever its kind, so their decode steps replay graphs with it too
@@ -64,10 +68,15 @@ def fresh(family: str, device: str):
 
 
 def generate(model, cache: str | None, device: str, **kw):
-    ids = torch.randint(1, 96, (2, 2), generator=torch.Generator().manual_seed(7)).to(device)
+    seeded = torch.Generator().manual_seed(7)
+    if isinstance(model, transformers.WhisperForConditionalGeneration):  # speech: log-mel features in
+        inputs = {"input_features": torch.randn(2, 8, 32, generator=seeded).to(device)}
+    else:
+        ids = torch.randint(1, 96, (2, 2), generator=seeded).to(device)
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pad_token_id": 0}
     return model.generate(
-        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-        do_sample=False, pad_token_id=0, cache_implementation=cache, **kw,
+        **inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation=cache,
+        **kw,
     )
 
 

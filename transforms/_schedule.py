@@ -24,7 +24,7 @@ import attrs
 import torch
 from torch.utils import _pytree as pytree
 
-from graphify.extend import Captured
+from graphify.extend import Captured, CompiledCode
 
 __all__ = ["capture_pieces", "PassSettings", "Schedule"]
 
@@ -281,8 +281,9 @@ class _CapturePass(torch.fx.Interpreter):
         # Inductor-compiled pieces are compiled on their first (warm-up) call: not under the
         # op guard, whose dispatch mode would compile them for fake inputs.
         captured = self.backend.capture(
-            module, tuple(inputs), pool=settings.pool, warmups=settings.warmups, weak_outputs=False,
-            stream=settings.stream, guard=settings.guard and not self.pw.compiled,
+            CompiledCode(module) if self.pw.compiled else module, tuple(inputs), pool=settings.pool,
+            warmups=settings.warmups, weak_outputs=False, stream=settings.stream,
+            guard=settings.guard and not self.pw.compiled,
         )
         self.graphs.append(captured.graph if captured.graph is not None else captured)
         if settings.keeper is not None:  # split ops write into these (`out` buffers): graph memory, not outside state

@@ -55,4 +55,22 @@ class Backend(Protocol):
         its place, because torch.compile'd code called under a dispatch mode falls back to
         eager for good), then record it on `stream` into a graph allocated from `pool`.
         `keeper` (a `StateKeeper`) records the first warm-up's writes to outside state and
-        undoes every eager run's."""
+        undoes every eager run's. A `CompiledCode` `fn` runs torch.compile'd code: the CUDA
+        backend does not stage its constants (dynamo would compile again under the mode)."""
+
+
+class CompiledCode:
+    """`fn`, marked as running torch.compile'd code (the caller knows; a wrapped function's
+    attributes do not tell): the CUDA backend captures it without its constant-staging mode,
+    under which dynamo would compile again, inside the capture."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.fn, name)

@@ -14,7 +14,7 @@ from .._alias import alias, metadata
 from .._errors import CaptureError
 from .._keepalive import clear_cublas_workspaces
 from .._state import eager_runs
-from ._base import Captured
+from ._base import Captured, CompiledCode
 from .streams import cupy_follows_torch
 
 __all__ = ["TorchCudaBackend", "weak_alias"]
@@ -108,8 +108,8 @@ class TorchCudaBackend:
         # capture allocates its own inside the graph's pool, where a later clear cannot hand
         # it to eager code (graphify._keepalive).
         clear_cublas_workspaces()
-        # compiled code must not see a mode of ours: dynamo would compile it again for it
-        staged = StagedConstants() if not _compiled(fn, guard) else contextlib.nullcontext(StagedConstants())
+        # compiled code must not see a mode of ours: dynamo would compile it again, inside the capture
+        staged = StagedConstants() if not isinstance(fn, CompiledCode) else contextlib.nullcontext(StagedConstants())
         with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
@@ -128,13 +128,6 @@ class TorchCudaBackend:
 
 
 _FROM_DATA = (torch.tensor, torch.as_tensor, torch.asarray)
-
-
-def _compiled(fn, guard) -> bool:
-    """Whether `fn` runs torch.compile'd code (a compiled function, or a compiled piece)."""
-    return callable(guard) or any(
-        getattr(fn, name, None) is not None for name in ("_torchdynamo_orig_callable", "_orig_mod")
-    )
 
 
 class StagedConstants(TorchFunctionMode):

@@ -47,6 +47,7 @@ from typing import Any
 import attrs
 
 from .._mode import Mode
+from ..backends._base import CompiledCode
 
 __all__ = ["CaptureSettings", "KeyCapture", "mode_capturers"]
 
@@ -131,6 +132,8 @@ class _Capturers:
                     covering = keeper.covering()
                 else:
                     keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
+            if twin is not None or self.compiled:  # compiled code: see `CompiledCode`
+                fn = CompiledCode(fn)
             with covering:
                 return self.backend.capture(fn, args, guard=guard, keeper=keeper, **settings.for_backend(warmups))
 
