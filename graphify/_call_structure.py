@@ -14,17 +14,15 @@ from typing import Any
 
 import attrs
 
-from ._axes import Kind, by_value
 from ._errors import InputMismatchError
 from ._reach import Reach
 from ._runtime import Runtime
-from ._snapshot import owned_values, set_attr
-from ._state_types import adapters_for, any_registered
+from ._state_types import owned_values, put_owned
 from ._takeover import can_take_over, owners, take_over
 from .capture import CallCapture
 
 __all__ = [
-    "Branch", "CallStructure", "NO_STATE", "branch_of", "stateful_of", "static_objects", "fitting", "take_over_idle",
+    "Branch", "CallStructure", "NO_STATE", "branch_of", "fitting", "take_over_idle",
 ]
 
 NO_STATE: tuple = ()  # the branch of a structure that reaches no registered type
@@ -122,9 +120,7 @@ class CallStructure:
 
     def advance(self, predicted: list) -> None:
         """What a replay leaves the Python state as: the values `predict` gave."""
-        for obj, names, values in predicted:
-            for name, value in zip(names, values):
-                set_attr(obj, name, value)
+        put_owned(predicted)
 
     def verify(self, predicted: list) -> str | None:
         """After an eager run: None if the state is as predicted, else what differs."""
@@ -136,19 +132,6 @@ class CallStructure:
 
 
 # -- finding a call's structure ----------------------------------------------------------------
-def static_objects(specs, slots: Sequence[Any]) -> dict:
-    """{argument name: object} of a call's static objects (compared by identity)."""
-    return {s.name: slots[s.index] for s in specs if s.axis.kind is Kind.STATIC and not by_value(slots[s.index])}
-
-
-def stateful_of(objects: dict) -> tuple:
-    """(object, StateType, path) of every registered type the static `objects` reach."""
-    if not objects:
-        return ()
-    adapters_for(objects)
-    return tuple(Reach.walk(objects).stateful) if any_registered() else ()
-
-
 def fitting(structures, args: tuple, kwargs: dict) -> "CallStructure | None":
     """The first structure a call fits, checked without running it."""
     for structure in structures:
@@ -160,11 +143,10 @@ def fitting(structures, args: tuple, kwargs: dict) -> "CallStructure | None":
     return None
 
 
-def take_over_idle(structures, likeness: tuple, specs, slots: Sequence[Any]) -> "CallStructure | None":
-    """An idle structure (its objects gone) that took over this call's new static objects
+def take_over_idle(structures, likeness: tuple, objects: dict) -> "CallStructure | None":
+    """An idle structure (its objects gone) that took over a call's new static `objects`
     (`graphify._takeover`): their tensors moved into the memory its graphs read, every branch
     rebound to them. None where none can."""
-    objects = static_objects(specs, slots)
     if not objects:
         return None
     for structure in structures:

@@ -36,8 +36,7 @@ import threading
 import warnings
 
 from . import _call_paths
-from ._axes import Kind, by_value
-from ._call_structure import Branch, CallStructure, branch_of, fitting, static_objects, stateful_of, take_over_idle
+from ._call_structure import Branch, CallStructure, branch_of, fitting, take_over_idle
 from ._errors import (
     CaptureError, GraphifyError, InputMismatchError, PersistentSwapError, StateChangedError, StateReplacedError,
 )
@@ -45,7 +44,8 @@ from ._function import FunctionSpec
 from ._keys import KeySet, plan_keys
 from ._runtime import Miss
 from ._stats import Stats
-from ._structures import Pending, family_of, fits, likeness_of
+from ._reach import stateful_in
+from ._structures import Pending, family_of, fits, likeness_of, static_objects
 from .capture import CallCapture, Prepared, prepare
 
 __all__ = ["FirstUse", "MAX_STRUCTURES", "MAX_EXACT_GRAPHS", "EXACT_MAX_TOKENS", "MAX_IDLE"]
@@ -159,17 +159,17 @@ class FirstUse:
         family = family_of(layout, specs)
         if any(fits(r, layout, slots) for r in self.refused) or family in self.refused_families:
             return self._eager(args, kwargs)
-        stateful = stateful_of(static_objects(specs, slots))
+        objects = static_objects(specs, slots)
+        stateful = stateful_in(objects)
         branch = branch_of(stateful, layout.slot_names, slots)
         if branch is None:  # a state no graph stands in for (a cache window's crossing)
             return self._eager(args, kwargs)
         with self.lock:
             self._purge()
-            taken_over = self._home_for(likeness_of(layout, specs), specs, slots)
+            taken_over = self._home_for(likeness_of(layout, specs), objects)
         if taken_over is not None:
             return self.run(args, kwargs)  # served by the structure that took the new objects over
         # kin: the same call with new static objects (a new cache, maybe of another length)
-        objects = any(s.axis.kind is Kind.STATIC and not by_value(s.value) for s in specs)
         kin = next((s for s in self.structures if s.family == family and s.graphs), None) if objects else None
         previous, self.pending = self.pending, Pending(layout, specs, self.spec.label)
         if kin is None and (previous is None or not fits(previous, layout, slots)):
@@ -306,10 +306,10 @@ class FirstUse:
             )
 
     # -- new objects, stale and refused structures -------------------------------------------
-    def _home_for(self, likeness: tuple, specs, slots) -> "CallStructure | None":
+    def _home_for(self, likeness: tuple, objects: dict) -> "CallStructure | None":
         """An idle structure that took over this call's new static objects (lock held), now
         first in line."""
-        structure = take_over_idle(self.structures, likeness, specs, slots)
+        structure = take_over_idle(self.structures, likeness, objects)
         if structure is not None:
             self.structures.remove(structure)
             self.structures.insert(0, structure)

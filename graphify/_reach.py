@@ -31,9 +31,9 @@ import torch
 
 from ._axes import by_value
 from ._roots import GlobalSlot, function_roots
-from ._state_types import state_type_of
+from ._state_types import adapters_for, any_registered, state_type_of
 
-__all__ = ["Reach", "Edges", "has_address", "read_edge"]
+__all__ = ["Reach", "Edges", "has_address", "read_edge", "stateful_in"]
 
 MAX_DEPTH = 8
 MAX_ITEMS = 4096  # per list or dict
@@ -292,6 +292,15 @@ def _reads_other(holder, key, attr: bool, value) -> bool:
         return read_edge(holder, key, attr) is not value
     except Exception:
         return True
+
+
+def stateful_in(objects: dict) -> tuple:
+    """(object, StateType, path) of every registered type (`graphify._state_types`) the
+    static `objects` reach, their library's adapters imported first; () when none is."""
+    if not objects:
+        return ()
+    adapters_for(objects)
+    return tuple(Reach.walk(objects).stateful) if any_registered() else ()
 
 
 def read_edge(holder, key, attr: bool):

@@ -15,6 +15,7 @@ import types
 from operator import is_
 
 from ._reach import Reach
+from ._state_types import owned_values, put_owned
 
 __all__ = ["Snapshot", "set_attr"]
 
@@ -35,9 +36,7 @@ class Snapshot:
 
     def restore_owned(self) -> None:
         """Put back the attributes registered types own, as they were when taken."""
-        for obj, names, values in self.owned:
-            for name, value in zip(names, values):
-                set_attr(obj, name, value)
+        put_owned(self.owned)
 
     def restore(self) -> None:
         """Put back every reference and plain value recorded (containers to their recorded
@@ -55,11 +54,6 @@ class Snapshot:
                     _put_back(holder, key, value)
                 elif isinstance(holder, dict) and (key not in holder or holder[key] is not value):
                     holder[key] = value  # items of globals dicts (not snapshotted)
-
-
-def owned_values(obj, names: tuple[str, ...]) -> tuple:
-    """The values of `obj`'s attributes `names` now."""
-    return tuple(getattr(obj, name) for name in names)
 
 
 def _put_back(holder, key: str, value) -> None:

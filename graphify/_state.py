@@ -27,7 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass, is_traceable_wrapper_subclass_type
 
 from ._guard import CaptureGuard
-from ._state_types import capture_contexts
+from ._state_types import capture_contexts, put_owned
 
 __all__ = ["StateKeeper", "schema_facts", "UNANNOTATED_VIEWS", "UNANNOTATED_WRITES"]
 
@@ -179,9 +179,7 @@ class StateKeeper:
     def restore(self) -> None:
         """Write back what the recorded run overwrote (newest first), and the owned Python
         state as it was before the capture."""
-        for obj, names, values in self.owned:
-            for name, value in zip(names, values):
-                setattr(obj, name, value)
+        put_owned(self.owned)
         if not self.undo:
             return
         with torch.no_grad():

@@ -32,7 +32,7 @@ import attrs
 
 __all__ = [
     "StateType", "register_state_type", "state_type_of", "any_registered", "adapters_for", "ADAPTER_MODULES",
-    "register_capture_context", "capture_contexts",
+    "register_capture_context", "capture_contexts", "owned_values", "put_owned",
 ]
 
 
@@ -74,6 +74,19 @@ def capture_contexts():
         for make in _CONTEXTS:
             stack.enter_context(make())
         yield
+
+
+def owned_values(obj: Any, names: tuple[str, ...]) -> tuple:
+    """The values of `obj`'s attributes `names` now."""
+    return tuple(getattr(obj, name) for name in names)
+
+
+def put_owned(owned) -> None:
+    """Set each (object, attribute names, values) of `owned` (past any custom __setattr__,
+    as capture puts state back)."""
+    for obj, names, values in owned:
+        for name, value in zip(names, values):
+            object.__setattr__(obj, name, value)
 
 
 def any_registered() -> bool:

@@ -17,7 +17,7 @@ import attrs
 
 from ._axes import Kind, by_value, mismatch
 
-__all__ = ["Pending", "family_of", "likeness_of", "fits"]
+__all__ = ["Pending", "family_of", "likeness_of", "fits", "static_objects"]
 
 
 @attrs.define(eq=False)
@@ -46,6 +46,12 @@ def likeness_of(layout, specs) -> tuple:
     return family_of(layout, specs) + tuple(
         (s.trailing, s.data_ptr) for s in specs if s.axis.kind is not Kind.STATIC
     )
+
+
+def static_objects(specs, slots: Sequence[Any]) -> dict:
+    """{argument name: object} of a call's static objects (compared by identity, not by
+    value): the roots of the Python state a graph cannot follow."""
+    return {s.name: slots[s.index] for s in specs if s.axis.kind is Kind.STATIC and not by_value(slots[s.index])}
 
 
 def fits(pending: Pending, layout, slots: Sequence[Any]) -> bool:

@@ -15,8 +15,7 @@ import attrs
 
 from .._errors import CaptureError
 from .._function import FunctionSpec
-from .._reach import Reach
-from .._state_types import adapters_for
+from .._reach import stateful_in
 from .._table import GraphTable
 from .errors import as_capture_error
 from .prepare import prepare
@@ -86,9 +85,7 @@ def _follows_no_state(spec: FunctionSpec, session: CaptureSession) -> None:
     """Refuse static objects whose Python state graphs must follow by branch
     (`graphify._state_types`): ahead-of-time graphs serve one branch and cannot advance
     that state; first use (calling the function without `capture()`) follows it."""
-    objects = session.objects(session.example)
-    adapters_for(objects)
-    stateful = Reach.walk(objects).stateful
+    stateful = stateful_in(session.objects(session.example))
     if stateful:
         obj, _, path = stateful[0]
         raise CaptureError(

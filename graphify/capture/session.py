@@ -27,7 +27,7 @@ import attrs
 import torch
 from torch.utils import _pytree as pytree
 
-from .._axes import Kind, by_value
+from .._axes import Kind
 from .._distributed import graph_code
 from .._errors import CaptureError, StateReplacedError
 from .._function import FunctionSpec
@@ -41,6 +41,7 @@ from .._reach import Reach
 from .._reads import Reads
 from .._roots import function_roots
 from .._snapshot import Snapshot
+from .._structures import static_objects
 from .._state import StateKeeper
 from .._table import CaptureReport, Entry, GraphTable, Holdings, StaticBuffers
 from .capturers import CaptureSettings, KeyCapture, mode_capturers
@@ -99,7 +100,7 @@ class CaptureSession:
 
     def objects(self, args: Sequence[Any]) -> dict:
         """The static objects of a call: roots of the Python state a graph cannot follow."""
-        return {s.name: a for s, a in zip(self.specs, args) if s.axis.kind is Kind.STATIC and not by_value(a)}
+        return static_objects(self.specs, args)
 
     # -- capture ----------------------------------------------------------------------------
     def capture(
