@@ -70,12 +70,18 @@ def init(cpu: bool, timeout_s: float) -> tuple[int, int, torch.device]:
     """Join the process group (torchrun's environment): gloo on the CPU, else NCCL on GPU
     LOCAL_RANK; collectives give up after `timeout_s`. Returns (rank, world, device)."""
     timeout = timedelta(seconds=timeout_s)
-    if cpu:
-        dist.init_process_group("gloo", timeout=timeout)
-        return dist.get_rank(), dist.get_world_size(), torch.device("cpu")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    device = torch.device("cpu")
+    if not cpu:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))))
+        torch.cuda.set_device(device)
+    try:
+        if cpu:
+            dist.init_process_group("gloo", timeout=timeout)
+        else:
+            dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    except dist.DistError as exc:  # a peer left while the group formed (it failed at once): end as ExitTogether would
+        _leave(1, f"[rank {os.environ.get('RANK', '?')}] stopping: the group could not form, a peer rank left "
+                  f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
     return dist.get_rank(), dist.get_world_size(), device
 
 

@@ -5,8 +5,11 @@ cache every family replays graphs, as transformers' own compile makes graphs for
 
 Sliding-window families (Mistral, Qwen2 with sliding layers, Phi-3, Gemma 2 and 3, Cohere2,
 gpt-oss) run with a window of 4 and a prompt of 2, so decode fills the window, crosses it
-and rolls. The compile line uses dynamo's "eager" backend here (the mechanism, without
-inductor's compile time on a CPU); the GPU benchmarks run inductor.
+and rolls. The compile line uses dynamo's "aot_eager" backend here (AOTAutograd's trace
+without inductor's compile time); the GPU benchmarks run inductor. (Dynamo's "eager" debug
+backend runs a sliding window's `torch.tensor([-1], device="cuda")` at every call, a copy
+from pageable memory that stream capture refuses: those steps run eagerly with a warning.
+AOTAutograd and inductor make it a constant at compile time.)
 """
 
 from __future__ import annotations
@@ -106,26 +109,14 @@ def test_the_one_line_equals_eager_generate_and_replays_graphs(backend, family, 
 CPU_COMPILE_LINE = {"Gemma3", "Mixtral", "T5", "Mamba"}
 
 
-SLIDING = {"Qwen2-sliding", "Mistral-window", "Gemma2", "Gemma3", "Phi3-window", "Cohere2", "gpt-oss"}
-COMPILED_CONSTANTS = (
-    "open (issue 40): under Options(compile=...) with dynamo's 'eager' backend, a sliding window's full branch "
-    "makes torch.tensor([-1], device='cuda') inside the compiled code, a copy from pageable host memory that stream "
-    "capture refuses; graphify stages such constants in pinned memory only outside compiled code (a mode of ours "
-    "would make dynamo compile again), so those steps run eagerly with a warning (tokens still equal eager's). "
-    "Inductor folds such constants at compile time: untested"
-)
-
-
 @pytest.mark.parametrize("family", sorted(ZOO))
-def test_the_compile_line_equals_eager_generate_and_replays_graphs(backend, family, request):
+def test_the_compile_line_equals_eager_generate_and_replays_graphs(backend, family):
     _, device = backend
     if device == "cpu" and family not in CPU_COMPILE_LINE:
         pytest.skip("the compile line on the CPU: one family of each kind (all of them on a GPU)")
-    if device == "cuda" and family in SLIDING:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=COMPILED_CONSTANTS))
     want = generate(fresh(family, device), "static", device, disable_compile=True)
     model = fresh(family, device)
-    model.forward = graphify(model.forward, options=Options(compile={"backend": "eager"}))
+    model.forward = graphify(model.forward, options=Options(compile={"backend": "aot_eager"}))
     got = generate(model, "static", device)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert calls_by_mode(model.forward)[Mode.FULL] >= NEW_TOKENS - 3, calls_by_mode(model.forward)

@@ -99,7 +99,7 @@ class TorchCudaBackend:
                 eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
             stream.synchronize()  # the warm-ups' frees settle before the capture allocates
         graph = torch.cuda.CUDAGraph()
-        before = _reserved(device)
+        before = self.usage(pool)[0]
         # Not `torch.cuda.graph(...)`: its __enter__ synchronises the device and empties the
         # allocator's cache before every capture, which costs more than a small capture and
         # makes the next warm-up allocate afresh; the stream was synchronised above.
@@ -120,7 +120,10 @@ class TorchCudaBackend:
                     graph.capture_end()
                 raise
             graph.capture_end()
-        nbytes = _reserved(device) - before  # what this capture grew the pool by
+        # what this capture grew the pool by, from the pool's own segments: capture_begin
+        # itself may allocate outside it (torch's RNG seed and offset tensors for graphs,
+        # made when the first live graph registers, kept in the default pool)
+        nbytes = self.usage(pool)[0] - before
         graph.graphify_constants = constants.kept  # the host memory its copies read, for as long as it lives
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)
@@ -153,9 +156,3 @@ class StagedConstants(TorchFunctionMode):
             return out
         return func(*args, **kwargs)
 
-
-def _reserved(device: int) -> int:
-    """Bytes the caching allocator holds from the device. While a stream captures, every
-    allocation it makes comes from the graph's pool, so the growth across a capture is the
-    pool's growth (the segment table `usage` reads is exact but walks every segment)."""
-    return torch._C._cuda_memoryStats(device)["reserved_bytes"]["all"]["current"]
