@@ -8,6 +8,10 @@ by itself.
     graphify_inductor   model.forward = graphify(model.forward, options=Options(compile=True)):
                  graphify compiles the calls it captures (the decode step) with inductor
     graphify_compiled   model.forward = graphify(torch.compile(model.forward, fullgraph=True))
+    graphify_background model.forward = graphify(model.forward, options=Options(compile="background")):
+                 plain graphs at once, inductor's kernels once a worker process compiled them;
+                 the row says when they came (compiled kernels ready s, from the first call's
+                 start) and what the generate() that took them in cost; the timings after it
 
 Random-weight models from configs (no downloads): the Qwen2.5-0.5B and Llama-3-8B shapes, a
 Gemma 3 1B shape whose window (64) a generation crosses, an MoE shape (8 experts, 2 active),
@@ -16,9 +20,11 @@ bf16, greedy. Per configuration and batch, in a process of its own: the first ge
 the first call; prefill excluded), steady ms per token (a 192-token call minus a 64-token
 call; the first 192-token call is timed apart, since transformers recompiles for a longer
 cache), on a GPU the kernels and GPU time per token (torch.profiler), and the largest
-logit difference to eager over the first decode steps. Then the chat-like workload, in a
-fresh process: 20 seeded generate() calls (batch 1-8, prompts 16-256 tokens, 16-256 new
-tokens), total wall time with every compile and capture.
+logit difference to eager over the first decode steps. Every configuration's process has
+compile caches of its own, empty at its start; `--restart-configs` run a second process
+on the caches the first left (a service restart). Then the chat-like workload, in a fresh
+process with empty caches: 20 seeded generate() calls (batch 1-8, prompts 16-256 tokens,
+16-256 new tokens), total wall time with every compile and capture.
 
 On a machine without a GPU: a tiny config on the CPU simulation backend, labelled as not
 GPU timings.
@@ -72,6 +78,7 @@ CONFIGS = {
     "graphify": "graphify(model.forward)",
     "graphify_inductor": "graphify(model.forward, options=Options(compile=True))",
     "graphify_compiled": "graphify(torch.compile(model.forward))",
+    "graphify_background": 'graphify(model.forward, options=Options(compile="background"))',
 }
 PEER = "hf_compile"
 LOGIT_STEPS = 4  # decode steps whose logits are compared with eager's
@@ -99,6 +106,10 @@ def one_line(name: str, model) -> None:
         from graphify import Options, graphify
 
         model.forward = graphify(model.forward, options=Options(compile=True))
+    elif name == "graphify_background":
+        from graphify import Options, graphify
+
+        model.forward = graphify(model.forward, options=Options(compile="background"))
     elif name == "graphify_compiled":
         from graphify import graphify
 
@@ -152,11 +163,17 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
     for batch in batches:
         ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
         ids = ids.to(device)
+        start = time.perf_counter()
         first = timed(lambda: generate(model, name, ids, new))  # noqa: B023 - called at once
+        background = {}
+        if name == "graphify_background":  # when the compiled kernels came, and the call that took them in
+            model.forward.wait_compiles()
+            background["compiled_ready_s"] = time.perf_counter() - start
+            background["swap_generate_s"] = timed(lambda: generate(model, name, ids, new))  # noqa: B023
         prefill = statistics.median(timed(lambda: generate(model, name, ids, 1)) for _ in range(reps))  # noqa: B023
         call = statistics.median(timed(lambda: generate(model, name, ids, new)) for _ in range(reps))  # noqa: B023
         row = {"model": shape, "config": CONFIGS[name], "key": name, "batch": batch, "first_generate_s": first,
-               "ms_per_token": (call - prefill) * 1e3 / (new - 1)}
+               "ms_per_token": (call - prefill) * 1e3 / (new - 1), **background}
         if name != "eager":
             longer = 3 * new
             row["first_longer_ms_per_token"] = (timed(lambda: generate(model, name, ids, longer)) - call) * 1e3 / (longer - new)  # noqa: B023
@@ -212,33 +229,43 @@ def worker(args) -> None:
         rows = run_chat(args.worker, args.models[0])
     else:
         rows = run_config(args.worker, args.models[0], args.batches, args.new_tokens, args.prompt_len, args.reps, args.ref)
+    for r in rows:
+        r["process"] = args.process
     with open(args.out, "a") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
 
 
-def spawn(config: str, shape: str, args, ref: str, out: str, chat: bool = False) -> str | None:
+def spawn(config: str, shape: str, args, ref: str, out: str, chat: bool = False, process: int = 1) -> str | None:
+    """One configuration's process. Each has compile caches of its own (inductor's, Triton's),
+    empty for its first process; a second one (`process=2`, a service restart) finds them as
+    the first left them. The chat-like workload starts from empty caches too."""
     cmd = [sys.executable, "-m", "benchmarks.hf_generate", "--worker", config, "--models", shape,
            "--batches", *map(str, args.batches), "--new-tokens", str(args.new_tokens),
-           "--prompt-len", str(args.prompt_len), "--reps", str(args.reps), "--ref", ref, "--out", out]
+           "--prompt-len", str(args.prompt_len), "--reps", str(args.reps), "--ref", ref, "--out", out,
+           "--process", str(process)]
     if chat:
         cmd.append("--chat")
+    caches = Path(ref) / f"caches-{shape}-{config}{'-chat' if chat else ''}"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
     try:
-        done = subprocess.run(cmd, timeout=args.timeout, capture_output=True, text=True)
+        done = subprocess.run(cmd, timeout=args.timeout, capture_output=True, text=True, env=env)
     except subprocess.TimeoutExpired:
-        return f"{config}{' chat' if chat else ''} on {shape}: timed out after {args.timeout} s"
+        return f"{config}{' chat' if chat else ''} (process {process}) on {shape}: timed out after {args.timeout} s"
     if done.returncode != 0:
-        return f"{config}{' chat' if chat else ''} on {shape}: exit {done.returncode}: {done.stderr.strip()[-600:]}"
+        return (f"{config}{' chat' if chat else ''} (process {process}) on {shape}: exit {done.returncode}: "
+                f"{done.stderr.strip()[-600:]}")
     return None
 
 
 COLUMNS = [
-    ("model", "model", ""), ("batch", "B", "d"), ("config", "configuration", ""),
+    ("model", "model", ""), ("batch", "B", "d"), ("config", "configuration", ""), ("process", "process", "d"),
     ("ms_per_token", "ms/token, 64-token call", ".2f"), ("vs_peer", "÷ peer", ".2f"),
     ("gpu_ms_per_token", "GPU ms/token", ".2f"), ("kernels_per_token", "kernels/token", ".0f"),
     ("steady_ms_per_token", "steady ms/token", ".2f"), ("steady_vs_peer", "÷ peer", ".2f"),
     ("first_longer_ms_per_token", "first 192-token call, ms/extra token", ".1f"),
     ("first_generate_s", "first generate() s", ".1f"), ("first_vs_peer", "÷ peer", ".2f"),
+    ("compiled_ready_s", "compiled kernels ready s", ".1f"), ("swap_generate_s", "generate() that takes them in s", ".1f"),
     ("replayed_share", "calls replayed", ".2f"), ("max_logit_diff", f"max |logit - eager|, {LOGIT_STEPS} steps", ".3g"),
     ("max_logit_diff_same_process", "same, eager in this process", ".3g"),
 ]
@@ -251,9 +278,9 @@ CHAT_COLUMNS = [
 
 def add_ratios(rows: list[dict]) -> None:
     """Each row's ratios to the peer (transformers' own compile) at the same model and batch."""
-    index = {(r["model"], r.get("batch"), r["key"], "chat_total_s" in r): r for r in rows}
+    index = {(r["model"], r.get("batch"), r["key"], "chat_total_s" in r, r.get("process", 1)): r for r in rows}
     for r in rows:
-        ref = index.get((r["model"], r.get("batch"), PEER, "chat_total_s" in r))
+        ref = index.get((r["model"], r.get("batch"), PEER, "chat_total_s" in r, r.get("process", 1)))
         if ref is None:
             continue
         for key, out in (("ms_per_token", "vs_peer"), ("steady_ms_per_token", "steady_vs_peer"),
@@ -269,12 +296,15 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32] if gpu else [1, 3])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS) if gpu else ["eager", "graphify"])
     parser.add_argument("--chat-configs", nargs="*", default=[PEER, "graphify"] if gpu else ["graphify"])
+    parser.add_argument("--restart-configs", nargs="*", default=[PEER, "graphify_background"] if gpu else [],
+                        help="configurations run again in a second process that finds the first one's compile caches")
     parser.add_argument("--new-tokens", type=int, default=64 if gpu else 8)
     parser.add_argument("--prompt-len", type=int, default=128 if gpu else 8)
     parser.add_argument("--reps", type=int, default=3 if gpu else 1)
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--tag", default="", help="a suffix for the result files (a second run: 'run2')")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--process", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ref", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -290,10 +320,11 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.jsonl")
         for shape in args.models:
-            jobs = [(c, False) for c in configs] + [(c, True) for c in args.chat_configs]
-            for config, chat in jobs:
-                print(f"{shape}: {config}{' chat' if chat else ''} ...", flush=True)
-                err = spawn(config, shape, args, tmp, out, chat)
+            jobs = [(c, False, 1) for c in configs] + [(c, False, 2) for c in args.restart_configs]
+            jobs += [(c, True, 1) for c in args.chat_configs]
+            for config, chat, process in jobs:
+                print(f"{shape}: {config}{' chat' if chat else ''}{' (restart)' if process == 2 else ''} ...", flush=True)
+                err = spawn(config, shape, args, tmp, out, chat, process)
                 if err:
                     failures.append(err)
                     print("  " + err, flush=True)

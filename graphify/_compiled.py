@@ -58,7 +58,7 @@ class KeptCompiles:
             self.inner.reset()
 
 
-def compile_for_captures(label: str, fn: Callable, how: "bool | dict") -> Callable:
+def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> Callable:
     """`torch.compile(fn, dynamic=True, **how)`, compiled lazily on the first capture that
     calls it, through `KeptCompiles`. For a split function, the function it was split from,
     compiled whole: FULL graphs record it (inductor fuses across the split ops), PIECEWISE
@@ -74,6 +74,7 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | dict") -> Callab
     # change, 0/1 specialised) compiled 5 times over 10 chat-like calls where this compiles
     # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
     how = dict(how) if isinstance(how, dict) else {}
+    how.pop("background", None)  # where it compiles (`graphify._background`), not how
     dynamic = how.pop("dynamic", True)
     backend = shared_backend(how.pop("backend", "inductor"), how.pop("mode", None), how.pop("options", None), dynamic)
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs

@@ -14,6 +14,9 @@ again. Nothing below calls back up here. The policy:
 - Python state of registered types (`graphify._state_types`: a sliding-window cache
   layer's counter) splits a structure into *branches*, a table each; the state is advanced
   after each replay as the type predicts, and checked against each eager run.
+- Under `Options(compile="background")` captures record the function as written until a
+  worker process has compiled their kind of call (`graphify._compile_jobs`); then the
+  structures holding such graphs are dropped and their calls capture again, compiled.
 - What cannot be graphed runs eagerly with one warning naming the cause and the fix (an op
   that reads a device value on the host, Python state that changes every call); other
   sizes and branches keep their graphs. `Options(first_use="strict")` raises instead.
@@ -37,11 +40,12 @@ import warnings
 
 from . import _call_paths
 from ._call_structure import Branch, CallStructure, branch_of, fitting, take_over_idle
+from ._compile_jobs import CompileJobs, capture_with
 from ._errors import (
     CaptureError, GraphifyError, InputMismatchError, PersistentSwapError, StateChangedError, StateReplacedError,
 )
 from ._function import FunctionSpec
-from ._keys import KeySet, plan_keys
+from ._keys import exact_keys
 from ._runtime import Miss
 from ._stats import Stats
 from ._reach import stateful_in
@@ -75,6 +79,8 @@ class FirstUse:
         self.released = False
         self.warned: set[str] = set()  # the once-only warnings given
         self.collected = False  # the GC runs before the first capture only
+        # Options(compile="background"): the compiles a worker process makes for its captures
+        self.jobs = CompileJobs(spec) if spec.background and spec.compiled is not None and spec.split is None else None
 
     # -- the call ---------------------------------------------------------------------------
     def run(self, args: tuple, kwargs: dict):
@@ -83,6 +89,9 @@ class FirstUse:
                 f"{self.spec.label}: this callable's graphs were released (release()); use the callable "
                 "release() returned"
             )
+        if self.jobs is not None and self.jobs.settled():
+            for structure in self.jobs.superseded(self.structures):
+                self._drop(structure)  # its calls capture again, compiled
         for structure in tuple(self.structures):
             try:
                 out = self._via(structure, args, kwargs)
@@ -204,7 +213,7 @@ class FirstUse:
     def _add_branch(self, structure: CallStructure, key, prepared: Prepared) -> Branch:
         """A new branch of `structure`, its capture open on `prepared`'s call, first in line."""
         spec = self.spec
-        keys = spec.keys if not structure.exact else _exact_keys(spec)
+        keys = spec.keys if not structure.exact else exact_keys(spec.resolution.mode, spec.batching, EXACT_MAX_TOKENS)
         capture = self.open_capture(spec, prepared, keys)
         branch = Branch(key, capture, _call_paths.runtime_for(spec, capture.session.table(), keys))
         structure.branches = {key: branch, **structure.branches}
@@ -257,9 +266,12 @@ class FirstUse:
             collect, self.collected = not self.collected, True
             loaded, written = branch.capture.load(pair, miss.args)
             runtime.wrote(written)
+            job = self.jobs.job_for(structure, branch, pair, miss.args) if self.jobs is not None else None
+            kin = (branch.key, pair) in structure.kin_keys
             try:
-                table = self._capture(branch, (branch.key, pair) in structure.kin_keys, pair, miss.args, loaded,
-                                      collect)
+                table, plain = capture_with(job, lambda plain: branch.capture.capture_first_use(
+                    pair, miss.args, loaded, kin=kin, collect=collect, plain=plain),
+                    strict=self.spec.options.first_use == "strict")
             except CaptureError as exc:
                 if self.spec.options.first_use == "strict" or getattr(exc, "replaced", False):
                     raise
@@ -267,22 +279,11 @@ class FirstUse:
                 self._cannot_capture(exc)
                 return False
             runtime.install(table)
+            if plain:  # until its compile is made elsewhere
+                branch.waiting[pair] = job.send()
         branch.graphs += 1
         structure.settle()
         return True
-
-    def _capture(self, branch: Branch, kin: bool, pair: tuple, args: tuple, loaded: list, collect: bool):
-        """Capture `pair` for a call of `branch`: without warm-up where its kin captured that
-        key (`kin`; made again with the whole protocol if that fails)."""
-        capture = branch.capture
-        if kin:
-            try:
-                return capture.capture(pair, args, loaded, quick=True, collect=collect)
-            except StateReplacedError:
-                raise
-            except CaptureError as exc:
-                log.info("%s: a capture without warm-up failed (%s); capturing with one", self.spec.label, exc)
-        return capture.capture(pair, args, loaded, collect=collect)
 
     def _check_prediction(self, structure: CallStructure, predicted: list) -> None:
         """After an eager run of a structure whose graphs follow Python state: a registered
@@ -366,6 +367,10 @@ class FirstUse:
             log.warning(message, *values)
 
     # -- the callable's other verbs ---------------------------------------------------------
+    def wait_compiles(self, timeout: float | None) -> bool:
+        """Wait for the compiles sent so far; whether all settled within `timeout` s."""
+        return self.jobs.wait(timeout) if self.jobs is not None else True
+
     def current(self) -> CallStructure | None:
         return self.structures[0] if self.structures else None
 
@@ -386,12 +391,3 @@ class FirstUse:
             f"; first use: {graphs} graphs over {len(structures)} call structure(s) in {seconds:.2f} s, "
             f"{mib:.1f} MiB reserved"
         )
-
-
-def _exact_keys(spec: FunctionSpec) -> KeySet:
-    """Every batch size up to `EXACT_MAX_TOKENS` as its own (unpadded) key."""
-    batching = spec.batching
-    return plan_keys(
-        spec.resolution.mode, range(1, EXACT_MAX_TOKENS + 1), uniform_query_len=batching.uniform_query_len,
-        max_num_reqs=batching.max_num_reqs, lora=batching.lora,
-    )

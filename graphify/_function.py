@@ -71,6 +71,16 @@ class FunctionSpec:
         return as_split(self.fn)
 
     @property
+    def background(self) -> bool:
+        """Whether first use compiles in a worker process while plain graphs serve."""
+        how = self.options.compile
+        return how == "background" or isinstance(how, dict) and how.get("background", False) is True
+
+    def plain(self) -> "FunctionSpec":
+        """This spec with captures recording the function as written (no compile)."""
+        return attrs.evolve(self, compiled=None)
+
+    @property
     def first_use(self) -> bool:
         """Whether calls before `capture()` capture what they need."""
         return self.options.first_use is not False and self.group is None and self.resolution.mode is not Mode.NONE

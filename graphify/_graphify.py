@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from operator import is_
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -43,6 +43,7 @@ class Graphified:
     arguments, and `spec` what they resolve to (`graphify._function.FunctionSpec`).
     """
 
+    dropped_in_workers: ClassVar[bool] = True  # where `graphify._background` sends the object it is set on
     fn: Callable
     mode: Mode = attrs.field(default=Mode.FULL, converter=Mode.parse)
     sizes: tuple[int, ...] | None = attrs.field(
@@ -126,6 +127,13 @@ class Graphified:
         if self._first_use is not None:
             self._first_use.release()
         return attrs.evolve(self, table=None)
+
+    def wait_compiles(self, timeout: float | None = None) -> bool:
+        """Under `Options(compile="background")`: wait (at most `timeout` s) for the compiles
+        calls have sent to the worker so far; whether they all finished. The calls after
+        that capture their graphs again with the compiled function. A service can call this
+        after its warm-up requests; nothing needs it to be right."""
+        return self._first_use.wait_compiles(timeout) if self._first_use is not None else True
 
     def static_inputs(self, num_tokens: int, num_reqs: int | None = None) -> tuple:
         """Arguments for a call of `num_tokens` tokens (and `num_reqs` requests) that *are*

@@ -10,7 +10,7 @@ from ._descriptor import BatchDescriptor
 from ._mode import Mode
 from ._sizes import normalize_sizes
 
-__all__ = ["KeySet", "plan_keys", "uniform_request_counts", "specialised_sizes"]
+__all__ = ["KeySet", "plan_keys", "exact_keys", "uniform_request_counts", "specialised_sizes"]
 
 
 def _frozen_keys(keys: Iterable[BatchDescriptor]) -> frozenset[BatchDescriptor]:
@@ -164,3 +164,12 @@ def specialised_sizes(rule: "str | tuple[int, ...]", keys: KeySet) -> frozenset[
     if rule == "none":
         return frozenset()
     return frozenset(sizes & set(rule))
+
+
+def exact_keys(mode: "Mode | str", batching, up_to: int) -> KeySet:
+    """Every batch size up to `up_to` tokens as its own (unpadded) key, under `batching`
+    (`graphify.Batching`): what first use captures when no sizes are given."""
+    return plan_keys(
+        mode, range(1, up_to + 1), uniform_query_len=batching.uniform_query_len,
+        max_num_reqs=batching.max_num_reqs, lora=batching.lora,
+    )

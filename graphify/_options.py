@@ -47,8 +47,14 @@ def _first_use_choice(instance, attribute, value):
 
 
 def _compile_choice(instance, attribute, value):
+    if value == "background" and isinstance(value, str):
+        return
     if not isinstance(value, (bool, dict)):
-        raise TypeError(f"Options: compile must be True, False or a dict of torch.compile keywords, got {value!r}")
+        raise TypeError(
+            f"Options: compile must be True, False, 'background' or a dict of torch.compile keywords, got {value!r}"
+        )
+    if isinstance(value, dict) and not isinstance(value.get("background", False), bool):
+        raise TypeError(f"Options: compile's 'background' must be True or False, got {value['background']!r}")
 
 
 def _backend_name(instance, attribute, value):
@@ -132,7 +138,13 @@ class Options:
       a batch of 1 after larger ones (or the reverse) one more; other shapes reuse it.
       `graphify(torch.compile(fn))` instead compiles every call, eager ones included.
       What the compile made lives as long as the graphified function, whose graphs launch
-      it (`torch._dynamo.reset()` does not free it). For a split function, FULL graphs
+      it (`torch._dynamo.reset()` does not free it). "background" (or `"background": True`
+      in the dict): calls capture plain graphs at once while a worker process compiles the
+      same calls (`graphify._background`: the weights cross by CUDA IPC, not copied) into
+      torch's on-disk caches; once a call's compile is there, its graphs are captured again
+      with the compiled function, whose compile in this process then loads from those caches.
+      The first `generate()` costs what the plain line's does; a restarted process finds the
+      caches filled. `capture()` compiles in its own process. For a split function, FULL graphs
       record the function it was split from, compiled whole, and PIECEWISE graphs keep its
       pieces. On the reference model it is as fast as compiled pieces
       (`split(..., compile=True)`) for a longer compile (`benchmarks.decode_profile`), so
@@ -153,4 +165,4 @@ class Options:
     side_effects: str = attrs.field(default="refuse", validator=attrs.validators.in_(SIDE_EFFECTS))
     compile_sizes: "str | tuple[int, ...]" = attrs.field(default="none", converter=_compile_sizes)
     max_padding_ratio: float | None = attrs.field(default=None, validator=_padding_ratio)
-    compile: "bool | dict" = attrs.field(default=False, validator=_compile_choice)
+    compile: "bool | str | dict" = attrs.field(default=False, validator=_compile_choice)

@@ -61,7 +61,7 @@ def test_captures_record_the_compiled_function_and_eager_calls_never_compile(bac
 
 
 def test_bad_compile_options_are_named():
-    with pytest.raises(TypeError, match="compile must be True, False or a dict"):
+    with pytest.raises(TypeError, match="compile must be True, False, 'background' or a dict"):
         Options(compile="inductor")
     with pytest.raises(ValueError, match="torch.compile'd already"):
         graphify(torch.compile(mlp), options=Options(compile=True))

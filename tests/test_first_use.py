@@ -223,11 +223,11 @@ class RecordingCapture(CallCapture):
     log: list = []
     quick_fails = False
 
-    def capture(self, pair, args, loaded, *, quick=False, collect=True):
+    def capture(self, pair, args, loaded, *, quick=False, collect=True, plain=False):
         type(self).log.append((pair[1].num_tokens, quick))
         if quick and type(self).quick_fails:
             raise CaptureError("a capture without warm-up failed (made to)")
-        return super().capture(pair, args, loaded, quick=quick, collect=collect)
+        return super().capture(pair, args, loaded, quick=quick, collect=collect, plain=plain)
 
 
 def recorded_first_use(backend, log, quick_fails=False):

@@ -16,12 +16,14 @@ warmed up on that call's own rows. What only it needs lives here, around a plain
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from .._axes import Kind, WeakStatic, weaken
+from .._errors import CaptureError, StateReplacedError
 from .._function import FunctionSpec
 from .._keys import KeySet
 from .._reach import Reach
@@ -30,6 +32,8 @@ from .prepare import Prepared
 from .session import CaptureSession
 
 __all__ = ["CallCapture"]
+
+log = logging.getLogger("graphify")
 
 
 class CallCapture:
@@ -58,13 +62,37 @@ class CallCapture:
         return self.session.static.load(self.session.specs, args, pair[1])
 
     def capture(self, pair: tuple, args: Sequence[Any], loaded: list, *, quick: bool = False,
-                collect: bool = True) -> GraphTable:
+                collect: bool = True, plain: bool = False) -> GraphTable:
         """Capture `pair` warmed up on the call `args`, whose rows `load` put in the static
-        buffers (`loaded`); returns the new table. Hold the runtime's `exclusive()` lock."""
+        buffers (`loaded`); returns the new table. Hold the runtime's `exclusive()` lock.
+        `plain`: record the function as written, not compiled."""
         session = self.session
-        session.capture((pair,), example=args, loaded=loaded, quick=quick, collect=collect)
+        session.capture((pair,), example=args, loaded=loaded, quick=quick, collect=collect, plain=plain)
         session.entries[pair] = self._weak_outputs(session.entries[pair], session.objects(args))
         return session.table()
+
+    def capture_first_use(self, pair: tuple, args: Sequence[Any], loaded: list, *, kin: bool, collect: bool,
+                          plain: bool) -> GraphTable:
+        """`capture`, without warm-up where the structure's kin captured that key (`kin`;
+        made again with the whole protocol if that fails)."""
+        if kin:
+            try:
+                return self.capture(pair, args, loaded, quick=True, collect=collect, plain=plain)
+            except StateReplacedError:
+                raise
+            except CaptureError as exc:
+                log.info("%s: a capture without warm-up failed (%s); capturing with one", self.session.label, exc)
+        return self.capture(pair, args, loaded, collect=collect, plain=plain)
+
+    @property
+    def layout(self):
+        """How calls bind to the argument slots (`graphify._layout.CallLayout`)."""
+        return self.session.table_fields[1]
+
+    def capture_args(self, pair: tuple, args: Sequence[Any]) -> tuple:
+        """The arguments a capture of `pair` calls the function with (the static buffers at
+        the key's rows, the call's objects): what a compile of that capture sees."""
+        return self.session.static.args_for(self.session.specs, pair[1], args)
 
     def _weak_outputs(self, entry, objects: dict):
         """`entry` with the static objects it returns (a model returning its cache) held

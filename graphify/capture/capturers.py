@@ -70,7 +70,8 @@ class KeyCapture:
     """One key's capture, as the capturer decides its warm-ups from: `first` of its mode in
     the table; `sibling` the PIECEWISE entry of the same token count, captured already;
     `quick` (first use, kin captured before) for no warm-up; `probe` what the state keeper
-    records to learn the whole function's writes."""
+    records to learn the whole function's writes; `plain` for the eager function where `fn`
+    is compiled."""
 
     key: Any  # BatchDescriptor
     keeper: Any  # StateKeeper
@@ -78,6 +79,7 @@ class KeyCapture:
     probe: Callable | None = None
     sibling: Any = None
     quick: bool = False
+    plain: bool = False  # record the function as written, not compiled (`graphify._background`)
 
 
 def mode_capturers(
@@ -122,6 +124,8 @@ class _Capturers:
 
     def full(self, args, step: KeyCapture, settings: CaptureSettings):
         fn, twin = self.full_for(step.key) if self.full_for is not None else (self.fn, self.twin)
+        if step.plain and twin is not None:
+            fn, twin = twin, None
         warmups, guard, through_schedule = self._full_policy(step, twin, settings.warmups)
         keeper = step.keeper
         with self._shaped(step.key):

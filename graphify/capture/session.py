@@ -105,14 +105,16 @@ class CaptureSession:
     # -- capture ----------------------------------------------------------------------------
     def capture(
         self, pairs, *, example: Sequence[Any] | None = None, loaded: list | None = None, quick: bool = False,
-        collect: bool = True,
+        collect: bool = True, plain: bool = False,
     ) -> GraphTable:
         """Capture `pairs` ((mode, key) in order) and return the table of every entry so far.
         `example`: the call whose static objects the graphs read (default: the session's);
         `loaded`: what a first-use capture copied into the static buffers (the call's own
         rows), which the function must leave as they are. `quick`: capture with no warm-up
         and no op guard (first use, for a structure whose kin was captured before: the
-        same code at other shapes). `collect`: run the garbage collector once first."""
+        same code at other shapes). `collect`: run the garbage collector once first. `plain`:
+        record the function as written where it is compiled for captures (first use, while
+        the compile is made elsewhere: `graphify._background`)."""
         start = time.perf_counter()
         example = self.example if example is None else tuple(example)
         new: dict = {}
@@ -128,7 +130,7 @@ class CaptureSession:
                 with freeze_gc(collect=collect):
                     for mode, key in progress(pairs, self.label, loaded is None):
                         sibling = self.entries.get((Mode.PIECEWISE, key.relaxed())) or new.get((Mode.PIECEWISE, key.relaxed()))
-                        new[mode, key] = self.capture_key(mode, key, example, sibling, loaded, quick)
+                        new[mode, key] = self.capture_key(mode, key, example, sibling, loaded, quick, plain)
                         self.seen.add(mode)
                         _unchanged(self.label, reach, snapshots)
             self.keeper.owned = []
@@ -170,7 +172,8 @@ class CaptureSession:
         if cuda:
             self.pool.trim()
 
-    def capture_key(self, mode: Mode, key, example: Sequence[Any], sibling, loaded, quick: bool) -> Entry:
+    def capture_key(self, mode: Mode, key, example: Sequence[Any], sibling, loaded, quick: bool,
+                    plain: bool = False) -> Entry:
         """Capture one key: the per-graph step. The first key of its mode in this table alone
         checks for in-place writes to arguments; the capturer decides what else it skips at
         later keys (`graphify.capture.capturers`). `sibling`: the PIECEWISE entry of the same
@@ -182,7 +185,7 @@ class CaptureSession:
         args = self.static.args_for(self.specs, key, example)
         t0 = time.perf_counter()
         try:
-            step = KeyCapture(key, keeper, first, setup.probe if keeper.enabled else None, sibling, quick)
+            step = KeyCapture(key, keeper, first, setup.probe if keeper.enabled else None, sibling, quick, plain)
             captured = setup.capturers[mode](args, step, setup.settings)
             keeper.forget()
         except Exception as exc:

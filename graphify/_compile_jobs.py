@@ -1,0 +1,110 @@
+"""One graphified function's compiles in the worker process (`Options(compile="background")`).
+
+First use asks, per capture, for the job of its kind of call (`graphify._background.job_kind`:
+calls of one kind share one compile under dynamic shapes). A job whose compile is ready
+means: capture compiled (this process's compile then loads from the caches the worker
+filled). Otherwise the capture records the function as written and sends the job, once per
+kind. When jobs settle, the structures holding plain graphs whose compile is now ready are
+handed back to be dropped; a failed compile is warned of once and its calls keep plain graphs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from . import _background
+from ._errors import CaptureError
+
+__all__ = ["CompileJobs", "Job", "capture_with"]
+
+
+@attrs.define(eq=False)
+class Job:
+    """The compile one capture needs: `ready` when the worker made it; `send()` sends it
+    (once per kind) and returns its ticket."""
+
+    jobs: "CompileJobs"
+    kind: tuple
+    branch: Any
+    pair: tuple
+    args: tuple
+
+    @property
+    def ready(self) -> bool:
+        ticket = self.jobs.tickets.get(self.kind)
+        return ticket is not None and ticket.state == "ready"
+
+    def give_up(self, why: str) -> None:
+        """This kind's calls keep plain graphs from now on (warned once)."""
+        ticket = self.jobs.tickets[self.kind]
+        ticket.state, ticket.error = "failed", why
+        self.jobs.warn_failed()
+
+    def send(self) -> "_background.Ticket":
+        tickets = self.jobs.tickets
+        if self.kind not in tickets:
+            spec, capture = self.jobs.spec, self.branch.capture
+            job = {"label": spec.label, "how": spec.options.compile, "layout": capture.layout,
+                   "args": capture.capture_args(self.pair, self.args)}
+            tickets[self.kind] = _background.submit(self.jobs, spec.fn, job)
+        return tickets[self.kind]
+
+
+class CompileJobs:
+    """The tickets of one function's jobs, by kind (see the module docstring)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.tickets: dict[tuple, _background.Ticket] = {}
+        self.seen = 0  # `_background.settled()` when last looked at
+        self.warned = False
+
+    def job_for(self, structure, branch, pair: tuple, args: tuple) -> Job:
+        """The job a capture of `pair` for a call of `branch` (of `structure`) needs."""
+        kind = _background.job_kind(structure.family, branch.key, branch.capture.capture_args(pair, args))
+        return Job(self, kind, branch, pair, args)
+
+    def settled(self) -> bool:
+        """Whether any job of this process settled since the last look (a counter's read)."""
+        return bool(self.tickets) and _background.settled() != self.seen
+
+    def superseded(self, structures) -> list:
+        """The structures with plain graphs whose compile is ready; a failed job is warned of
+        once."""
+        self.seen = _background.settled()
+        self.warn_failed()
+        return [s for s in tuple(structures)
+                if any(t.state == "ready" for b in s.branches.values() for t in b.waiting.values())]
+
+    def warn_failed(self) -> None:
+        failed = next((t for t in self.tickets.values() if t.state == "failed"), None)
+        if failed is not None and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"{self.spec.label}: the compile in the background failed ({failed.error}); its calls keep "
+                "graphs of the function as written. Use Options(compile=True) to compile in this process, "
+                "or keep the function and its arguments importable by a new process", stacklevel=6,
+            )
+
+    def wait(self, timeout: float | None) -> bool:
+        return _background.wait(tuple(self.tickets.values()), timeout)
+
+
+def capture_with(job: "Job | None", capture: Callable[[bool], Any], strict: bool) -> tuple[Any, bool]:
+    """(table, plain) from `capture(plain)`: plain where `job`'s compile is not ready. A
+    compiled capture that fails gives the job up and captures plain instead (unless
+    `strict`): the function as written had graphs before, and keeps them."""
+    plain = job is not None and not job.ready
+    if job is None or plain:
+        return capture(plain), plain
+    try:
+        return capture(False), False
+    except CaptureError as exc:
+        if strict or getattr(exc, "replaced", False):
+            raise
+        job.give_up(f"the compiled function could not be captured here ({type(exc).__name__}: {exc})")
+    return capture(True), True

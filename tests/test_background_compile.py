@@ -1,0 +1,193 @@
+"""`Options(compile="background")`: plain graphs at once, compiled ones once a worker process
+has compiled the same calls (`graphify._background`). The worker is a real process here;
+on the CPU it compiles with AOTAutograd's "aot_eager" backend (exact, quick), on a GPU with
+inductor."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+from conftest import calls_by_mode, requires_cuda
+from graphify import Mode, Options, graphify
+from graphify import _background
+from graphify._compiled import shared_backend
+
+WAIT_S = 240  # the worker imports torch (and transformers) before its first job
+
+
+class Block(torch.nn.Module):
+    """Importable (the worker rebuilds it from its module), with weights and a buffer."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+        self.register_buffer("shift", torch.randn(width))
+
+    def forward(self, x):
+        return torch.relu(self.lin(x) + self.shift) * 2
+
+
+def background(backend: str) -> Options:
+    return Options(compile={"background": True, "backend": backend})
+
+
+def compiles_here(backend: str) -> int:
+    """How many graphs this process compiled through graphify's shared backend."""
+    return len(shared_backend(backend, None, None, True).outputs)
+
+
+@pytest.fixture
+def fresh_worker():
+    """A test that ends the worker starts with a new one and leaves none behind (the other
+    tests share this process's worker, as a process's graphified functions do)."""
+    _background.reset()
+    yield
+    _background.reset()
+
+
+@pytest.mark.parametrize("backend", [pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
+                                     pytest.param(("cuda", "cuda", "inductor"), id="cuda",
+                                                  marks=[pytest.mark.cuda, requires_cuda])])
+def test_plain_graphs_serve_at_once_and_compiled_graphs_after_the_worker(backend):
+    _, device, compiler = backend
+    torch.manual_seed(0)
+    block = Block().to(device).eval()
+    eager = Block().to(device).eval()
+    eager.load_state_dict(block.state_dict())
+    block.forward = graphify(block.forward, options=background(compiler))
+    before = compiles_here(compiler)
+    with torch.no_grad():
+        for _ in range(4):  # a warm-up, then plain graphs: nothing compiles in this process
+            x = torch.randn(3, 16, device=device)
+            torch.testing.assert_close(block(x), eager(x))
+        assert calls_by_mode(block.forward)[Mode.FULL] == 3
+        assert compiles_here(compiler) == before
+        assert block.forward.wait_compiles(WAIT_S)
+        (ticket,) = block.forward._first_use.jobs.tickets.values()
+        assert ticket.state == "ready", ticket.error
+        for _ in range(5):  # the plain graphs give way; the call captures again, compiled here from the caches
+            x = torch.randn(3, 16, device=device)
+            torch.testing.assert_close(block(x), eager(x))
+    assert compiles_here(compiler) == before + 1
+    assert calls_by_mode(block.forward)[Mode.FULL] >= 3 + 3
+
+
+def test_a_function_the_worker_cannot_rebuild_keeps_plain_graphs_with_one_warning():
+    weight = torch.randn(16, 16)
+
+    def local(x):  # a closure: no process but this one can import it
+        return torch.tanh(x @ weight)
+
+    g = graphify(local, options=background("aot_eager"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            x = torch.randn(5, 16)
+            torch.testing.assert_close(g(x), local(x))
+        assert g.wait_compiles(WAIT_S)
+        for _ in range(4):
+            x = torch.randn(5, 16)
+            torch.testing.assert_close(g(x), local(x))
+    failed = [w for w in seen if "compile in the background failed" in str(w.message)]
+    assert len(failed) == 1, [str(w.message) for w in seen]
+    assert calls_by_mode(g)[Mode.FULL] == 6  # plain graphs all along, none dropped
+
+
+def test_a_worker_that_dies_leaves_plain_graphs_serving(fresh_worker):
+    torch.manual_seed(0)
+    block = Block().eval()
+    g = graphify(block.forward, options=background("aot_eager"))
+    with torch.no_grad():
+        g(torch.randn(2, 16))
+        g(torch.randn(2, 16))  # captures plain and sends the job
+        _background.compiler().proc.kill()
+        assert g.wait_compiles(WAIT_S)
+        (ticket,) = g._first_use.jobs.tickets.values()
+        assert ticket.state == "failed" and "worker ended" in ticket.error
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                x = torch.randn(2, 16)
+                torch.testing.assert_close(g(x), Block.forward(block, x))
+    assert any("compile in the background failed" in str(w.message) for w in seen)
+    assert calls_by_mode(g)[Mode.FULL] == 4
+
+
+def fails_in_the_parent(gm, example_inputs):
+    """A dynamo backend that compiles (as the graph itself) in the worker and fails in the
+    process that started it."""
+    if str(os.getpid()) == os.environ.get("GRAPHIFY_TEST_PARENT"):
+        raise RuntimeError("made to fail in the parent")
+    return gm.forward
+
+
+def test_a_compiled_capture_that_fails_here_keeps_plain_graphs_with_one_warning(fresh_worker, monkeypatch):
+    monkeypatch.setenv("GRAPHIFY_TEST_PARENT", str(os.getpid()))  # the worker starts after this
+    torch.manual_seed(0)
+    block = Block().eval()
+    g = graphify(block.forward, options=Options(compile={"background": True, "backend": fails_in_the_parent}))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(g(x), Block.forward(block, x))
+        assert g.wait_compiles(WAIT_S)
+        (ticket,) = g._first_use.jobs.tickets.values()
+        assert ticket.state == "ready", ticket.error  # the worker compiled it
+        for _ in range(4):  # the compiled capture fails here: plain graphs again, not eager calls
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(g(x), Block.forward(block, x))
+    assert ticket.state == "failed" and "could not be captured here" in ticket.error
+    assert len([w for w in seen if "compile in the background failed" in str(w.message)]) == 1
+    assert calls_by_mode(g)[Mode.FULL] == 2 + 3  # plain graphs before, and again after the first call that fell back
+
+
+def test_batches_of_one_compile_apart_from_larger_ones():
+    family = ("f",)
+    kind = lambda *shapes: _background.job_kind(family, None, tuple(torch.empty(s) for s in shapes))  # noqa: E731
+    assert kind((1, 4)) != kind((2, 4))  # dynamo specialises size 1
+    assert kind((2, 4)) == kind((7, 4))  # and not other sizes: one compile serves both
+    assert kind((2, 4), (1,)) != kind((2, 4), (3,))
+
+
+@pytest.mark.parametrize("bad", ["backgrund", {"background": 1}])
+def test_options_refuse_a_misspelled_background(bad):
+    with pytest.raises((TypeError, ValueError), match="compile"):
+        Options(compile=bad)
+
+
+@pytest.mark.parametrize("backend", [pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
+                                     pytest.param(("cuda", "cuda", "inductor"), id="cuda",
+                                                  marks=[pytest.mark.cuda, requires_cuda])])
+def test_transformers_generate_under_the_background_line_equals_eager(backend):
+    transformers = pytest.importorskip("transformers")
+    _, device, compiler = backend
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+
+    def model():
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(config).to(device).eval()
+
+    def generate(m, ids):
+        return m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, min_new_tokens=8,
+                          do_sample=False, cache_implementation="static", pad_token_id=0, disable_compile=True)
+
+    ids = torch.randint(1, 96, (2, 3), generator=torch.Generator().manual_seed(7)).to(device)
+    want = generate(model(), ids)
+    m = model()
+    m.forward = graphify(m.forward, options=background(compiler))
+    before = compiles_here(compiler)
+    torch.testing.assert_close(generate(m, ids), want, rtol=0, atol=0)
+    first = calls_by_mode(m.forward)[Mode.FULL]
+    assert first > 0 and compiles_here(compiler) == before  # plain graphs, nothing compiled here
+    assert m.forward.wait_compiles(WAIT_S)
+    assert all(t.state == "ready" for t in m.forward._first_use.jobs.tickets.values()), \
+        [t.error for t in m.forward._first_use.jobs.tickets.values()]
+    torch.testing.assert_close(generate(m, ids), want, rtol=0, atol=0)
+    assert compiles_here(compiler) > before  # the decode step, compiled here from the worker's caches
+    assert calls_by_mode(m.forward)[Mode.FULL] > first
