@@ -15,14 +15,17 @@ def test_hf_generate_smoke(tmp_path, monkeypatch):
 
     monkeypatch.setattr(_report, "RESULTS", tmp_path)
     hf_generate.main(["--models", "tiny-qwen", "--batches", "2", "--configs", "eager", "graphify",
-                      "--chat-configs", "graphify", "--new-tokens", "6", "--prompt-len", "5", "--reps", "1"])
+                      "--restart-configs", "graphify", "--chat-configs", "graphify", "--new-tokens", "6",
+                      "--prompt-len", "5", "--reps", "1"])
     written = list(tmp_path.glob("hf-generate-*.json"))
     assert len(written) == 1
     result = json.loads(written[0].read_text())
     assert not result["failures"]
-    rows = {r["key"]: r for r in result["rows"] if "chat_total_s" not in r}
+    rows = {r["key"]: r for r in result["rows"] if "chat_total_s" not in r and r["process"] == 1}
+    restarted = [r for r in result["rows"] if "chat_total_s" not in r and r["process"] == 2]
     chat = [r for r in result["rows"] if "chat_total_s" in r]
     assert set(rows) == {"eager", "graphify"}
+    assert [r["key"] for r in restarted] == ["graphify"] and restarted[0]["first_generate_s"] > 0  # a 2nd process
     assert [r["key"] for r in chat] == ["graphify"] and chat[0]["chat_total_s"] > 0 and chat[0]["chat_calls"] == len(hf_generate.chat_calls(0, torch.cuda.is_available()))
     assert rows["graphify"]["max_logit_diff"] < 1e-4  # the simulation runs the same kernels
     assert rows["graphify"]["replayed_share"] > 0.5  # decode steps replayed, prefills eager
@@ -37,7 +40,7 @@ def test_the_hybrid_cache_and_experts_shapes_run_and_replay(tmp_path, monkeypatc
 
     monkeypatch.setattr(_report, "RESULTS", tmp_path)
     hf_generate.main(["--models", shape, "--batches", "2", "--configs", "eager", "graphify", "--chat-configs",
-                      "--new-tokens", "12", "--prompt-len", "5", "--reps", "1"])
+                      "--restart-configs", "--new-tokens", "12", "--prompt-len", "5", "--reps", "1"])
     result = json.loads(next(tmp_path.glob("hf-generate-*.json")).read_text())
     assert not result["failures"]
     rows = {r["key"]: r for r in result["rows"] if "chat_total_s" not in r}
