@@ -50,6 +50,7 @@ class Branch:
     at_limit: bool = False  # exact sizes only: `MAX_EXACT_GRAPHS` reached (warned once)
     uncapturable: set = attrs.field(factory=set)  # (mode, key) whose capture failed: their calls run eagerly
     waiting: dict = attrs.field(factory=dict)  # (mode, key) captured plain -> the ticket of its compile
+    changed_once: set = attrs.field(factory=set)  # (mode, key) whose capture changed Python state once
 
     def release(self) -> int:
         freed = self.runtime.table.release()

@@ -275,6 +275,11 @@ class FirstUse:
             except CaptureError as exc:
                 if self.spec.options.first_use == "strict" or getattr(exc, "replaced", False):
                     raise
+                if isinstance(exc, StateReplacedError) and pair not in branch.changed_once:
+                    # Python state the call itself set up (a cache layer made on first use, when a
+                    # structure's kin captures at once): the next call finds it made
+                    branch.changed_once.add(pair)
+                    return False
                 branch.uncapturable.add(pair)
                 self._cannot_capture(exc)
                 return False
