@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from . import _background
-from ._errors import CaptureError
+from ._errors import CaptureError, StateReplacedError
 
 __all__ = ["CompileJobs", "Job", "capture_with"]
 
@@ -104,7 +104,7 @@ def capture_with(job: "Job | None", capture: Callable[[bool], Any], strict: bool
     try:
         return capture(False), False
     except CaptureError as exc:
-        if strict or getattr(exc, "replaced", False):
+        if strict or isinstance(exc, StateReplacedError):  # the call's own state, compiled or not: first use decides
             raise
         job.give_up(f"the compiled function could not be captured here ({type(exc).__name__}: {exc})")
     return capture(True), True

@@ -191,3 +191,34 @@ def test_transformers_generate_under_the_background_line_equals_eager(backend):
     torch.testing.assert_close(generate(m, ids), want, rtol=0, atol=0)
     assert compiles_here(compiler) > before  # the decode step, compiled here from the worker's caches
     assert calls_by_mode(m.forward)[Mode.FULL] > first
+
+
+@pytest.mark.parametrize("family", ["Gemma3", "T5"])  # a sliding window's branches; an encoder-decoder
+@pytest.mark.parametrize("backend", [pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
+                                     pytest.param(("cuda", "cuda", "inductor"), id="cuda",
+                                                  marks=[pytest.mark.cuda, requires_cuda])])
+def test_other_families_take_their_compiled_graphs_in_with_eager_tokens(backend, family):
+    pytest.importorskip("transformers")
+    from test_hf_zoo import fresh, generate
+
+    _, device, compiler = backend
+    if device == "cpu" and family == "Gemma3":
+        # a job per branch of the window, each compiled twice (there and here): 50 s of the CPU
+        # suite's budget; the sliding window's branches swap in the same way as T5's one
+        pytest.skip("the sliding-window family's swap runs on CUDA (and by hand on the CPU: notes/issue41.md)")
+    want = generate(fresh(family, device), "static", device, disable_compile=True)
+    model = fresh(family, device)
+    model.forward = graphify(model.forward, options=background(compiler))
+    before = compiles_here(compiler)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(generate(model, "static", device), want, rtol=0, atol=0)
+        assert model.forward.wait_compiles(WAIT_S)
+        for _ in range(2):  # the first takes the compiled graphs in, the second replays them
+            torch.testing.assert_close(generate(model, "static", device), want, rtol=0, atol=0)
+    tickets = model.forward._first_use.jobs.tickets.values()
+    assert tickets and all(t.state == "ready" for t in tickets), [t.error for t in tickets]
+    assert compiles_here(compiler) > before
+    assert not [w for w in seen if "eager" in str(w.message) or "background" in str(w.message)], \
+        [str(w.message) for w in seen]
+    assert calls_by_mode(model.forward)[Mode.FULL] >= 3 * (8 - 3)
