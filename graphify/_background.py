@@ -19,26 +19,26 @@ import, a compile error) leaves the plain graphs serving, with one warning.
 from __future__ import annotations
 
 import atexit
-import io
 import itertools
 import logging
 import os
 import pickle
+import queue
+import socket
 import subprocess
 import sys
 import threading
 import time
-import types
 import weakref
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import attrs
 import torch
-import torch.multiprocessing  # noqa: F401 - registers torch's tensor reductions (CUDA IPC) with ForkingPickler
 
-__all__ = ["Ticket", "submit", "settled", "wait", "job_kind", "reset", "DROPPED", "dumps"]
+from ._job_pickle import dumps, parameters_of, torch_state
+
+__all__ = ["Ticket", "submit", "settled", "wait", "job_kind", "reset"]
 
 log = logging.getLogger("graphify")
 
@@ -57,73 +57,15 @@ class Ticket:
 
 def job_kind(family: tuple, branch: Any, args: tuple) -> tuple:
     """What decides whether two calls compile apart under dynamic shapes: the call's family
-    and branch, and which tensor dimensions are 1 (dynamo specialises sizes 0 and 1)."""
-    ones = tuple(tuple(d == 1 for d in a.shape) if isinstance(a, torch.Tensor) else None for a in args)
-    return family, branch, ones
+    and branch, which tensor dimensions are 0 or 1 and which ints are (dynamo specialises
+    those), and autocast (dynamo guards on it)."""
+    def small(a):
+        if isinstance(a, torch.Tensor):
+            return a.dtype, tuple(d if d in (0, 1) else None for d in a.shape)
+        return a if type(a) is int and a in (0, 1) else None
 
-
-# -- pickling a job ------------------------------------------------------------------------------
-class _Dropped:
-    """What a graphify callable installed on an object (`model.forward = graphify(...)`)
-    becomes in the worker, which removes it there so the object's own method shows."""
-
-    def __reduce__(self):
-        return _dropped, ()
-
-
-DROPPED = _Dropped()
-
-
-def _dropped() -> _Dropped:
-    return DROPPED
-
-
-def _bound(func, obj):
-    return types.MethodType(func, obj)
-
-
-def _on_device(host: torch.Tensor, device: str) -> torch.Tensor:
-    return host.to(device)
-
-
-class _JobPickler(ForkingPickler):
-    """ForkingPickler (CUDA tensors by IPC handle) with CPU tensors copied by value (torch's
-    own sharing would move their storage into shared memory under the caller), graphify's
-    callables dropped and bound methods rebuilt from their class's function. `by_value`:
-    CUDA tensors are copied too (a call's arguments: a snapshot taken now, which the caller
-    goes on writing), except those in `shared` (weights, read-only: by IPC handle)."""
-
-    def __init__(self, file, by_value: bool = False, shared: frozenset = frozenset()):
-        super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self.by_value, self.shared = by_value, shared
-
-    def reducer_override(self, obj):
-        if getattr(type(obj), "dropped_in_workers", False) is True:  # a graphify callable
-            return _dropped, ()
-        if isinstance(obj, types.MethodType) and not isinstance(obj.__self__, type):
-            return _bound, (obj.__func__, obj.__self__)
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            return obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-        if self.by_value and isinstance(obj, torch.Tensor) and id(obj) not in self.shared:
-            return _on_device, (obj.detach().to("cpu"), str(obj.device))
-        storage = obj._untyped_storage if isinstance(obj, torch.TypedStorage) else obj
-        if isinstance(storage, torch.UntypedStorage) and storage.device.type == "cpu":
-            return obj.__reduce__()
-        return NotImplemented
-
-
-def dumps(value: Any, by_value: bool = False, shared: frozenset = frozenset()) -> bytes:
-    buf = io.BytesIO()
-    _JobPickler(buf, by_value, shared).dump(value)
-    return buf.getvalue()
-
-
-def weights_of(fn: Any) -> frozenset:
-    """ids of the parameters and buffers of the module `fn` is (or is a method of)."""
-    owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
-    if not isinstance(owner, torch.nn.Module):
-        return frozenset()
-    return frozenset(id(t) for t in (*owner.parameters(), *owner.buffers()))
+    autocast = tuple(d for d in ("cuda", "cpu") if torch.is_autocast_enabled(d))
+    return family, branch, tuple(map(small, args)), autocast
 
 
 # -- the worker and its jobs ---------------------------------------------------------------------
@@ -132,6 +74,7 @@ class _Compiler:
 
     def __init__(self):
         self.lock = threading.RLock()  # a finalizer (`_forget`) may run inside `submit`
+        self.outbox: "queue.SimpleQueue[bytes | None]" = queue.SimpleQueue()  # sent by a thread: never waits on the worker
         self.conn: Connection | None = None
         self.proc: subprocess.Popen | None = None
         self.tickets: dict[int, Ticket] = {}
@@ -147,21 +90,31 @@ class _Compiler:
         with self.lock:
             self.tickets[ticket.id] = ticket
             try:
+                _importable(fn)
                 self._start()
                 fn_id = self.functions.get(owner)
-                if fn_id is None:  # the function once (its weights by IPC handle), then calls of it
+                shared = parameters_of(fn)
+                if fn_id is None:  # the function once (its parameters by IPC handle), then calls of it
                     fn_id = self.functions[owner] = next(self.ids)
-                    self._send("fn", fn_id, dumps(fn))
+                    self._send("fn", fn_id, dumps(fn, shared))
                     weakref.finalize(owner, self._forget, fn_id)
-                self._send("job", ticket.id, fn_id, dumps(job, by_value=True, shared=weights_of(fn)))
+                self._send("job", ticket.id, fn_id, dumps({**job, "state": torch_state()}, shared))
             except Exception as exc:  # noqa: BLE001 - an unpicklable call or a dead worker: this job fails
                 self._settle(ticket.id, "failed", f"{type(exc).__name__}: {exc}")
         return ticket
 
     def _send(self, *message) -> None:
-        """A message whose payloads are pickled apart: the worker reads which job it is even
-        where a payload cannot be rebuilt there."""
-        self.conn.send_bytes(pickle.dumps(message))
+        """Queue a message (its payloads pickled apart: the worker reads which job it is even
+        where a payload cannot be rebuilt there) for the sending thread."""
+        self.outbox.put(pickle.dumps(message))
+
+    def _write(self) -> None:
+        conn = self.conn
+        while (message := self.outbox.get()) is not None:
+            try:
+                conn.send_bytes(message)
+            except Exception:  # noqa: BLE001 - the worker is gone: `_read` settles what was sent
+                return
 
     def _start(self) -> None:
         if self.broken is not None:
@@ -170,13 +123,15 @@ class _Compiler:
             return
         ours, theirs = socket_pair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "graphify._compile_worker", str(theirs.fileno())],
+        self.proc = subprocess.Popen(  # its own session: a Ctrl-C this process survives leaves it running
+            [sys.executable, "-m", "graphify._compile_worker", str(theirs.fileno()), str(os.getpid())],
             pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            start_new_session=True,
         )
         theirs.close()
         self.conn = ours
         threading.Thread(target=self._read, name="graphify-compile-results", daemon=True).start()
+        threading.Thread(target=self._write, name="graphify-compile-jobs", daemon=True).start()
         atexit.register(self.close)
 
     def _read(self) -> None:
@@ -188,7 +143,7 @@ class _Compiler:
                     self._settle(job_id, "ready", None, rest[0])
                 elif kind == "failed":
                     self._settle(job_id, "failed", rest[0], rest[1])
-        except (EOFError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - EOF, a closed or broken connection: the worker is gone
             code = self.proc.poll() if self.proc is not None else None
             with self.lock:
                 self.broken = f"the compile worker ended (exit code {code}, {type(exc).__name__})"
@@ -205,29 +160,40 @@ class _Compiler:
 
     def _forget(self, fn_id: int) -> None:
         """The graphified function is gone: the worker drops its copy (and its IPC views)."""
-        with self.lock:
-            if self.conn is not None and self.broken is None:
-                try:
-                    self._send("forget", fn_id)
-                except OSError:
-                    pass
+        if self.conn is not None and self.broken is None:
+            self._send("forget", fn_id)
 
     def close(self) -> None:
-        """End the worker (at exit): its running compile is abandoned."""
+        """End the worker (at exit, or `reset`): its running compile is abandoned."""
         proc, conn = self.proc, self.conn
         if proc is None:
             return
         self.broken = self.broken or "the compile worker was closed"
+        self.outbox.put(None)
+        try:  # wakes the reading thread (it settles what is pending) and tells the worker
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
-            conn.close()
             proc.wait(timeout=2)
-        except Exception:  # noqa: BLE001 - still compiling: stop it
+        except subprocess.TimeoutExpired:  # still compiling: stop it
             proc.kill()
+            proc.wait()
+
+
+def _importable(fn: Any) -> None:
+    """Refuse, by name, a function a new process cannot import: one of the script run as
+    `__main__` (the worker's `__main__` is itself)."""
+    for what in (getattr(fn, "__func__", fn), type(getattr(fn, "__self__", fn))):
+        if getattr(what, "__module__", None) == "__main__":
+            raise ValueError(
+                f"{getattr(what, '__qualname__', what)} is defined in the script run as __main__, which the "
+                "compile worker cannot import; define it in a module of its own"
+            )
 
 
 def socket_pair() -> tuple[Connection, Connection]:
-    import socket
-
     a, b = socket.socketpair()
     return Connection(a.detach()), Connection(b.detach())
 
@@ -261,6 +227,21 @@ def wait(tickets, timeout: float | None) -> bool:
         if not t.done.wait(left):
             return False
     return True
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's worker is not this process's (and its socket, held
+    open here, would keep the worker from seeing its parent go)."""
+    global _compiler
+    old, _compiler = _compiler, None
+    if old is not None and old.conn is not None:
+        try:
+            os.close(old.conn.fileno())
+        except OSError:
+            pass
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def reset() -> None:

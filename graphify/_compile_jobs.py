@@ -10,6 +10,7 @@ handed back to be dropped; a failed compile is warned of once and its calls keep
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,8 @@ from . import _background
 from ._errors import CaptureError, StateReplacedError
 
 __all__ = ["CompileJobs", "Job", "capture_with"]
+
+log = logging.getLogger("graphify")
 
 
 @attrs.define(eq=False)
@@ -63,6 +66,18 @@ class CompileJobs:
         self.seen = 0  # `_background.settled()` when last looked at
         self.warned = False
 
+    @classmethod
+    def for_spec(cls, spec) -> "CompileJobs | None":
+        """The jobs of a function compiled in the background; None for any other (a split
+        function compiles in this process, logged)."""
+        if not spec.background or spec.compiled is None:
+            return None
+        if spec.split is not None:
+            log.warning("%s: a split function compiles in this process (compile='background' is for whole "
+                        "functions)", spec.label)
+            return None
+        return cls(spec)
+
     def job_for(self, structure, branch, pair: tuple, args: tuple) -> Job:
         """The job a capture of `pair` for a call of `branch` (of `structure`) needs."""
         kind = _background.job_kind(structure.family, branch.key, branch.capture.capture_args(pair, args))
@@ -77,11 +92,11 @@ class CompileJobs:
         once."""
         self.seen = _background.settled()
         self.warn_failed()
-        return [s for s in tuple(structures)
-                if any(t.state == "ready" for b in s.branches.values() for t in b.waiting.values())]
+        return [s for s in tuple(structures)  # snapshots: another thread's capture may add to them
+                if any(t.state == "ready" for b in tuple(s.branches.values()) for t in tuple(b.waiting.values()))]
 
     def warn_failed(self) -> None:
-        failed = next((t for t in self.tickets.values() if t.state == "failed"), None)
+        failed = next((t for t in tuple(self.tickets.values()) if t.state == "failed"), None)
         if failed is not None and not self.warned:
             self.warned = True
             warnings.warn(

@@ -1,19 +1,23 @@
 """The worker process of `Options(compile="background")` (see `graphify._background`).
 
-    python -m graphify._compile_worker FD
+    python -m graphify._compile_worker FD PARENT_PID
 
 Reads messages from the connection on file descriptor FD: `("fn", id, payload)` a function
 (with the objects it is bound to), `("job", id, fn id, payload)` one call of it to compile,
-as a capture's warm-up calls it, `("forget", id)`. Each job is answered `("done", id,
-seconds)` or `("failed", id, why, seconds)`. It runs at a lower priority than its parent,
-whose decode loop must not wait on it, and ends when the parent's end closes.
+as a capture's warm-up calls it, under the caller's settings (`graphify._job_pickle`),
+`("forget", id)`. Each job is answered `("done", id, seconds)` or `("failed", id, why,
+seconds)`. A thread reads the connection while a compile runs, so the parent never waits to
+send. It runs at a lower priority than its parent, whose decode loop must not wait on it,
+gives its GPU memory back after each job, and ends when the parent closes its end or is gone.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import queue
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -21,51 +25,66 @@ from multiprocessing.connection import Connection
 import torch
 
 
-def scrub(obj) -> None:
-    """Remove what stood for graphify's callables in `obj`'s modules (their own methods show)."""
-    from graphify._background import DROPPED
-
-    modules = obj.modules() if isinstance(obj, torch.nn.Module) else [obj]
-    for m in modules:
-        attributes = getattr(m, "__dict__", {})
-        for name in [n for n, v in attributes.items() if v is DROPPED]:
-            del attributes[name]
-
-
 def run_job(fn, job: dict, compiled: dict) -> None:
-    """Compile `fn` as the parent does and call it once on a copy of the job's call."""
+    """Compile `fn` as the parent does and call it once on the job's call (its own copy)."""
     from graphify._compiled import compile_for_captures
+    from graphify._job_pickle import applied
     from graphify._state_types import capture_contexts
 
     if "transformers" in sys.modules:  # its capture contexts, as the parent applies them
         import graphify.transforms.hf  # noqa: F401 - registers its contexts
-    args = job["args"]  # the call's tensors arrive as copies (the weights it reads through `fn` by IPC)
-    how = job["how"]
+    from graphify._job_pickle import scrub
+
+    args, how = job["args"], job["how"]
+    for a in args:
+        if isinstance(a, torch.nn.Module):
+            scrub(a)
     key = repr(how)
     if key not in compiled:
         compiled[key] = compile_for_captures(job["label"], fn, how)
     device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
     if device is not None:
         torch.cuda.set_device(device)
-    with torch.no_grad(), capture_contexts():
+    with applied(job["state"]), torch.no_grad(), capture_contexts():
         job["layout"].caller(compiled[key])(*args)
     if device is not None:
         torch.cuda.synchronize(device)
 
 
-def main(fd: int) -> None:
+def read_into(conn: Connection, inbox: queue.SimpleQueue) -> None:
+    while True:
+        try:
+            inbox.put(conn.recv_bytes())
+        except Exception:  # noqa: BLE001 - the parent closed its end
+            inbox.put(None)
+            return
+
+
+def watch_parent(parent: int) -> None:
+    """End this process when its parent is gone (its socket may live on in a forked child)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+def main(fd: int, parent: int) -> None:
+    from graphify._job_pickle import scrub
+
     conn = Connection(fd)
     try:
         os.nice(10)
     except OSError:
         pass
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=read_into, args=(conn, inbox), daemon=True).start()
+    threading.Thread(target=watch_parent, args=(parent,), daemon=True).start()
     functions: dict[int, object] = {}  # id -> function, or why it could not be rebuilt here
     compiled: dict[int, dict] = {}
-    while True:
+    while (message := inbox.get()) is not None:
         try:
-            kind, ident, *rest = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            return
+            kind, ident, *rest = pickle.loads(message)
+        except Exception:  # noqa: BLE001 - a message this side cannot read: skip it
+            continue
         if kind == "forget":
             functions.pop(ident, None)
             compiled.pop(ident, None)
@@ -82,7 +101,7 @@ def main(fd: int) -> None:
             if isinstance(fn, str):
                 raise RuntimeError(fn)
             run_job(fn, pickle.loads(payload), compiled[fn_id])
-            conn.send_bytes(pickle.dumps(("done", ident, time.perf_counter() - start)))
+            answer = ("done", ident, time.perf_counter() - start)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which keeps its plain graphs
             why = f"{type(exc).__name__}: {exc}"
             if kind == "fn":
@@ -90,8 +109,14 @@ def main(fd: int) -> None:
                 continue
             traceback.print_exc()  # to the parent's stderr: where in the compile it failed
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            conn.send_bytes(pickle.dumps(("failed", ident, detail[-2000:] or why, time.perf_counter() - start)))
+            answer = ("failed", ident, detail[-2000:] or why, time.perf_counter() - start)
+        if torch.cuda.is_initialized():  # the job's copies and activations: back to the device
+            torch.cuda.empty_cache()
+        try:
+            conn.send_bytes(pickle.dumps(answer))
+        except OSError:
+            return
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), int(sys.argv[2]))

@@ -80,7 +80,7 @@ class FirstUse:
         self.warned: set[str] = set()  # the once-only warnings given
         self.collected = False  # the GC runs before the first capture only
         # Options(compile="background"): the compiles a worker process makes for its captures
-        self.jobs = CompileJobs(spec) if spec.background and spec.compiled is not None and spec.split is None else None
+        self.jobs = CompileJobs.for_spec(spec)
 
     # -- the call ---------------------------------------------------------------------------
     def run(self, args: tuple, kwargs: dict):

@@ -222,3 +222,65 @@ def test_other_families_take_their_compiled_graphs_in_with_eager_tokens(backend,
     assert not [w for w in seen if "eager" in str(w.message) or "background" in str(w.message)], \
         [str(w.message) for w in seen]
     assert calls_by_mode(model.forward)[Mode.FULL] >= 3 * (8 - 3)
+
+
+class Counting(torch.nn.Module):
+    """Keeps a count of its calls in a buffer it writes in place (as models keep a cache or a
+    position in one): the worker's run must not write the caller's."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.lin(x) * self.calls
+
+
+@pytest.mark.parametrize("backend", [pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
+                                     pytest.param(("cuda", "cuda", "inductor"), id="cuda",
+                                                  marks=[pytest.mark.cuda, requires_cuda])])
+def test_the_worker_never_writes_the_callers_buffers(backend):
+    _, device, compiler = backend
+    torch.manual_seed(0)
+    model = Counting().to(device).eval()
+    twin = Counting().to(device).eval()
+    twin.load_state_dict(model.state_dict())
+    model.forward = graphify(model.forward, options=background(compiler))
+    with torch.no_grad():
+        for i in range(3):
+            x = torch.randn(2, 16, device=device)
+            torch.testing.assert_close(model(x), twin(x))
+        assert model.forward.wait_compiles(WAIT_S)
+        for i in range(4):
+            x = torch.randn(2, 16, device=device)
+            torch.testing.assert_close(model(x), twin(x))
+    assert model.calls.item() == twin.calls.item() == 7  # the worker's runs counted in its own copy
+    assert calls_by_mode(model.forward)[Mode.FULL] >= 2 + 2
+
+
+def test_a_function_of_the_script_run_as_main_is_refused_by_name():
+    class Script(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    Script.__module__ = "__main__"
+    with pytest.raises(ValueError, match="defined in the script run as __main__"):
+        _background._importable(Script().forward)
+    _background._importable(Block().forward)  # an importable one passes
+
+
+def test_a_call_crosses_as_a_compact_copy():
+    import pickle
+
+    from graphify._job_pickle import dumps
+
+    big = torch.randn(200_000, 2)
+    view = big[:2]
+    payload = dumps({"args": (view, 3)})
+    assert len(payload) < 10_000  # the two rows, not the buffer behind them
+    back = pickle.loads(payload)["args"][0]
+    assert torch.equal(back, view) and back.data_ptr() != view.data_ptr()
+    view.add_(1)  # the caller goes on writing: the copy does not change
+    assert not torch.equal(back, view)

@@ -1,0 +1,132 @@
+"""How a function and a call of it cross to the compile worker (`graphify._background`), and
+the process state its compile depends on.
+
+- A module's *parameters* cross by CUDA IPC handle: read there, never written, not copied.
+  Everything else crosses by value, copied when it is sent: a call's tensors (the caller goes
+  on writing its buffers and cache) and a module's buffers (a model may keep its cache or a
+  counter in one, which the worker's run would write into the caller's memory).
+- graphify's own callables installed on an object (`model.forward = graphify(...)`) become
+  `DROPPED`, which the worker removes so the object's own method shows.
+- The compile's inputs beyond the call: matmul precision, TF32, default dtype, deterministic
+  algorithms, dynamo's and inductor's settings, autocast. The worker applies the caller's,
+  so what it builds is what the caller's compile looks up in the caches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pickle
+import types
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+import torch.multiprocessing  # noqa: F401 - registers torch's tensor reductions (CUDA IPC) with ForkingPickler
+
+__all__ = ["DROPPED", "dumps", "parameters_of", "torch_state", "applied", "scrub"]
+
+
+class _Dropped:
+    """What a graphify callable installed on an object becomes in the worker."""
+
+    def __reduce__(self):
+        return _dropped, ()
+
+
+DROPPED = _Dropped()
+
+
+def _dropped() -> _Dropped:
+    return DROPPED
+
+
+def _bound(func, obj):
+    return types.MethodType(func, obj)
+
+
+def _on_device(data: bytes, device: str, requires_grad: bool, parameter: bool) -> torch.Tensor:
+    tensor = torch.load(io.BytesIO(data), weights_only=True).to(device)
+    return torch.nn.Parameter(tensor, requires_grad) if parameter else tensor.requires_grad_(requires_grad)
+
+
+class _JobPickler(ForkingPickler):
+    """ForkingPickler (CUDA tensors by IPC handle) for the CUDA tensors in `shared`; every
+    other tensor by value (views compacted first: a view of a large buffer would carry all of it)."""
+
+    def __init__(self, file, shared: frozenset):
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.shared = shared
+
+    def reducer_override(self, obj):
+        if getattr(type(obj), "dropped_in_workers", False) is True:  # a graphify callable
+            return _dropped, ()
+        if isinstance(obj, types.MethodType) and not isinstance(obj.__self__, type):
+            return _bound, (obj.__func__, obj.__self__)
+        if not isinstance(obj, torch.Tensor) or id(obj) in self.shared and obj.is_cuda:
+            return NotImplemented  # IPC for shared CUDA tensors; pickle's own way for the rest
+        host = obj.detach().to("cpu")
+        if host.untyped_storage().nbytes() > host.nbytes:
+            host = host.clone()
+        data = io.BytesIO()
+        torch.save(host, data)
+        return _on_device, (data.getvalue(), str(obj.device), obj.requires_grad and obj.is_leaf,
+                            isinstance(obj, torch.nn.Parameter))
+
+
+def dumps(value: Any, shared: frozenset = frozenset()) -> bytes:
+    buf = io.BytesIO()
+    _JobPickler(buf, shared).dump(value)
+    return buf.getvalue()
+
+
+def parameters_of(fn: Any) -> frozenset:
+    """ids of the parameters of the module `fn` is (or is a method of): what crosses by IPC."""
+    owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+    if not isinstance(owner, torch.nn.Module):
+        return frozenset()
+    return frozenset(id(p) for p in owner.parameters())
+
+
+def scrub(obj) -> None:
+    """Remove what stood for graphify's callables in `obj` and, for a module, its submodules."""
+    modules = obj.modules() if isinstance(obj, torch.nn.Module) else [obj]
+    for m in modules:
+        attributes = getattr(m, "__dict__", {})
+        for name in [n for n, v in attributes.items() if v is DROPPED]:
+            del attributes[name]
+
+
+# -- the process state a compile depends on ------------------------------------------------------
+def torch_state() -> dict:
+    """The caller's settings that decide what a compile builds (and its cache keys)."""
+    state = {
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+        "cuda_matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "default_dtype": torch.get_default_dtype(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "autocast": [(d, torch.get_autocast_dtype(d)) for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)],
+    }
+    for name, module in (("dynamo", torch._dynamo.config), ("inductor", torch._inductor.config)):
+        save = getattr(module, "save_config_portable", None)
+        if save is not None:
+            state[name] = save()
+    return state
+
+
+@contextlib.contextmanager
+def applied(state: dict):
+    """Run under the caller's `torch_state()` (the worker's process settings, then autocast)."""
+    torch.set_float32_matmul_precision(state["matmul_precision"])
+    torch.backends.cudnn.allow_tf32 = state["cudnn_tf32"]
+    torch.backends.cuda.matmul.allow_tf32 = state["cuda_matmul_tf32"]
+    torch.set_default_dtype(state["default_dtype"])
+    torch.use_deterministic_algorithms(state["deterministic"])
+    with contextlib.ExitStack() as stack:
+        for name, module in (("dynamo", torch._dynamo.config), ("inductor", torch._inductor.config)):
+            if name in state:
+                stack.enter_context(module.patch(state[name]))
+        for device, dtype in state["autocast"]:
+            stack.enter_context(torch.autocast(device, dtype=dtype))
+        yield
