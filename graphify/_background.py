@@ -38,7 +38,7 @@ import torch
 
 from ._job_pickle import dumps, parameters_of, torch_state
 
-__all__ = ["Ticket", "submit", "settled", "wait", "job_kind", "reset"]
+__all__ = ["Ticket", "submit", "forget", "settled", "wait", "job_kind", "reset"]
 
 log = logging.getLogger("graphify")
 
@@ -212,6 +212,14 @@ def compiler() -> _Compiler:
 
 def submit(owner: Any, fn: Any, job: dict) -> Ticket:
     return compiler().submit(owner, fn, job)
+
+
+def forget(owner: Any) -> None:
+    """The worker drops `owner`'s function; its next job sends it again."""
+    if _compiler is not None:
+        fn_id = _compiler.functions.pop(owner, None)
+        if fn_id is not None:
+            _compiler._forget(fn_id)
 
 
 def settled() -> int:

@@ -105,6 +105,12 @@ class CompileJobs:
                 "or keep the function and its arguments importable by a new process", stacklevel=6,
             )
 
+    def start_over(self) -> None:
+        """What the graphs read moved (the weights, say): the worker drops its copy of the
+        function, and later captures send it and their jobs again."""
+        _background.forget(self)
+        self.tickets = {}
+
     def wait(self, timeout: float | None) -> bool:
         return _background.wait(tuple(self.tickets.values()), timeout)
 

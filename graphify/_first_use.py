@@ -348,6 +348,8 @@ class FirstUse:
         start over; a kind that keeps changing (`MAX_STALE` times) runs eagerly from then on."""
         count = self.stale[structure.family] = self.stale.get(structure.family, 0) + 1
         self._drop(structure)
+        if self.jobs is not None:  # the worker's copy of the function may read the old weights
+            self.jobs.start_over()
         if count >= MAX_STALE:
             self.refused_families.append(structure.family)
             log.warning(
