@@ -31,6 +31,21 @@ class Block(torch.nn.Module):
         return torch.relu(self.lin(x) + self.shift) * 2
 
 
+# (backend, device, the worker's compile backend): AOTAutograd's on the CPU, inductor on a GPU
+LINES = pytest.mark.parametrize("backend", [
+    pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
+    pytest.param(("cuda", "cuda", "inductor"), id="cuda", marks=[pytest.mark.cuda, requires_cuda]),
+])
+
+
+def twins(cls, device: str) -> tuple:
+    """Two modules of `cls` with the same weights: one to graphify, one to run eagerly."""
+    torch.manual_seed(0)
+    model, twin = cls().to(device).eval(), cls().to(device).eval()
+    twin.load_state_dict(model.state_dict())
+    return model, twin
+
+
 def background(backend: str) -> Options:
     return Options(compile={"background": True, "backend": backend})
 
@@ -49,15 +64,10 @@ def fresh_worker():
     _background.reset()
 
 
-@pytest.mark.parametrize("backend", [pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
-                                     pytest.param(("cuda", "cuda", "inductor"), id="cuda",
-                                                  marks=[pytest.mark.cuda, requires_cuda])])
+@LINES
 def test_plain_graphs_serve_at_once_and_compiled_graphs_after_the_worker(backend):
     _, device, compiler = backend
-    torch.manual_seed(0)
-    block = Block().to(device).eval()
-    eager = Block().to(device).eval()
-    eager.load_state_dict(block.state_dict())
+    block, eager = twins(Block, device)
     block.forward = graphify(block.forward, options=background(compiler))
     before = compiles_here(compiler)
     with torch.no_grad():
@@ -160,9 +170,7 @@ def test_options_refuse_a_misspelled_background(bad):
         Options(compile=bad)
 
 
-@pytest.mark.parametrize("backend", [pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
-                                     pytest.param(("cuda", "cuda", "inductor"), id="cuda",
-                                                  marks=[pytest.mark.cuda, requires_cuda])])
+@LINES
 def test_transformers_generate_under_the_background_line_equals_eager(backend):
     transformers = pytest.importorskip("transformers")
     _, device, compiler = backend
@@ -196,9 +204,7 @@ def test_transformers_generate_under_the_background_line_equals_eager(backend):
 
 
 @pytest.mark.parametrize("family", ["Gemma3", "T5"])  # a sliding window's branches; an encoder-decoder
-@pytest.mark.parametrize("backend", [pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
-                                     pytest.param(("cuda", "cuda", "inductor"), id="cuda",
-                                                  marks=[pytest.mark.cuda, requires_cuda])])
+@LINES
 def test_other_families_take_their_compiled_graphs_in_with_eager_tokens(backend, family):
     pytest.importorskip("transformers")
     from test_hf_zoo import fresh, generate
@@ -240,15 +246,10 @@ class Counting(torch.nn.Module):
         return self.lin(x) * self.calls
 
 
-@pytest.mark.parametrize("backend", [pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
-                                     pytest.param(("cuda", "cuda", "inductor"), id="cuda",
-                                                  marks=[pytest.mark.cuda, requires_cuda])])
+@LINES
 def test_the_worker_never_writes_the_callers_buffers(backend):
     _, device, compiler = backend
-    torch.manual_seed(0)
-    model = Counting().to(device).eval()
-    twin = Counting().to(device).eval()
-    twin.load_state_dict(model.state_dict())
+    model, twin = twins(Counting, device)
     model.forward = graphify(model.forward, options=background(compiler))
     with torch.no_grad():
         for i in range(3):
