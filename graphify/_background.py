@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import logging
 import os
 import pickle
 import queue
@@ -39,8 +38,6 @@ import torch
 from ._job_pickle import dumps, parameters_of, torch_state
 
 __all__ = ["Ticket", "submit", "forget", "settled", "wait", "job_kind", "reset"]
-
-log = logging.getLogger("graphify")
 
 
 @attrs.define(eq=False)

@@ -32,9 +32,8 @@ class Job:
 
     jobs: "CompileJobs"
     kind: tuple
-    branch: Any
-    pair: tuple
-    args: tuple
+    layout: Any  # how the call binds (`graphify._layout.CallLayout`)
+    args: tuple  # the arguments the capture calls the function with
 
     @property
     def ready(self) -> bool:
@@ -50,9 +49,8 @@ class Job:
     def send(self) -> "_background.Ticket":
         tickets = self.jobs.tickets
         if self.kind not in tickets:
-            spec, capture = self.jobs.spec, self.branch.capture
-            job = {"label": spec.label, "how": spec.options.compile, "layout": capture.layout,
-                   "args": capture.capture_args(self.pair, self.args)}
+            spec = self.jobs.spec
+            job = {"label": spec.label, "how": spec.options.compile, "layout": self.layout, "args": self.args}
             tickets[self.kind] = _background.submit(self.jobs, spec.fn, job)
         return tickets[self.kind]
 
@@ -80,8 +78,9 @@ class CompileJobs:
 
     def job_for(self, structure, branch, pair: tuple, args: tuple) -> Job:
         """The job a capture of `pair` for a call of `branch` (of `structure`) needs."""
-        kind = _background.job_kind(structure.family, branch.key, branch.capture.capture_args(pair, args))
-        return Job(self, kind, branch, pair, args)
+        capture = branch.capture
+        called = capture.capture_args(pair, args)
+        return Job(self, _background.job_kind(structure.family, branch.key, called), capture.layout, called)
 
     def settled(self) -> bool:
         """Whether any job of this process settled since the last look (a counter's read)."""
