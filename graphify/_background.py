@@ -37,7 +37,13 @@ import torch
 
 from ._job_pickle import dumps, parameters_of, torch_state
 
-__all__ = ["Ticket", "submit", "forget", "settled", "wait", "job_kind", "reset"]
+__all__ = ["Ticket", "submit", "forget", "settled", "wait", "job_kind", "reset", "DEADLINE_S"]
+
+# The longest one job's compile may run in the worker before the worker is stopped (its jobs
+# fail, their calls keep plain graphs): an 8B decode step compiles in about a minute on an
+# H100; a compile past this is stuck, and `wait_compiles(None)` must not wait for ever.
+DEADLINE_S = 1200.0
+TICK_S = 0.5  # how often the reading thread looks at the running job's clock
 
 
 @attrs.define(eq=False)
@@ -46,9 +52,11 @@ class Ticket:
     "failed" (`error` says why)."""
 
     id: int
+    deadline_s: float = 0.0  # the longest its compile may run in the worker
     state: str = "pending"
     error: str | None = None
     seconds: float | None = None  # the worker's time for the job
+    started: float | None = None  # monotonic time the worker began it
     done: threading.Event = attrs.field(factory=threading.Event)
 
 
@@ -80,10 +88,11 @@ class _Compiler:
         self.settled = 0  # tickets that left "pending": first use compares it on each call
         self.broken: str | None = None  # why the worker is gone, once it is
 
-    def submit(self, owner: Any, fn: Any, job: dict) -> Ticket:
+    def submit(self, owner: Any, fn: Any, job: dict, deadline_s: float = DEADLINE_S) -> Ticket:
         """Send `job` (a call of `fn`, compiled for `owner`, one per graphified function) to
-        the worker; the ticket settles when the worker answers (or cannot be reached)."""
-        ticket = Ticket(next(self.ids))
+        the worker; the ticket settles when the worker answers, cannot be reached, or its
+        compile runs past `deadline_s`."""
+        ticket = Ticket(next(self.ids), deadline_s)
         with self.lock:
             self.tickets[ticket.id] = ticket
             try:
@@ -135,17 +144,37 @@ class _Compiler:
         conn = self.conn
         try:
             while True:
+                if not conn.poll(TICK_S):
+                    self._past_deadline()
+                    continue
                 kind, job_id, *rest = pickle.loads(conn.recv_bytes())
-                if kind == "done":
+                if kind == "started" and (ticket := self.tickets.get(job_id)) is not None:
+                    ticket.started = time.monotonic()
+                elif kind == "done":
                     self._settle(job_id, "ready", None, rest[0])
                 elif kind == "failed":
                     self._settle(job_id, "failed", rest[0], rest[1])
         except Exception as exc:  # noqa: BLE001 - EOF, a closed or broken connection: the worker is gone
             code = self.proc.poll() if self.proc is not None else None
             with self.lock:
-                self.broken = f"the compile worker ended (exit code {code}, {type(exc).__name__})"
+                self.broken = self.broken or f"the compile worker ended (exit code {code}, {type(exc).__name__})"
                 for job_id, t in list(self.tickets.items()):
                     self._settle(job_id, "failed", self.broken)
+
+    def _past_deadline(self) -> None:
+        """Stop the worker when the job it runs is past its deadline: that job fails with the
+        reason, the worker's other jobs as it ends (one compile runs at a time there)."""
+        now = time.monotonic()
+        late = next((t for t in tuple(self.tickets.values())
+                     if t.started is not None and now - t.started > t.deadline_s), None)
+        if late is None:
+            return
+        with self.lock:
+            why = (f"its compile ran past its deadline of {late.deadline_s:g} s, so the worker was stopped "
+                   "(Options(compile={'background': True, 'deadline_s': ...}) sets it)")
+            self._settle(late.id, "failed", why)
+            self.broken = f"the compile worker was stopped: a compile ran past its deadline of {late.deadline_s:g} s"
+        self.proc.kill()  # its end of the connection closes: the loop above settles the rest
 
     def _settle(self, job_id: int, state: str, error: str | None, seconds: float | None = None) -> None:
         ticket = self.tickets.pop(job_id, None)
@@ -207,8 +236,8 @@ def compiler() -> _Compiler:
         return _compiler
 
 
-def submit(owner: Any, fn: Any, job: dict) -> Ticket:
-    return compiler().submit(owner, fn, job)
+def submit(owner: Any, fn: Any, job: dict, deadline_s: float = DEADLINE_S) -> Ticket:
+    return compiler().submit(owner, fn, job, deadline_s)
 
 
 def forget(owner: Any) -> None:

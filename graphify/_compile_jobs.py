@@ -16,11 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import torch
 
 from . import _background
 from ._errors import CaptureError, StateReplacedError
 
-__all__ = ["CompileJobs", "Job", "capture_with"]
+__all__ = ["CompileJobs", "Job", "capture_with", "OOM_TRIES"]
+
+OOM_TRIES = 3  # compiled captures of one kind that may run out of device memory before it gives up
 
 log = logging.getLogger("graphify")
 
@@ -40,6 +43,16 @@ class Job:
         ticket = self.jobs.tickets.get(self.kind)
         return ticket is not None and ticket.state == "ready"
 
+    def try_again_later(self) -> bool:
+        """After a compiled capture ran out of memory (memory another call held may be free by
+        then): whether this kind tries compiled again, at the next call, rather than give up
+        (OOM_TRIES tries in all)."""
+        tries = self.jobs.out_of_memory[self.kind] = self.jobs.out_of_memory.get(self.kind, 0) + 1
+        if tries >= OOM_TRIES:
+            return False
+        self.jobs.seen = -1  # the next call looks at the jobs: this structure is superseded again
+        return True
+
     def give_up(self, why: str) -> None:
         """This kind's calls keep plain graphs from now on (warned once)."""
         ticket = self.jobs.tickets[self.kind]
@@ -50,8 +63,10 @@ class Job:
         tickets = self.jobs.tickets
         if self.kind not in tickets:
             spec = self.jobs.spec
-            job = {"label": spec.label, "how": spec.options.compile, "layout": self.layout, "args": self.args}
-            tickets[self.kind] = _background.submit(self.jobs, spec.fn, job)
+            how = spec.options.compile
+            job = {"label": spec.label, "how": how, "layout": self.layout, "args": self.args}
+            deadline = how.get("deadline_s", _background.DEADLINE_S) if isinstance(how, dict) else _background.DEADLINE_S
+            tickets[self.kind] = _background.submit(self.jobs, spec.fn, job, deadline)
         return tickets[self.kind]
 
 
@@ -63,6 +78,7 @@ class CompileJobs:
         self.tickets: dict[tuple, _background.Ticket] = {}
         self.seen = 0  # `_background.settled()` when last looked at
         self.warned = False
+        self.out_of_memory: dict[tuple, int] = {}  # compiled captures that ran out of memory, by kind
 
     @classmethod
     def for_spec(cls, spec) -> "CompileJobs | None":
@@ -117,7 +133,8 @@ class CompileJobs:
 def capture_with(job: "Job | None", capture: Callable[[bool], Any], strict: bool) -> tuple[Any, bool]:
     """(table, plain) from `capture(plain)`: plain where `job`'s compile is not ready. A
     compiled capture that fails gives the job up and captures plain instead (unless
-    `strict`): the function as written had graphs before, and keeps them."""
+    `strict`): the function as written had graphs before, and keeps them. One that ran out
+    of device memory captures plain this time and tries compiled again later."""
     plain = job is not None and not job.ready
     if job is None or plain:
         return capture(plain), plain
@@ -126,5 +143,18 @@ def capture_with(job: "Job | None", capture: Callable[[bool], Any], strict: bool
     except CaptureError as exc:
         if strict or isinstance(exc, StateReplacedError):  # the call's own state, compiled or not: first use decides
             raise
+        if out_of_memory(exc) and job.try_again_later():
+            return capture(True), True
         job.give_up(f"the compiled function could not be captured here ({type(exc).__name__}: {exc})")
     return capture(True), True
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` or what it was raised from is the device running out of memory."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False

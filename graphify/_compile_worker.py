@@ -5,8 +5,9 @@
 Reads messages from the connection on file descriptor FD: `("fn", id, payload)` a function
 (with the objects it is bound to), `("job", id, fn id, payload)` one call of it to compile,
 as a capture's warm-up calls it, under the caller's settings (`graphify._job_pickle`),
-`("forget", id)`. Each job is answered `("done", id, seconds)` or `("failed", id, why,
-seconds)`. A thread reads the connection while a compile runs, so the parent never waits to
+`("forget", id)`. Each job is announced `("started", id)` when its compile begins (the parent
+times it against the job's deadline from then) and answered `("done", id, seconds)` or
+`("failed", id, why, seconds)`. A thread reads the connection while a compile runs, so the parent never waits to
 send. It runs at a lower priority than its parent, whose decode loop must not wait on it,
 gives its GPU memory back after each job, and ends when the parent closes its end or is gone.
 """
@@ -97,6 +98,7 @@ def main(fd: int, parent: int) -> None:
                 functions[ident], compiled[ident] = fn, {}
                 continue
             fn_id, payload = rest
+            conn.send_bytes(pickle.dumps(("started", ident)))
             fn = functions.get(fn_id)
             if isinstance(fn, str):
                 raise RuntimeError(fn)

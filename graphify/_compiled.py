@@ -74,7 +74,8 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     # change, 0/1 specialised) compiled 5 times over 10 chat-like calls where this compiles
     # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
     how = dict(how) if isinstance(how, dict) else {}
-    how.pop("background", None)  # where it compiles (`graphify._background`), not how
+    how.pop("background", None)  # where it compiles (`graphify._background`) and for how long, not how
+    how.pop("deadline_s", None)
     dynamic = how.pop("dynamic", True)
     backend = shared_backend(how.pop("backend", "inductor"), how.pop("mode", None), how.pop("options", None), dynamic)
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs

@@ -55,6 +55,12 @@ def _compile_choice(instance, attribute, value):
         )
     if isinstance(value, dict) and not isinstance(value.get("background", False), bool):
         raise TypeError(f"Options: compile's 'background' must be True or False, got {value['background']!r}")
+    if isinstance(value, dict) and "deadline_s" in value:
+        deadline = value["deadline_s"]
+        if value.get("background") is not True:
+            raise ValueError("Options: compile's 'deadline_s' bounds a compile in the background; add 'background': True")
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0:
+            raise ValueError(f"Options: compile's 'deadline_s' must be a positive number of seconds, got {deadline!r}")
 
 
 def _backend_name(instance, attribute, value):
@@ -144,7 +150,8 @@ class Options:
       torch's on-disk caches; once a call's compile is there, its graphs are captured again
       with the compiled function, whose compile in this process then loads from those caches.
       The first `generate()` costs what the plain line's does; a restarted process finds the
-      caches filled. `capture()` compiles in its own process. For a split function, FULL graphs
+      caches filled. A compile running past `"deadline_s"` (default 1200) stops the worker:
+      its calls keep plain graphs, with one warning. `capture()` compiles in its own process. For a split function, FULL graphs
       record the function it was split from, compiled whole, and PIECEWISE graphs keep its
       pieces. On the reference model it is as fast as compiled pieces
       (`split(..., compile=True)`) for a longer compile (`benchmarks.decode_profile`), so

@@ -6,6 +6,7 @@ inductor."""
 from __future__ import annotations
 
 import os
+import time
 import warnings
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from conftest import calls_by_mode, requires_cuda
 from graphify import Mode, Options, graphify
 from graphify import _background
-from graphify._compile_jobs import capture_with
+from graphify._compile_jobs import OOM_TRIES, CompileJobs, Job, capture_with
 from graphify._compiled import shared_backend
 from graphify._errors import CaptureError, StateReplacedError
 
@@ -158,6 +159,36 @@ def test_a_compiled_capture_that_fails_here_keeps_plain_graphs_with_one_warning(
     assert calls_by_mode(g)[Mode.FULL] == 2 + 3  # plain graphs before, and again after the first call that fell back
 
 
+def sleeps_in_the_worker(gm, example_inputs):
+    """A dynamo backend whose compile never ends in the worker (a stuck compile)."""
+    if str(os.getpid()) != os.environ.get("GRAPHIFY_TEST_PARENT"):
+        time.sleep(600)
+    return gm.forward
+
+
+def test_a_compile_past_its_deadline_stops_the_worker_and_plain_graphs_serve(fresh_worker, monkeypatch):
+    monkeypatch.setenv("GRAPHIFY_TEST_PARENT", str(os.getpid()))
+    torch.manual_seed(0)
+    block = Block().eval()
+    how = {"background": True, "backend": sleeps_in_the_worker, "deadline_s": 2}
+    g = graphify(block.forward, options=Options(compile=how))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            g(torch.randn(4, 16))
+        start = time.monotonic()
+        assert g.wait_compiles(WAIT_S)  # settles: the deadline, not the compile, ends the wait
+        assert time.monotonic() - start < WAIT_S / 2
+        (ticket,) = g._first_use.jobs.tickets.values()
+        assert ticket.state == "failed" and "past its deadline of 2 s" in ticket.error, ticket.error
+        assert _background.compiler().proc.wait(timeout=10) is not None  # the worker was stopped
+        for _ in range(3):
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(g(x), Block.forward(block, x))
+    assert len([w for w in seen if "past its deadline" in str(w.message)]) == 1
+    assert calls_by_mode(g)[Mode.FULL] == 4  # plain graphs all along
+
+
 def test_batches_of_one_compile_apart_from_larger_ones():
     family = ("f",)
     kind = lambda *shapes: _background.job_kind(family, None, tuple(torch.empty(s) for s in shapes))  # noqa: E731
@@ -166,7 +197,8 @@ def test_batches_of_one_compile_apart_from_larger_ones():
     assert kind((2, 4), (1,)) != kind((2, 4), (3,))
 
 
-@pytest.mark.parametrize("bad", ["backgrund", {"background": 1}])
+@pytest.mark.parametrize("bad", ["backgrund", {"background": 1}, {"deadline_s": 5}, {"background": True, "deadline_s": 0},
+                                 {"background": True, "deadline_s": "5"}])
 def test_options_refuse_a_misspelled_background(bad):
     with pytest.raises((TypeError, ValueError), match="compile"):
         Options(compile=bad)
@@ -319,9 +351,51 @@ class _Job:
 
     ready = True
     why = None
+    tries = 0
 
     def give_up(self, why):
         self.why = why
+
+    def try_again_later(self):
+        self.tries += 1
+        return self.tries < OOM_TRIES
+
+
+def out_of_memory_capture_error() -> CaptureError:
+    try:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    except torch.OutOfMemoryError as exc:
+        try:
+            raise CaptureError("f: capture failed: out of device memory") from exc
+        except CaptureError as wrapped:
+            return wrapped
+
+
+def test_a_compiled_capture_out_of_memory_tries_again_before_it_gives_up():
+    job = _Job()
+
+    def capture(plain):
+        if not plain:
+            raise out_of_memory_capture_error()
+        return "plain table"
+
+    for _ in range(OOM_TRIES - 1):  # plain this time; the kind is not given up
+        assert capture_with(job, capture, strict=False) == ("plain table", True)
+        assert job.why is None
+    assert capture_with(job, capture, strict=False) == ("plain table", True)
+    assert "could not be captured here" in job.why and job.tries == OOM_TRIES  # the last try gives the kind up
+
+
+def test_a_kind_out_of_memory_is_looked_at_again_on_the_next_call():
+    jobs = CompileJobs(spec=None)
+    jobs.tickets[("kind",)] = _background.Ticket(1, state="ready")
+    job = Job(jobs, ("kind",), None, ())
+    for _ in range(OOM_TRIES - 1):
+        jobs.seen = _background.settled()
+        assert not jobs.settled()
+        assert job.try_again_later()
+        assert jobs.settled()  # the next call drops the plain structure and tries compiled again
+    assert not job.try_again_later()  # the last try: give up
 
 
 @pytest.mark.parametrize("error, outcome", [
