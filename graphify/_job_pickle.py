@@ -15,6 +15,7 @@ the process state its compile depends on.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import pickle
 import types
@@ -98,12 +99,56 @@ def scrub(obj) -> None:
 
 
 # -- the process state a compile depends on ------------------------------------------------------
+# The process settings a compile reads (inductor keys its caches on the matmul ones): torch's
+# per-backend fp32 precisions where it has them (2.9+), and the older switches where it does not.
+PRECISION = (
+    "backends.fp32_precision", "backends.cuda.matmul.fp32_precision", "backends.cudnn.fp32_precision",
+    "backends.cudnn.conv.fp32_precision", "backends.cudnn.rnn.fp32_precision", "backends.mkldnn.fp32_precision",
+    "backends.mkldnn.matmul.fp32_precision", "backends.mkldnn.conv.fp32_precision", "backends.mkldnn.rnn.fp32_precision",
+    "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+    "backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+)
+LEGACY_PRECISION = ("backends.cuda.matmul.allow_tf32", "backends.cudnn.allow_tf32")
+
+
+def _setting(path: str):
+    owner, _, name = path.rpartition(".")
+    return getattr(functools.reduce(getattr, owner.split("."), torch), name)
+
+
+def precision_settings() -> dict:
+    """The matmul and convolution precision settings this process runs under, by path."""
+    paths = PRECISION if hasattr(torch.backends.cuda.matmul, "fp32_precision") else LEGACY_PRECISION
+    found = {"matmul_precision": torch.get_float32_matmul_precision()}  # first: setting it moves the others
+    for path in paths:
+        try:
+            found[path] = _setting(path)
+        except (AttributeError, RuntimeError):  # not in this torch
+            pass
+    return found
+
+
+def _apply_precision(wanted: dict) -> None:
+    """Set what differs from `wanted` only: setting one switch moves others in torch (the
+    legacy `set_float32_matmul_precision("highest")` sets "ieee" where the default is
+    "none", a different cache key for the same kernels)."""
+    for path, value in wanted.items():
+        if path == "matmul_precision":
+            if torch.get_float32_matmul_precision() != value:
+                torch.set_float32_matmul_precision(value)
+            continue
+        try:
+            if _setting(path) != value:
+                owner, _, name = path.rpartition(".")
+                setattr(functools.reduce(getattr, owner.split("."), torch), name, value)
+        except (AttributeError, RuntimeError):
+            pass
+
+
 def torch_state() -> dict:
     """The caller's settings that decide what a compile builds (and its cache keys)."""
     state = {
-        "matmul_precision": torch.get_float32_matmul_precision(),
-        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-        "cuda_matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "precision": precision_settings(),
         "default_dtype": torch.get_default_dtype(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "autocast": [(d, torch.get_autocast_dtype(d)) for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)],
@@ -118,11 +163,11 @@ def torch_state() -> dict:
 @contextlib.contextmanager
 def applied(state: dict):
     """Run under the caller's `torch_state()` (the worker's process settings, then autocast)."""
-    torch.set_float32_matmul_precision(state["matmul_precision"])
-    torch.backends.cudnn.allow_tf32 = state["cudnn_tf32"]
-    torch.backends.cuda.matmul.allow_tf32 = state["cuda_matmul_tf32"]
-    torch.set_default_dtype(state["default_dtype"])
-    torch.use_deterministic_algorithms(state["deterministic"])
+    _apply_precision(state["precision"])
+    if torch.get_default_dtype() != state["default_dtype"]:
+        torch.set_default_dtype(state["default_dtype"])
+    if torch.are_deterministic_algorithms_enabled() != state["deterministic"]:
+        torch.use_deterministic_algorithms(state["deterministic"])
     with contextlib.ExitStack() as stack:
         for name, module in (("dynamo", torch._dynamo.config), ("inductor", torch._inductor.config)):
             if name in state:

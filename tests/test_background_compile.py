@@ -89,6 +89,50 @@ def test_plain_graphs_serve_at_once_and_compiled_graphs_after_the_worker(backend
     assert calls_by_mode(block.forward)[Mode.FULL] >= 3 + 3
 
 
+@LINES
+def test_the_callers_compile_loads_what_the_worker_compiled(backend, fresh_worker, monkeypatch, tmp_path):
+    """The point of the line: the compile in this process is a cache hit (a miss is a whole
+    compile inside a call). The worker runs under this process's settings, precision
+    included: `set_float32_matmul_precision("highest")` there keyed inductor's cache apart."""
+    from torch._dynamo.utils import counters
+
+    _, device, _ = backend
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # empty: the worker (started now) fills it
+    block, eager = twins(Block, device)
+    block.forward = graphify(block.forward, options=background("inductor"))
+    with torch.no_grad():
+        for _ in range(3):
+            block(torch.randn(3, 16, device=device))
+        assert block.forward.wait_compiles(WAIT_S)
+        (ticket,) = block.forward._first_use.jobs.tickets.values()
+        assert ticket.state == "ready", ticket.error
+        misses, hits = counters["inductor"]["fxgraph_cache_miss"], counters["inductor"]["fxgraph_cache_hit"]
+        for _ in range(4):
+            x = torch.randn(3, 16, device=device)
+            torch.testing.assert_close(block(x), eager(x))
+    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1
+    assert counters["inductor"]["fxgraph_cache_miss"] == misses
+
+
+def test_the_worker_runs_under_the_callers_precision_settings_and_changes_no_other():
+    from graphify._job_pickle import _apply_precision, applied, precision_settings, torch_state
+
+    default = precision_settings()
+    with applied(torch_state()):  # the same settings: nothing set (a set switch moves others: another cache key)
+        assert precision_settings() == default
+    try:
+        torch.set_float32_matmul_precision("high")
+        high = torch_state()
+        _apply_precision(default)
+        assert precision_settings() == default
+        with applied(high):
+            assert precision_settings() == high["precision"] != default
+            assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        _apply_precision(default)
+    assert precision_settings() == default
+
+
 def test_a_function_the_worker_cannot_rebuild_keeps_plain_graphs_with_one_warning():
     weight = torch.randn(16, 16)
 
