@@ -46,9 +46,26 @@ def _bound(func, obj):
     return types.MethodType(func, obj)
 
 
-def _on_device(data: bytes, device: str, requires_grad: bool, parameter: bool) -> torch.Tensor:
+def _on_device(data: bytes, device: str, requires_grad: bool, parameter: bool, marks: dict) -> torch.Tensor:
     tensor = torch.load(io.BytesIO(data), weights_only=True).to(device)
-    return torch.nn.Parameter(tensor, requires_grad) if parameter else tensor.requires_grad_(requires_grad)
+    tensor = torch.nn.Parameter(tensor, requires_grad) if parameter else tensor.requires_grad_(requires_grad)
+    return _marked(tensor, marks)
+
+
+def _marked(tensor: torch.Tensor, marks: dict) -> torch.Tensor:
+    tensor.__dict__.update(marks)
+    return tensor
+
+
+def _rebuilt_marked(rebuild, args, marks: dict) -> torch.Tensor:
+    return _marked(rebuild(*args), marks)
+
+
+def dynamo_marks(tensor: torch.Tensor) -> dict:
+    """What dynamo reads off a tensor and keys its compile on: `mark_static_address` (a
+    StaticCache's keys and values carry it: static inputs, another cache key without it),
+    `mark_dynamic` and their kin."""
+    return {k: v for k, v in getattr(tensor, "__dict__", {}).items() if k.startswith("_dynamo_")}
 
 
 class _JobPickler(ForkingPickler):
@@ -64,15 +81,21 @@ class _JobPickler(ForkingPickler):
             return _dropped, ()
         if isinstance(obj, types.MethodType) and not isinstance(obj.__self__, type):
             return _bound, (obj.__func__, obj.__self__)
-        if not isinstance(obj, torch.Tensor) or id(obj) in self.shared and obj.is_cuda:
-            return NotImplemented  # IPC for shared CUDA tensors; pickle's own way for the rest
+        if not isinstance(obj, torch.Tensor):
+            return NotImplemented  # pickle's own way
+        marks = dynamo_marks(obj)
+        if id(obj) in self.shared and obj.is_cuda:  # by IPC handle (torch's reduction), dynamo's marks kept
+            if not marks:
+                return NotImplemented
+            rebuild, args = torch.multiprocessing.reductions.reduce_tensor(obj)
+            return _rebuilt_marked, (rebuild, args, marks)
         host = obj.detach().to("cpu")
         if host.untyped_storage().nbytes() > host.nbytes:
             host = host.clone()
         data = io.BytesIO()
         torch.save(host, data)
         return _on_device, (data.getvalue(), str(obj.device), obj.requires_grad and obj.is_leaf,
-                            isinstance(obj, torch.nn.Parameter))
+                            isinstance(obj, torch.nn.Parameter), marks)
 
 
 def dumps(value: Any, shared: frozenset = frozenset()) -> bytes:

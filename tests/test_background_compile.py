@@ -366,6 +366,21 @@ def test_a_call_crosses_as_a_compact_copy():
     assert not torch.equal(back, view)
 
 
+def test_a_copy_keeps_what_dynamo_keys_its_compile_on():
+    """transformers' StaticCache marks its keys and values static (`mark_static_address`):
+    a copy without the mark compiled another graph (other static inputs), a cache miss here."""
+    import pickle
+
+    from graphify._job_pickle import dumps
+
+    cache, plain = torch.randn(4, 8), torch.randn(4, 8)
+    torch._dynamo.mark_static_address(cache)
+    back_cache, back_plain = pickle.loads(dumps((cache, plain)))
+    assert torch.equal(back_cache, cache) and torch.equal(back_plain, plain)
+    assert getattr(back_cache, "_dynamo_static_input_type", None) == cache._dynamo_static_input_type
+    assert not hasattr(back_plain, "_dynamo_static_input_type")
+
+
 def test_weights_swapped_after_the_worker_has_the_function_are_compiled_again():
     torch.manual_seed(0)
     block = Block().eval()
