@@ -78,3 +78,14 @@ def expected_calls(mode, batches, largest: int) -> dict:
             ran = mode.mixed_mode()
         out[ran] += 1
     return out
+
+
+def pytest_collection_finish(session):
+    """Freeze what collection made (torch, transformers and every test module, once
+    collected), as a server freezes its start-up objects: the suite's full collections
+    (graphify's before a process's first capture, the benchmarks' between configurations)
+    then walk only what tests make. graphify's captures keep a process's freeze."""
+    import gc
+
+    gc.collect()
+    gc.freeze()

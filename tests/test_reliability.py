@@ -207,3 +207,25 @@ def test_a_kept_capture_error_pins_no_static_buffer():
     gc.collect()
     assert made and info.value is not None
     assert not [r for r in made if r() is not None]
+
+
+def test_a_process_that_froze_its_objects_keeps_them_frozen_through_captures():
+    """A server freezes what it made at start-up so collections stay cheap; a capture holds
+    the GC still without thawing them (gc.unfreeze() would). (The suite freezes what its
+    collection imported: tests/conftest.py.)"""
+    already = gc.get_freeze_count() > 0
+    if not already:
+        gc.collect()
+        gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        g = graphify(lambda x: torch.tanh(x) * 2, mode="FULL", sizes=(2, 4), axes=(tokens(),),
+                     options=Options(backend="sim"))
+        g.capture(torch.randn(4, 8))
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(g(x), torch.tanh(x) * 2)
+        assert gc.get_freeze_count() > frozen // 2  # not thawed (objects freed since leave the count)
+        assert gc.isenabled()
+    finally:
+        if not already:
+            gc.unfreeze()

@@ -21,16 +21,21 @@ def freeze_gc(collect: bool = True):
     scanning old objects) while graphs are captured: a collection mid-capture costs time
     and can free memory the capture is using (vLLM's and SGLang's `freeze_gc`). A full
     collection in a process holding a model walks every object it holds, so first-use
-    captures after the first one skip it."""
+    captures after the first one skip it. A process that froze its objects itself (a
+    server after start-up, to make collections cheap) keeps them frozen: gc.unfreeze()
+    would thaw its objects too."""
+    frozen_before = gc.get_freeze_count() > 0
     if collect:
         gc.collect()
     was_enabled = gc.isenabled()
-    gc.freeze()
+    if not frozen_before:
+        gc.freeze()
     gc.disable()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()
         if was_enabled:
             gc.enable()
 
