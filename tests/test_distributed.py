@@ -6,6 +6,7 @@ On two GPUs (marked cuda) the same over NCCL and CUDA graphs."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -81,11 +82,12 @@ def launch(commands: list[list[str]], envs: list[dict], timeout: float) -> list[
 
 
 def run_ranks(scenario: str, timeout: float = 240, worker: str = "tp_worker.py", args: tuple = (),
-              cpu: bool = False) -> list[dict]:
+              cpu: bool = False, raw: bool = False) -> list[dict]:
     """Start the ranks of `scenario` (`tests/<worker> scenario rank world port *args`, in
     torchrun's environment, through tests/rank_launcher.py so a rank still running near
     `timeout` dumps its stacks; `cpu` hides the GPUs); each rank's RESULT, plus
-    `exit_after_result_s`: how long the process lived after printing it (its teardown)."""
+    `exit_after_result_s`: how long the process lived after printing it (its teardown).
+    `raw`: scenarios joined by "+", each one's crash left to its test."""
     port = free_port()
     dump_after = str(max(timeout - 20, timeout / 2))  # stacks to stderr before the harness kills a rank
     commands = [[sys.executable, str(ROOT / "tests" / "rank_launcher.py"), dump_after, str(ROOT / "tests" / worker),
@@ -102,6 +104,25 @@ def run_ranks(scenario: str, timeout: float = 240, worker: str = "tp_worker.py",
         if after is not None:
             results[-1]["after_destroy"] = json.loads(after[len("AFTER_DESTROY "):])
     for r in results:
+        assert raw or "crash" not in r, r["crash"]
+    return results
+
+
+# The gloo scenarios whose ranks can go on in one process group: started once (a group's
+# start-up, two processes importing torch, is most of each scenario's time on 2 cores).
+TOGETHER = ("equal", "plan_mismatch", "prepare_fails_on_one_rank", "call_mismatch", "call_mismatch_host",
+            "symm_fallback")
+
+
+@functools.cache
+def _together() -> tuple:
+    return tuple(run_ranks("+".join(TOGETHER), raw=True))
+
+
+def ranks_of(scenario: str) -> list[dict]:
+    """Each rank's result of one of the scenarios run `TOGETHER`."""
+    results = [rank[scenario] for rank in _together()]
+    for r in results:
         assert "crash" not in r, r["crash"]
     return results
 
@@ -115,7 +136,7 @@ def ran_as_dispatched(got: dict) -> bool:
 
 
 def test_tensor_parallel_graphs_equal_the_single_process_model():
-    for rank in run_ranks("equal"):
+    for rank in ranks_of("equal"):
         for mode in ("FULL", "FULL_AND_PIECEWISE"):
             got = rank[mode]
             assert got["max_err"] < 1e-4, (mode, got)
@@ -125,13 +146,13 @@ def test_tensor_parallel_graphs_equal_the_single_process_model():
 
 
 def test_ranks_planning_different_graphs_fail_together():
-    for rank in run_ranks("plan_mismatch"):
+    for rank in ranks_of("plan_mismatch"):
         assert rank["error"] == "CaptureError"
         assert "ranks disagree on what to capture" in rank["message"] and "same mode, sizes" in rank["message"]
 
 
 def test_a_rank_whose_capture_is_rejected_early_does_not_leave_the_others_waiting():
-    rank0, rank1 = run_ranks("prepare_fails_on_one_rank")
+    rank0, rank1 = ranks_of("prepare_fails_on_one_rank")
     assert rank1["error"] == "ValueError" and "axes has 6 entries" in rank1["message"]
     assert rank0["error"] == "CaptureError" and "rank 1 could not prepare its capture" in rank0["message"]
 
@@ -139,14 +160,14 @@ def test_a_rank_whose_capture_is_rejected_early_does_not_leave_the_others_waitin
 def test_ranks_choosing_different_graphs_fail_together_through_the_check_their_graphs_carry():
     # lockstep="graph" (the default): FULL graphs record one all-reduce of the graph's code
     # and compare; no host round trip per call. On the CPU a mismatch raises on every rank.
-    for rank in run_ranks("call_mismatch"):
+    for rank in ranks_of("call_mismatch"):
         assert rank["mismatch"] is not None and "ranks chose different graphs" in rank["mismatch"]
         assert "from FULL graph for 4 tokens, 4 requests to FULL graph for 8 tokens, 8 requests" in rank["mismatch"]
         assert rank["after_ok"]  # the collectives paired up, so the ranks carry on
 
 
 def test_ranks_choosing_different_graphs_for_a_call_fail_together_and_recover_with_the_host_check():
-    for rank in run_ranks("call_mismatch_host"):
+    for rank in ranks_of("call_mismatch_host"):
         assert rank["mismatch"] is not None
         assert "rank 0: FULL graph for 4 tokens" in rank["mismatch"]  # 2 requests padded to 4
         assert "rank 1: FULL graph for 8 tokens" in rank["mismatch"]  # 5 requests padded to 8
@@ -164,7 +185,7 @@ def test_graphs_holding_collectives_are_released_before_teardown_and_ranks_exit_
 
 
 def test_a_symm_mem_all_reduce_on_gloo_falls_back_to_the_functional_collective_with_a_logged_reason():
-    for rank in run_ranks("symm_fallback"):
+    for rank in ranks_of("symm_fallback"):
         assert rank["kind"] == "nccl" and "cpu, not a CUDA GPU" in rank["reason"], rank
         assert any("using NCCL's functional all-reduce instead" in m and rank["reason"] in m for m in rank["logged"])
         assert rank["reduce_diff"] == 0 and rank["reduce_vs_sum"] < 1e-5, rank

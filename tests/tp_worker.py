@@ -273,16 +273,26 @@ SCENARIOS = {"equal": equal, "plan_mismatch": plan_mismatch, "call_mismatch": ca
              "exits_cleanly_cuda": exits_cleanly_cuda, "call_mismatch_cuda": call_mismatch_cuda}
 
 
+def run_scenario(name: str, rank: int, world: int, between: bool = False) -> dict:
+    """One scenario's result; `between`: one of several in this group (a barrier after it,
+    so the next starts together: one group's start-up serves them all)."""
+    try:
+        result = SCENARIOS[name](rank, world)
+    except Exception as exc:  # reported, so the test can show it
+        result = {"crash": f"{type(exc).__name__}: {exc}"}
+    if between:
+        dist.barrier()
+    return result
+
+
 def main() -> None:
     scenario, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     backend = "nccl" if scenario.endswith("_cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        result = SCENARIOS[scenario](rank, world)
-    except Exception as exc:  # reported, so the test can show it
-        result = {"crash": f"{type(exc).__name__}: {exc}"}
+    result = run_scenario(scenario, rank, world) if "+" not in scenario else {
+        name: run_scenario(name, rank, world, between=True) for name in scenario.split("+")}
     result["t_result"] = time.time()
     print("RESULT " + json.dumps(result), flush=True)
     dist.barrier()
