@@ -89,3 +89,12 @@ def pytest_collection_finish(session):
 
     gc.collect()
     gc.freeze()
+
+
+def pytest_runtest_logreport(report):
+    """With GRAPHIFY_FAILURES_LOG set (.ci/gpu sets it), each failure is appended to that
+    file as it happens: a run cut by its time limit still says what failed and why."""
+    path = os.environ.get("GRAPHIFY_FAILURES_LOG")
+    if path and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):  # once: xdist's controller reports too
+        with open(path, "a") as f:
+            f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")

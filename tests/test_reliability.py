@@ -229,3 +229,30 @@ def test_a_process_that_froze_its_objects_keeps_them_frozen_through_captures():
     finally:
         if not already:
             gc.unfreeze()
+
+
+def test_a_pool_that_outlived_its_graphs_captures_again(backend):
+    """torch frees a graph pool once its last graph is gone and fails an internal assert on a
+    capture into it before its next empty_cache (leaving the RNG in capture mode for every
+    later capture); such a capture takes a fresh pool id (graphify.backends.graph_pool). The
+    simulation refuses that capture as torch does."""
+    name, device = backend
+    pool = Pool("outlived")
+    for _ in range(3):  # captured, released, captured again into the same Pool
+        g = graphify(lambda x: torch.tanh(x) * 2, mode="FULL", sizes=(2, 4), axes=(tokens(),), pool=pool,
+                     options=Options(backend=name)).capture(torch.randn(4, 8, device=device))
+        x = torch.randn(3, 8, device=device)
+        torch.testing.assert_close(g(x), torch.tanh(x) * 2)
+        assert calls_by_mode(g)[Mode.FULL] == 1
+        g.release()
+        del g
+        gc.collect()
+    kept = graphify(lambda x: x + 1, mode="FULL", sizes=(4,), axes=(tokens(),), pool=pool,
+                    options=Options(backend=name)).capture(torch.randn(4, 8, device=device))
+    first = pool._handle.id
+    also = graphify(lambda x: x * 3, mode="FULL", sizes=(4,), axes=(tokens(),), pool=pool,
+                    options=Options(backend=name)).capture(torch.randn(4, 8, device=device))
+    assert pool._handle.id == first  # while a graph lives, the pool's graphs share one id (and memory)
+    x = torch.randn(4, 8, device=device)
+    torch.testing.assert_close(kept(x), x + 1)
+    torch.testing.assert_close(also(x), x * 3)

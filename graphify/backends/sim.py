@@ -25,8 +25,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 
+import attrs
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
@@ -35,6 +37,7 @@ from .._errors import CaptureError
 from .._guard import UNCAPTURABLE_OPS, CaptureGuard
 from .._state import eager_runs
 from ._base import Captured
+from .graph_pool import GraphPool
 
 __all__ = ["SimBackend", "CaptureGuard", "UNCAPTURABLE_OPS", "taping", "Tape"]
 
@@ -175,8 +178,8 @@ class SimBackend:
     def validate(self, label: str, device: torch.device) -> None:
         return None
 
-    def new_pool_handle(self, device: torch.device):
-        return ("sim", next(self._pool_ids))
+    def new_pool_handle(self, device: torch.device) -> GraphPool:
+        return GraphPool(lambda: ("sim", next(self._pool_ids)))
 
     def new_stream(self, device: torch.device):
         return None
@@ -198,8 +201,9 @@ class SimBackend:
         # Warm-ups run the function itself (a compiled one compiles there), the first under
         # the guard; then the capture run on the tape. Every run's writes to outside state
         # are undone after it.
+        graph = SimGraph(pool.for_capture())  # counted from here, as torch counts a capture begun
         if self.rerun:
-            return _rerun_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper)
+            return graph.holding(pool, _rerun_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper))
         twin = guard if callable(guard) else getattr(fn, "_torchdynamo_orig_callable", None)
         recorded = bool(warmups)
         if warmups:
@@ -229,7 +233,40 @@ class SimBackend:
                 _copy_all(static_out, [(values[s.index] if isinstance(s, _Slot) else s).detach() for s in sources])
 
         nbytes = sum(t.untyped_storage().nbytes() for t in static_out)
-        return Captured(replay, None, outputs, nbytes)
+        return graph.holding(pool, Captured(replay, None, outputs, nbytes))
+
+
+class SimGraph:
+    """A simulated graph's place in its pool, kept as long as its entry: torch counts the
+    graphs of a pool id and refuses a capture into an id whose graphs all went (released,
+    not yet freed: `graphify.backends.graph_pool`); so does this."""
+
+    _live: dict = {}  # pool id -> graphs of it alive
+    _released: set = set()  # ids whose graphs all went
+
+    def __init__(self, pool_id):
+        if pool_id in self._released:
+            raise RuntimeError(
+                f"sim: capture into graph pool {pool_id} after all its graphs were released (torch's allocators "
+                "fail an internal assert, use_count > 0, and leave the RNG in capture mode)"
+            )
+        self.pool_id = pool_id
+        self._live[pool_id] = self._live.get(pool_id, 0) + 1
+        weakref.finalize(self, SimGraph._gone, pool_id)
+        self.replay = None
+
+    @classmethod
+    def _gone(cls, pool_id) -> None:
+        cls._live[pool_id] -= 1
+        if not cls._live[pool_id]:
+            del cls._live[pool_id]
+            cls._released.add(pool_id)
+
+    def holding(self, pool: GraphPool, captured: Captured) -> Captured:
+        """`captured`, with this graph in it and counted by `pool`."""
+        self.replay = captured.replay
+        pool.holds(self)
+        return attrs.evolve(captured, graph=self)
 
 
 def _rerun_capture(fn: Callable, args: tuple, *, warmups: int, guard, keeper) -> Captured:

@@ -15,6 +15,7 @@ from .._errors import CaptureError
 from .._keepalive import clear_cublas_workspaces
 from .._state import eager_runs
 from ._base import Captured, CompiledCode
+from .graph_pool import GraphPool
 from .streams import cupy_follows_torch
 
 __all__ = ["TorchCudaBackend", "weak_alias"]
@@ -52,9 +53,12 @@ class TorchCudaBackend:
                 "move them to a CUDA device or pass Options(backend='sim')"
             )
 
-    def new_pool_handle(self, device: torch.device):
-        with torch.cuda.device(device):
-            return torch.cuda.graph_pool_handle()
+    def new_pool_handle(self, device: torch.device) -> GraphPool:
+        def new_id():
+            with torch.cuda.device(device):
+                return torch.cuda.graph_pool_handle()
+
+        return GraphPool(new_id)
 
     def new_stream(self, device: torch.device) -> "torch.cuda.Stream":
         """The side stream every warm-up and capture on `device` uses. cuBLAS keeps a
@@ -74,7 +78,7 @@ class TorchCudaBackend:
         segment table (the segments torch assigned to that pool)."""
         reserved = used = 0
         for seg in torch.cuda.memory._snapshot()["segments"]:
-            if tuple(seg.get("segment_pool_id", ())) == tuple(handle):
+            if tuple(seg.get("segment_pool_id", ())) == tuple(handle.id):
                 reserved += seg["total_size"]
                 used += seg["allocated_size"]
         return reserved, used
@@ -99,6 +103,7 @@ class TorchCudaBackend:
                 eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
             stream.synchronize()  # the warm-ups' frees settle before the capture allocates
         graph = torch.cuda.CUDAGraph()
+        pool_id = pool.for_capture()  # a fresh id where every graph of the last one is gone
         before = self.usage(pool)[0]
         # Not `torch.cuda.graph(...)`: its __enter__ synchronises the device and empties the
         # allocator's cache before every capture, which costs more than a small capture and
@@ -111,7 +116,7 @@ class TorchCudaBackend:
         # compiled code must not see a mode of ours: dynamo would compile it again, inside the capture
         staged = StagedConstants() if not isinstance(fn, CompiledCode) else contextlib.nullcontext(StagedConstants())
         with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
-            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            graph.capture_begin(pool=pool_id, capture_error_mode="thread_local")
             try:
                 with staged as constants:
                     outputs = fn(*args)
@@ -124,6 +129,7 @@ class TorchCudaBackend:
         # itself may allocate outside it (torch's RNG seed and offset tensors for graphs,
         # made when the first live graph registers, kept in the default pool)
         nbytes = self.usage(pool)[0] - before
+        pool.holds(graph)
         graph.graphify_constants = constants.kept  # the host memory its copies read, for as long as it lives
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)

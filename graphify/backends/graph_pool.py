@@ -1,0 +1,51 @@
+"""A Pool's graph pool id, for backends whose allocator counts graphs per id (torch's).
+
+torch frees a graph pool once the last graph captured into it is gone: its device and its
+pinned-host caching allocators count the graphs of each id, and at zero mark the pool
+releasable until their next `empty_cache`. A capture into an id in that state fails an
+internal assert (`CachingHostAllocator.h`: `use_count > 0`) and leaves the CUDA RNG in
+capture mode, so every later capture in the process fails too. That happens whenever a Pool
+outlives all its graphs and captures again: a structure dropped and captured anew (a second
+`generate()` of T5), or a first capture that failed and is tried again. Such a capture takes
+a fresh id instead: no live graph shares the old one's memory, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["GraphPool"]
+
+
+class GraphPool:
+    """The id captures go into (`for_capture()`), renewed when every graph captured into
+    it is gone; `holds(graph)` counts a graph captured into it while it lives."""
+
+    def __init__(self, new_id: Callable[[], Any]):
+        self._new_id = new_id
+        self.id = new_id()
+        self.live = 0
+        self.used = False  # a capture has begun with `id` (it may have failed: torch counted it)
+        self._lock = threading.RLock()  # `_gone` may run inside `for_capture` (a collection)
+
+    def for_capture(self) -> Any:
+        with self._lock:
+            if self.used and self.live == 0:
+                self.id = self._new_id()
+            self.used = True
+            return self.id
+
+    def holds(self, graph: Any) -> None:
+        with self._lock:
+            self.live += 1
+        weakref.finalize(graph, self._gone)
+
+    def _gone(self) -> None:
+        with self._lock:
+            self.live -= 1
+
+    def __repr__(self) -> str:
+        return f"GraphPool(id={self.id!r}, live graphs={self.live})"
