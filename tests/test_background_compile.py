@@ -34,6 +34,18 @@ class Block(torch.nn.Module):
         return torch.relu(self.lin(x) + self.shift) * 2
 
 
+class CacheProbe(torch.nn.Module):
+    """A forward of its own: in a process where another test compiled `Block` with inductor
+    (the CUDA tests), dynamo would reuse that compile and never look at the caches."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.sigmoid(self.lin(x)) - 0.5
+
+
 # (backend, device, the worker's compile backend): AOTAutograd's on the CPU, inductor on a GPU
 LINES = pytest.mark.parametrize("backend", [
     pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
@@ -98,7 +110,7 @@ def test_the_callers_compile_loads_what_the_worker_compiled(backend, fresh_worke
 
     _, device, _ = backend
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # empty: the worker (started now) fills it
-    block, eager = twins(Block, device)
+    block, eager = twins(CacheProbe, device)  # code no other test compiles: dynamo compiles it here
     block.forward = graphify(block.forward, options=background("inductor"))
     with torch.no_grad():
         for _ in range(3):
