@@ -60,6 +60,7 @@ HF_OFF = "the one line turns transformers' compile off"
 HF_THREAD = "`Options(compile=True)` compiles in a background thread (since removed)"
 HF_DYNAMIC = "`Options(compile=True)` compiles in the caller's thread again, with dynamic shapes"
 HF_FLOATS = "`Options(compile=True)` specialises Python floats (one trace a compile)"
+HF_CACHE_KEYS = "the background line's worker keys its compiles as the caller does (precision settings, dynamo's marks)"
 
 
 # Rows of a run's JSON, as a table reads them.
@@ -164,7 +165,7 @@ BENCHES: tuple[Bench, ...] = (
         ),
         eras=(("2026-11-23T23:00:00+00:00", HF_OFF), ("2026-11-23T23:25:00+00:00", HF_THREAD),
               ("2026-11-24T00:30:00+00:00", HF_DYNAMIC),
-              ("2026-11-25T11:00:00+00:00", HF_FLOATS)),
+              ("2026-11-25T11:00:00+00:00", HF_FLOATS), ("2026-11-26T00:50:00+00:00", HF_CACHE_KEYS)),
     ),
     Bench(
         "decode", "FULL decode beside a hand-written CUDA graph", "python3 -m benchmarks.decode [--model 8b]",
@@ -327,6 +328,7 @@ def serving(config: str, process: str | None, text: str) -> Cell:
 FP, FULL = "graphify FULL_AND_PIECEWISE + inductor", "graphify FULL + inductor"
 HF_LINE, HF_COMPILE = "graphify(model.forward)", "graphify(model.forward, options=Options(compile=True))"
 HF_PEER = "transformers' own compile (no line)"
+HF_BACKGROUND = 'graphify(model.forward, options=Options(compile="background"))'
 B_1_8_32 = ("batch", (1, 8, 32))
 STEP_81 = "trace step 81 (mixed, 512 tokens, 18 requests)"
 
@@ -367,9 +369,26 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("same, first `generate()` s, B = 1: the one line / `Options(compile=True)`", "hf-generate", "per-token",
           Cell({"model": "qwen0.5b", "batch": 1}, "{first_generate_s:.1f}", ("config", (HF_LINE, HF_COMPILE))),
           Cell({"model": "qwen0.5b", "batch": 1, "config": HF_PEER}, "{first_generate_s:.1f}")),
-    Claim("same, chat-like workload total s: the one line / `Options(compile=True)`", "hf-generate", "chat",
-          Cell({"model": "qwen0.5b"}, "{chat_total_s:.1f}", ("config", (HF_LINE, HF_COMPILE))),
+    Claim("same, chat-like workload total s: the one line / `Options(compile=True)` / `Options(compile=\"background\")`",
+          "hf-generate", "chat",
+          Cell({"model": "qwen0.5b"}, "{chat_total_s:.1f}", ("config", (HF_LINE, HF_COMPILE, HF_BACKGROUND))),
           Cell({"model": "qwen0.5b", "config": HF_PEER}, "{chat_total_s:.1f}")),
+    Claim("same, `Options(compile=\"background\")`, B = 1 / 8", "hf-generate", "per-token",
+          Cell({"model": "qwen0.5b", "config": HF_BACKGROUND, "process": 1}, "{ms_per_token:.2f}", ("batch", (1, 8))),
+          Cell({"model": "qwen0.5b", "config": HF_PEER, "process": 1}, "{ms_per_token:.2f}", ("batch", (1, 8)))),
+    Claim("same, first `generate()` s, B = 1 / 8: `Options(compile=\"background\")`", "hf-generate", "per-token",
+          Cell({"model": "qwen0.5b", "config": HF_BACKGROUND, "process": 1}, "{first_generate_s:.1f}",
+               ("batch", (1, 8))),
+          Cell({"model": "qwen0.5b", "config": HF_PEER, "process": 1}, "{first_generate_s:.1f}", ("batch", (1, 8)))),
+    Claim("same, restarted on the first process's caches, first `generate()` s, B = 1 / 8", "hf-generate",
+          "per-token",
+          Cell({"model": "qwen0.5b", "config": HF_BACKGROUND, "process": 2}, "{first_generate_s:.1f}",
+               ("batch", (1, 8))),
+          Cell({"model": "qwen0.5b", "config": HF_PEER, "process": 2}, "{first_generate_s:.1f}", ("batch", (1, 8)))),
+    Claim("same, the `generate()` that takes the compiled graphs in, s, B = 1 / 8 (after the worker is done)",
+          "hf-generate", "per-token",
+          Cell({"model": "qwen0.5b", "config": HF_BACKGROUND, "process": 1}, "{swap_generate_s:.1f}",
+               ("batch", (1, 8)))),
     Claim("transformers 8B, ms/token, B = 1 / 8: the one line", "hf-generate", "per-token",
           Cell({"model": "llama8b", "config": HF_LINE}, "{ms_per_token:.2f}", ("batch", (1, 8))),
           Cell({"model": "llama8b", "config": HF_PEER}, "{ms_per_token:.2f}", ("batch", (1, 8)))),
