@@ -330,7 +330,16 @@ HF_LINE, HF_COMPILE = "graphify(model.forward)", "graphify(model.forward, option
 HF_PEER = "transformers' own compile (no line)"
 HF_BACKGROUND = 'graphify(model.forward, options=Options(compile="background"))'
 B_1_8_32 = ("batch", (1, 8, 32))
+B_1_8 = ("batch", (1, 8))
 STEP_81 = "trace step 81 (mixed, 512 tokens, 18 requests)"
+
+def hf_vs_peer(title: str, model: str, config: str, text: str, process: int | None = None) -> Claim:
+    """A transformers `generate()` claim at B = 1 / 8: `config`'s value beside the peer's
+    (of the same process, where `process` is given: 2 is a restart)."""
+    where = {"model": model} if process is None else {"model": model, "process": process}
+    return Claim(title, "hf-generate", "per-token", Cell({**where, "config": config}, text, B_1_8),
+                 Cell({**where, "config": HF_PEER}, text, B_1_8))
+
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("main job tokens/s, F&P + inductor, 1st process", "serving", "trace",
@@ -373,45 +382,29 @@ CLAIMS: tuple[Claim, ...] = (
           "hf-generate", "chat",
           Cell({"model": "qwen0.5b"}, "{chat_total_s:.1f}", ("config", (HF_LINE, HF_COMPILE, HF_BACKGROUND))),
           Cell({"model": "qwen0.5b", "config": HF_PEER}, "{chat_total_s:.1f}")),
-    Claim("same, `Options(compile=\"background\")`, B = 1 / 8", "hf-generate", "per-token",
-          Cell({"model": "qwen0.5b", "config": HF_BACKGROUND, "process": 1}, "{ms_per_token:.2f}", ("batch", (1, 8))),
-          Cell({"model": "qwen0.5b", "config": HF_PEER, "process": 1}, "{ms_per_token:.2f}", ("batch", (1, 8)))),
-    Claim("same, first `generate()` s, B = 1 / 8: `Options(compile=\"background\")`", "hf-generate", "per-token",
-          Cell({"model": "qwen0.5b", "config": HF_BACKGROUND, "process": 1}, "{first_generate_s:.1f}",
-               ("batch", (1, 8))),
-          Cell({"model": "qwen0.5b", "config": HF_PEER, "process": 1}, "{first_generate_s:.1f}", ("batch", (1, 8)))),
-    Claim("same, restarted on the first process's caches, first `generate()` s, B = 1 / 8", "hf-generate",
-          "per-token",
-          Cell({"model": "qwen0.5b", "config": HF_BACKGROUND, "process": 2}, "{first_generate_s:.1f}",
-               ("batch", (1, 8))),
-          Cell({"model": "qwen0.5b", "config": HF_PEER, "process": 2}, "{first_generate_s:.1f}", ("batch", (1, 8)))),
+    hf_vs_peer("same, `Options(compile=\"background\")`, B = 1 / 8", "qwen0.5b", HF_BACKGROUND, "{ms_per_token:.2f}",
+               process=1),
+    hf_vs_peer("same, first `generate()` s, B = 1 / 8: `Options(compile=\"background\")`", "qwen0.5b", HF_BACKGROUND,
+               "{first_generate_s:.1f}", process=1),
+    hf_vs_peer("same, restarted on the first process's caches, first `generate()` s, B = 1 / 8", "qwen0.5b",
+               HF_BACKGROUND, "{first_generate_s:.1f}", process=2),
     Claim("same, the `generate()` that takes the compiled graphs in, s, B = 1 / 8 (after the worker is done)",
           "hf-generate", "per-token",
-          Cell({"model": "qwen0.5b", "config": HF_BACKGROUND, "process": 1}, "{swap_generate_s:.1f}",
-               ("batch", (1, 8)))),
-    Claim("transformers 8B, ms/token, B = 1 / 8: the one line", "hf-generate", "per-token",
-          Cell({"model": "llama8b", "config": HF_LINE}, "{ms_per_token:.2f}", ("batch", (1, 8))),
-          Cell({"model": "llama8b", "config": HF_PEER}, "{ms_per_token:.2f}", ("batch", (1, 8)))),
-    Claim("same, `Options(compile=True)`", "hf-generate", "per-token",
-          Cell({"model": "llama8b", "config": HF_COMPILE}, "{ms_per_token:.2f}", ("batch", (1, 8))),
-          Cell({"model": "llama8b", "config": HF_PEER}, "{ms_per_token:.2f}", ("batch", (1, 8)))),
-    Claim("same, first `generate()` s, B = 1 / 8: `Options(compile=True)`", "hf-generate", "per-token",
-          Cell({"model": "llama8b", "config": HF_COMPILE}, "{first_generate_s:.1f}", ("batch", (1, 8))),
-          Cell({"model": "llama8b", "config": HF_PEER}, "{first_generate_s:.1f}", ("batch", (1, 8)))),
+          Cell({"model": "qwen0.5b", "config": HF_BACKGROUND, "process": 1}, "{swap_generate_s:.1f}", B_1_8)),
+    hf_vs_peer("transformers 8B, ms/token, B = 1 / 8: the one line", "llama8b", HF_LINE, "{ms_per_token:.2f}"),
+    hf_vs_peer("same, `Options(compile=True)`", "llama8b", HF_COMPILE, "{ms_per_token:.2f}"),
+    hf_vs_peer("same, first `generate()` s, B = 1 / 8: `Options(compile=True)`", "llama8b", HF_COMPILE,
+               "{first_generate_s:.1f}"),
     Claim("same, B = 1, a token's kernels and GPU time: `Options(compile=True)`", "hf-generate", "per-token",
           Cell({"model": "llama8b", "config": HF_COMPILE, "batch": 1},
                "{kernels_per_token:.0f} kernels, {gpu_ms_per_token:.2f} GPU ms of {ms_per_token:.2f} ms"),
           Cell({"model": "llama8b", "config": HF_PEER, "batch": 1},
                "{kernels_per_token:.0f} kernels, {gpu_ms_per_token:.2f} GPU ms of {ms_per_token:.2f} ms")),
-    Claim("transformers Gemma 3 1B shape (window 64, crossed), ms/token, B = 1 / 8: the one line", "hf-generate",
-          "per-token", Cell({"model": "gemma3-1b", "config": HF_LINE}, "{ms_per_token:.2f}", ("batch", (1, 8))),
-          Cell({"model": "gemma3-1b", "config": HF_PEER}, "{ms_per_token:.2f}", ("batch", (1, 8)))),
-    Claim("same, `Options(compile=True)`", "hf-generate", "per-token",
-          Cell({"model": "gemma3-1b", "config": HF_COMPILE}, "{ms_per_token:.2f}", ("batch", (1, 8))),
-          Cell({"model": "gemma3-1b", "config": HF_PEER}, "{ms_per_token:.2f}", ("batch", (1, 8)))),
-    Claim("same, first `generate()` s, B = 1 / 8: `Options(compile=True)`", "hf-generate", "per-token",
-          Cell({"model": "gemma3-1b", "config": HF_COMPILE}, "{first_generate_s:.1f}", ("batch", (1, 8))),
-          Cell({"model": "gemma3-1b", "config": HF_PEER}, "{first_generate_s:.1f}", ("batch", (1, 8)))),
+    hf_vs_peer("transformers Gemma 3 1B shape (window 64, crossed), ms/token, B = 1 / 8: the one line", "gemma3-1b",
+               HF_LINE, "{ms_per_token:.2f}"),
+    hf_vs_peer("same, `Options(compile=True)`", "gemma3-1b", HF_COMPILE, "{ms_per_token:.2f}"),
+    hf_vs_peer("same, first `generate()` s, B = 1 / 8: `Options(compile=True)`", "gemma3-1b", HF_COMPILE,
+               "{first_generate_s:.1f}"),
     Claim("FULL decode ÷ a hand-written `CUDAGraph` loop, B = 1 / 8 / 64 (0.5B and 8B)", "decode", "rows",
           Cell({}, "{graphify_vs_floor:.3f}", ("batch", (1, 8, 64)))),
     Claim("Dispatcher lookup, µs a call", "decode", "dispatch",
