@@ -134,9 +134,14 @@ PRECISION = (
 LEGACY_PRECISION = ("backends.cuda.matmul.allow_tf32", "backends.cudnn.allow_tf32")
 
 
-def _setting(path: str):
+def _owner(path: str) -> tuple[Any, str]:
+    """("backends.cuda.matmul.allow_tf32") -> (torch.backends.cuda.matmul, "allow_tf32")."""
     owner, _, name = path.rpartition(".")
-    return getattr(functools.reduce(getattr, owner.split("."), torch), name)
+    return functools.reduce(getattr, owner.split("."), torch), name
+
+
+def _setting(path: str):
+    return getattr(*_owner(path))
 
 
 def precision_settings() -> dict:
@@ -162,8 +167,7 @@ def _apply_precision(wanted: dict) -> None:
             continue
         try:
             if _setting(path) != value:
-                owner, _, name = path.rpartition(".")
-                setattr(functools.reduce(getattr, owner.split("."), torch), name, value)
+                setattr(*_owner(path), value)
         except (AttributeError, RuntimeError):
             pass
 
