@@ -273,13 +273,16 @@ class FirstUse:
                     pair, miss.args, loaded, kin=kin, collect=collect, plain=plain),
                     strict=self.spec.options.first_use == "strict")
             except CaptureError as exc:
-                if self.spec.options.first_use == "strict" or getattr(exc, "replaced", False):
+                if self.spec.options.first_use == "strict":
                     raise
-                if isinstance(exc, StateReplacedError) and pair not in branch.changed_once:
-                    # Python state the call itself set up (a cache layer made on first use, when a
-                    # structure's kin captures at once): the next call finds it made
+                replaced = getattr(exc, "replaced", False)
+                if isinstance(exc, StateReplacedError) and pair not in branch.changed_once and (kin or not replaced):
+                    # a cache layer made on its first use when kin captures at once (on a GPU its
+                    # counter moves: a tensor replaced): this call makes it eagerly, the next captures
                     branch.changed_once.add(pair)
                     return False
+                if replaced:
+                    raise
                 branch.uncapturable.add(pair)
                 self._cannot_capture(exc)
                 return False
@@ -306,10 +309,8 @@ class FirstUse:
         what = f"cannot capture: {type(exc).__name__}"
         if what not in self.warned:
             self.warned.add(what)
-            warnings.warn(
-                f"{exc}\n(this call, and calls needing the same graph, run eagerly; other calls keep their graphs. "
-                "Options(first_use='strict') raises instead.)", stacklevel=6,
-            )
+            warnings.warn(f"{exc}\n(this call, and calls needing the same graph, run eagerly; other calls keep their "
+                          "graphs. Options(first_use='strict') raises instead.)", stacklevel=6)
 
     # -- new objects, stale and refused structures -------------------------------------------
     def _home_for(self, likeness: tuple, objects: dict) -> "CallStructure | None":
@@ -389,12 +390,10 @@ class FirstUse:
         return sum(s.release() for s in structures)
 
     def summary(self) -> str:
-        branches = [b for s in tuple(self.structures) for b in s.branches.values()]
-        structures = self.structures
+        structures = tuple(self.structures)
+        branches = [b for s in structures for b in s.branches.values()]
         graphs = sum(len(b.runtime.table) for b in branches)
         mib = sum(b.runtime.table.nbytes for b in branches) / (1 << 20)
         seconds = sum(b.capture.seconds for b in branches)
-        return (
-            f"; first use: {graphs} graphs over {len(structures)} call structure(s) in {seconds:.2f} s, "
-            f"{mib:.1f} MiB reserved"
-        )
+        return (f"; first use: {graphs} graphs over {len(structures)} call structure(s) in {seconds:.2f} s, "
+                f"{mib:.1f} MiB reserved")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import types
+import warnings
 
 import attrs
 import pytest
@@ -367,3 +368,54 @@ def test_side_effects_at_capture_graphs_a_function_that_counts_its_calls(backend
     assert len(said) == 1 and "closure 'calls': 1 -> 3 during capture" in said[0]
     with pytest.raises(ValueError):
         Options(side_effects="sometimes")
+
+
+class LazyLayer:
+    """A cache layer made on its first use, as transformers' StaticLayer is: its buffers come
+    then, and its counter moves to the call's device (`.to(device)`, a new tensor on a GPU;
+    a clone here, so the CPU sees what a GPU sees)."""
+
+    def __init__(self):
+        self.count = torch.zeros(())
+        self.keys = None
+
+    def step(self, x):
+        if self.keys is None:
+            self.keys = torch.zeros(x.shape[1], device=x.device)
+            self.count = self.count.to(x.device).clone()
+        self.keys.add_(x.sum(0))
+        self.count.add_(1)
+        return x * self.count + self.keys
+
+
+def test_a_new_object_made_on_its_first_use_gets_graphs_from_its_second_call(backend):
+    """A second generate()'s cache is kin of the first's and captured at once; its capture's
+    run makes the layer (a tensor replaced), so that call runs eagerly and the next captures.
+    An object that replaces its tensor on every call still runs eagerly, with one warning."""
+    device = backend[1]
+    g = graphify(lambda x, layer: layer.step(x), options=Options(backend=backend[0]))
+    for generation in range(3):
+        layer, twin = LazyLayer(), LazyLayer()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(4):
+                x = torch.randn(2, 8, device=device)
+                torch.testing.assert_close(g(x, layer), twin.step(x), rtol=0, atol=0)
+        assert not seen, [str(w.message) for w in seen]
+    # first object: a warm-up, then 3 replays; each later one: its making call eagerly, then 3 replays
+    assert calls_by_mode(g) == {Mode.NONE: 3, Mode.PIECEWISE: 0, Mode.FULL: 9}
+
+    class Regrows(LazyLayer):
+        def step(self, x):
+            self.keys = None  # every call makes its buffers anew (a DynamicCache's torch.cat)
+            return super().step(x)
+
+    h = graphify(lambda x, layer: layer.step(x), options=Options(backend=backend[0]))
+    with pytest.warns(UserWarning, match="replaces a tensor") as seen:
+        for _ in range(3):
+            layer, twin = Regrows(), Regrows()
+            for _ in range(3):
+                x = torch.randn(2, 8, device=device)
+                torch.testing.assert_close(h(x, layer), twin.step(x), rtol=0, atol=0)
+    assert len([w for w in seen if "replaces a tensor" in str(w.message)]) == 1
+    assert calls_by_mode(h)[Mode.FULL] == 0
