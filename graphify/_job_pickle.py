@@ -46,10 +46,34 @@ def _bound(func, obj):
     return types.MethodType(func, obj)
 
 
-def _on_device(data: bytes, device: str, requires_grad: bool, parameter: bool, marks: dict) -> torch.Tensor:
+def _on_device(data: bytes, device: str, requires_grad: bool, parameter: bool, marks: dict,
+               view: tuple | None = None) -> torch.Tensor:
     tensor = torch.load(io.BytesIO(data), weights_only=True).to(device)
+    if view is not None:
+        tensor = _as_view(tensor, *view)
     tensor = torch.nn.Parameter(tensor, requires_grad) if parameter else tensor.requires_grad_(requires_grad)
     return _marked(tensor, marks)
+
+
+def view_geometry(tensor: torch.Tensor) -> tuple | None:
+    """(base size, base stride, size, stride, storage offset) of a view of a base that starts
+    its storage (graphify's static buffers at a key's rows); None for any other tensor.
+    Dynamo gives a view's base sizes symbols of their own, and symbols are named by hashing
+    their sources with collisions probed in order: a compacted copy in the worker names the
+    rest differently (another cache key) once a model has enough of them (24 layers did)."""
+    base = tensor._base
+    if base is None or base.storage_offset() != 0:
+        return None
+    return tuple(base.shape), base.stride(), tuple(tensor.shape), tensor.stride(), tensor.storage_offset()
+
+
+def _as_view(values: torch.Tensor, base_size, base_stride, size, stride, offset) -> torch.Tensor:
+    """`values` as the same view of a base of the same geometry (the rest of the base unset:
+    a compile reads shapes, not the rows a call does not pass)."""
+    base = torch.empty_strided(base_size, base_stride, dtype=values.dtype, device=values.device)
+    view = base.as_strided(size, stride, offset)
+    view.copy_(values)
+    return view
 
 
 def _marked(tensor: torch.Tensor, marks: dict) -> torch.Tensor:
@@ -70,7 +94,8 @@ def dynamo_marks(tensor: torch.Tensor) -> dict:
 
 class _JobPickler(ForkingPickler):
     """ForkingPickler (CUDA tensors by IPC handle) for the CUDA tensors in `shared`; every
-    other tensor by value (views compacted first: a view of a large buffer would carry all of it)."""
+    other tensor by value (a view's own elements only, rebuilt there as the same view of a
+    base of the same geometry: `view_geometry`)."""
 
     def __init__(self, file, shared: frozenset):
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
@@ -95,7 +120,7 @@ class _JobPickler(ForkingPickler):
         data = io.BytesIO()
         torch.save(host, data)
         return _on_device, (data.getvalue(), str(obj.device), obj.requires_grad and obj.is_leaf,
-                            isinstance(obj, torch.nn.Parameter), marks)
+                            isinstance(obj, torch.nn.Parameter), marks, view_geometry(obj))
 
 
 def dumps(value: Any, shared: frozenset = frozenset()) -> bytes:

@@ -363,19 +363,25 @@ def test_a_function_of_the_script_run_as_main_is_refused_by_name():
     _background._importable(Block().forward)  # an importable one passes
 
 
-def test_a_call_crosses_as_a_compact_copy():
+def test_a_call_crosses_as_a_compact_copy_of_the_same_view():
+    """Only a view's rows cross, rebuilt there as the same view of a base of the same
+    geometry: dynamo gives a base's sizes symbols too, and a compacted copy named a 24-layer
+    model's symbols differently in the worker (another cache key: a cold compile in the call)."""
     import pickle
 
-    from graphify._job_pickle import dumps
+    from graphify._job_pickle import dumps, view_geometry
 
     big = torch.randn(200_000, 2)
-    view = big[:2]
-    payload = dumps({"args": (view, 3)})
-    assert len(payload) < 10_000  # the two rows, not the buffer behind them
-    back = pickle.loads(payload)["args"][0]
-    assert torch.equal(back, view) and back.data_ptr() != view.data_ptr()
+    view, mask = big[:2], torch.randn(8, 1, 1, 300)[..., :192]
+    payload = dumps({"args": (view, 3, mask)})
+    assert len(payload) < 60_000  # the rows, not the buffers behind them
+    back, _, back_mask = pickle.loads(payload)["args"]
+    assert torch.equal(back, view) and back.data_ptr() != view.data_ptr() and torch.equal(back_mask, mask)
+    assert view_geometry(back) == view_geometry(view) == ((200_000, 2), (2, 1), (2, 2), (2, 1), 0)
+    assert view_geometry(back_mask) == view_geometry(mask) is not None
     view.add_(1)  # the caller goes on writing: the copy does not change
     assert not torch.equal(back, view)
+    assert pickle.loads(dumps(torch.randn(3)))._base is None  # a tensor of its own stays one
 
 
 def test_a_copy_keeps_what_dynamo_keys_its_compile_on():
