@@ -317,12 +317,15 @@ def render_results_readme(runs: Sequence[Run], suites: Sequence[Suite]) -> str:
 
 
 # -- README.md: the short table and the GPU tests' last runs --------------------------------------
-def picked(runs: Sequence[Run], kind: str, table: str, where: dict) -> list[tuple[Run, dict]]:
-    """(run, row) of the newest code era among the rows `where` selects."""
+def picked(runs: Sequence[Run], kind: str, table: str, where: dict, device: str | None = None) -> list[tuple[Run, dict]]:
+    """(run, row) of the newest code era among the rows `where` selects (on `device` only,
+    where given)."""
     bench = next(b for b in BENCHES if b.kind == kind)
     tab = next(t for t in bench.tables if t.name == table)
     rows = [(run, row) for run in runs if run.bench is bench for row in tab.rows(run.data)
             if all(row.get(k) == v for k, v in where.items())]
+    if device is not None:
+        rows = [(run, row) for run, row in rows if run.env["device"] == device]
     newest = max((run.era for run, _ in rows), default=0)
     return [(run, row) for run, row in rows if run.era == newest]
 
@@ -337,22 +340,33 @@ def fill(text: str, rows: Sequence[dict]) -> str:
     return "".join(out)
 
 
-def render_cell(runs: Sequence[Run], kind: str, table: str, cell: Cell | None) -> tuple[str, list[Run]]:
-    """The cell's text and the runs behind it."""
+def render_cell(runs: Sequence[Run], kind: str, table: str, cell: Cell | None,
+                device: str | None = None) -> tuple[str, list[Run]]:
+    """The cell's text and the runs behind it, all on one kind of card: `device`, or that of
+    the newest run the cell selects (a range over two cards would compare the cards)."""
     if cell is None:
         return "-", []
     wheres = [{**cell.where, cell.per[0]: v} for v in cell.per[1]] if cell.per else [cell.where]
+    if device is None:
+        found = [run for where in wheres for run, _ in picked(runs, kind, table, where)]
+        device = max(found, key=lambda r: r.env["date"]).env["device"] if found else None
     texts, used = [], []
     for where in wheres:
-        rows = picked(runs, kind, table, where)
+        rows = picked(runs, kind, table, where, device)
         texts.append(fill(cell.text, [row for _, row in rows]) if rows else "-")
         used += [run for run, _ in rows if run not in used]
     return " / ".join(texts), used
 
 
-def claim_row(runs: Sequence[Run], claim: Claim) -> list[str]:
+def claim_cells(runs: Sequence[Run], claim: Claim) -> tuple[tuple[str, list[Run]], tuple[str, list[Run]]]:
+    """(text, runs) of the claim's two cells, the peer's on the card ours came from."""
     ours, ours_runs = render_cell(runs, claim.kind, claim.table, claim.ours)
-    peer, peer_runs = render_cell(runs, claim.kind, claim.table, claim.peer)
+    device = ours_runs[0].env["device"] if ours_runs else None
+    return (ours, ours_runs), render_cell(runs, claim.kind, claim.table, claim.peer, device)
+
+
+def claim_row(runs: Sequence[Run], claim: Claim) -> list[str]:
+    (ours, ours_runs), (peer, peer_runs) = claim_cells(runs, claim)
     used = list(dict.fromkeys(ours_runs + peer_runs))
     return [claim.what, ours, peer, str(len(used)), dates(used), files(used)]
 
