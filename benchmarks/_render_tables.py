@@ -61,6 +61,7 @@ HF_THREAD = "`Options(compile=True)` compiles in a background thread (since remo
 HF_DYNAMIC = "`Options(compile=True)` compiles in the caller's thread again, with dynamic shapes"
 HF_FLOATS = "`Options(compile=True)` specialises Python floats (one trace a compile)"
 HF_CACHE_KEYS = "the background line's worker keys its compiles as the caller does (precision settings, dynamo's marks)"
+HF_VIEWS = "the background line's worker gets a call's views as views (dynamo names their bases' sizes too)"
 
 
 # Rows of a run's JSON, as a table reads them.
@@ -165,7 +166,8 @@ BENCHES: tuple[Bench, ...] = (
         ),
         eras=(("2026-11-23T23:00:00+00:00", HF_OFF), ("2026-11-23T23:25:00+00:00", HF_THREAD),
               ("2026-11-24T00:30:00+00:00", HF_DYNAMIC),
-              ("2026-11-25T11:00:00+00:00", HF_FLOATS), ("2026-11-26T00:50:00+00:00", HF_CACHE_KEYS)),
+              ("2026-11-25T11:00:00+00:00", HF_FLOATS), ("2026-11-26T00:50:00+00:00", HF_CACHE_KEYS),
+              ("2026-11-26T02:20:00+00:00", HF_VIEWS)),
     ),
     Bench(
         "decode", "FULL decode beside a hand-written CUDA graph", "python3 -m benchmarks.decode [--model 8b]",
@@ -378,9 +380,9 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("same, first `generate()` s, B = 1: the one line / `Options(compile=True)`", "hf-generate", "per-token",
           Cell({"model": "qwen0.5b", "batch": 1}, "{first_generate_s:.1f}", ("config", (HF_LINE, HF_COMPILE))),
           Cell({"model": "qwen0.5b", "batch": 1, "config": HF_PEER}, "{first_generate_s:.1f}")),
-    Claim("same, chat-like workload total s: the one line / `Options(compile=True)` / `Options(compile=\"background\")`",
+    Claim("same, chat-like workload total s: the one line / `Options(compile=\"background\")`",
           "hf-generate", "chat",
-          Cell({"model": "qwen0.5b"}, "{chat_total_s:.1f}", ("config", (HF_LINE, HF_COMPILE, HF_BACKGROUND))),
+          Cell({"model": "qwen0.5b"}, "{chat_total_s:.1f}", ("config", (HF_LINE, HF_BACKGROUND))),
           Cell({"model": "qwen0.5b", "config": HF_PEER}, "{chat_total_s:.1f}")),
     hf_vs_peer("same, `Options(compile=\"background\")`, B = 1 / 8", "qwen0.5b", HF_BACKGROUND, "{ms_per_token:.2f}",
                process=1),
@@ -405,6 +407,13 @@ CLAIMS: tuple[Claim, ...] = (
     hf_vs_peer("same, `Options(compile=True)`", "gemma3-1b", HF_COMPILE, "{ms_per_token:.2f}"),
     hf_vs_peer("same, first `generate()` s, B = 1 / 8: `Options(compile=True)`", "gemma3-1b", HF_COMPILE,
                "{first_generate_s:.1f}"),
+    hf_vs_peer("same, `Options(compile=\"background\")`: ms/token", "gemma3-1b", HF_BACKGROUND, "{ms_per_token:.2f}"),
+    hf_vs_peer("same, steady ms/token", "gemma3-1b", HF_BACKGROUND, "{steady_ms_per_token:.2f}"),
+    hf_vs_peer("same, first `generate()` s", "gemma3-1b", HF_BACKGROUND, "{first_generate_s:.1f}"),
+    hf_vs_peer("transformers MoE shape (8 experts, 2 active), ms/token, B = 1 / 8: `Options(compile=\"background\")`",
+               "moe", HF_BACKGROUND, "{ms_per_token:.2f}"),
+    hf_vs_peer("same, steady ms/token", "moe", HF_BACKGROUND, "{steady_ms_per_token:.2f}"),
+    hf_vs_peer("same, first `generate()` s", "moe", HF_BACKGROUND, "{first_generate_s:.1f}"),
     Claim("FULL decode ÷ a hand-written `CUDAGraph` loop, B = 1 / 8 / 64 (0.5B and 8B)", "decode", "rows",
           Cell({}, "{graphify_vs_floor:.3f}", ("batch", (1, 8, 64)))),
     Claim("Dispatcher lookup, µs a call", "decode", "dispatch",
