@@ -55,14 +55,22 @@ def _on_device(data: bytes, device: str, requires_grad: bool, parameter: bool, m
     return _marked(tensor, marks)
 
 
+VIEW_BASE_BYTES = 256 << 20  # a larger base than this (and than 4x its view) crosses compacted
+
+
 def view_geometry(tensor: torch.Tensor) -> tuple | None:
     """(base size, base stride, size, stride, storage offset) of a view of a base that starts
-    its storage (graphify's static buffers at a key's rows); None for any other tensor.
-    Dynamo gives a view's base sizes symbols of their own, and symbols are named by hashing
-    their sources with collisions probed in order: a compacted copy in the worker names the
-    rest differently (another cache key) once a model has enough of them (24 layers did)."""
+    its storage (graphify's static buffers at a key's rows); None for any other tensor, and
+    for a view of a base too large to allocate again there for nothing (a slice of a large
+    cache crosses compacted). Dynamo gives a view's base sizes symbols of their own, and
+    symbols are named by hashing their sources with collisions probed in order: a compacted
+    copy in the worker names the rest differently (another cache key) once a model has
+    enough of them (24 layers did)."""
     base = tensor._base
     if base is None or base.storage_offset() != 0:
+        return None
+    base_bytes = base.untyped_storage().nbytes()
+    if base_bytes > max(VIEW_BASE_BYTES, 4 * tensor.nbytes):
         return None
     return tuple(base.shape), base.stride(), tuple(tensor.shape), tensor.stride(), tensor.storage_offset()
 

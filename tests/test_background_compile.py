@@ -363,12 +363,13 @@ def test_a_function_of_the_script_run_as_main_is_refused_by_name():
     _background._importable(Block().forward)  # an importable one passes
 
 
-def test_a_call_crosses_as_a_compact_copy_of_the_same_view():
+def test_a_call_crosses_as_a_compact_copy_of_the_same_view(monkeypatch):
     """Only a view's rows cross, rebuilt there as the same view of a base of the same
     geometry: dynamo gives a base's sizes symbols too, and a compacted copy named a 24-layer
     model's symbols differently in the worker (another cache key: a cold compile in the call)."""
     import pickle
 
+    from graphify import _job_pickle
     from graphify._job_pickle import dumps, view_geometry
 
     big = torch.randn(200_000, 2)
@@ -382,6 +383,10 @@ def test_a_call_crosses_as_a_compact_copy_of_the_same_view():
     view.add_(1)  # the caller goes on writing: the copy does not change
     assert not torch.equal(back, view)
     assert pickle.loads(dumps(torch.randn(3)))._base is None  # a tensor of its own stays one
+    monkeypatch.setattr(_job_pickle, "VIEW_BASE_BYTES", 1 << 10)  # a base above it, and 4x its view, is not
+    large = torch.randn(1 << 10)  # 4 KiB: made again there for a two-element slice, it would cost 512x the slice
+    assert view_geometry(large[:2]) is None and pickle.loads(dumps(large[:2]))._base is None
+    assert view_geometry(large[:512]) is not None  # a view of half its base crosses as a view
 
 
 def test_a_copy_keeps_what_dynamo_keys_its_compile_on():
