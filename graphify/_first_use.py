@@ -39,6 +39,7 @@ import threading
 import warnings
 
 from . import _call_paths
+from ._capture_failures import CaptureFailures
 from ._call_structure import Branch, CallStructure, branch_of, fitting, take_over_idle
 from ._compile_jobs import CompileJobs, capture_with
 from ._errors import (
@@ -78,6 +79,7 @@ class FirstUse:
         self.refused_families: list[tuple] = []  # kinds of calls that run eagerly (state a graph cannot follow)
         self.released = False
         self.warned: set[str] = set()  # the once-only warnings given
+        self.failures = CaptureFailures(spec.options.first_use == "strict", self.warned)
         self.collected = False  # the GC runs before the first capture only
         # Options(compile="background"): the compiles a worker process makes for its captures
         self.jobs = CompileJobs.for_spec(spec)
@@ -273,20 +275,10 @@ class FirstUse:
                     pair, miss.args, loaded, kin=kin, collect=collect, plain=plain),
                     strict=self.spec.options.first_use == "strict")
             except CaptureError as exc:
-                if self.spec.options.first_use == "strict":
-                    raise
-                replaced = getattr(exc, "replaced", False)
-                if isinstance(exc, StateReplacedError) and pair not in branch.changed_once and (kin or not replaced):
-                    # a cache layer made on its first use when kin captures at once (on a GPU its
-                    # counter moves: a tensor replaced): this call makes it eagerly, the next captures
-                    branch.changed_once.add(pair)
-                    return False
-                if replaced:
-                    raise
-                branch.uncapturable.add(pair)
-                self._cannot_capture(exc)
+                self.failures.after(exc, structure.family, branch, pair, kin)  # raises what must go up
                 return False
             runtime.install(table)
+            self.failures.captured(structure.family)
             if plain:  # until its compile is made elsewhere
                 branch.waiting[pair] = job.send()
         branch.graphs += 1
@@ -302,15 +294,6 @@ class FirstUse:
             structure.follows_state = False
             warnings.warn(f"{self.spec.label}: {why}; graphs cannot follow that state, so these calls run eagerly",
                           stacklevel=5)
-
-    def _cannot_capture(self, exc: CaptureError) -> None:
-        """One warning per kind of failure: the cause and the fix (the error's message), and
-        that such calls run eagerly."""
-        what = f"cannot capture: {type(exc).__name__}"
-        if what not in self.warned:
-            self.warned.add(what)
-            warnings.warn(f"{exc}\n(this call, and calls needing the same graph, run eagerly; other calls keep their "
-                          "graphs. Options(first_use='strict') raises instead.)", stacklevel=6)
 
     # -- new objects, stale and refused structures -------------------------------------------
     def _home_for(self, likeness: tuple, objects: dict) -> "CallStructure | None":

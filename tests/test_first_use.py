@@ -419,3 +419,24 @@ def test_a_new_object_made_on_its_first_use_gets_graphs_from_its_second_call(bac
                 torch.testing.assert_close(h(x, layer), twin.step(x), rtol=0, atol=0)
     assert len([w for w in seen if "replaces a tensor" in str(w.message)]) == 1
     assert calls_by_mode(h)[Mode.FULL] == 0
+
+
+def test_objects_each_called_once_do_not_cost_a_failed_capture_apiece(backend):
+    """The retry above is bounded for a kind of call: objects that make their layers on first
+    use and are each called once fail `MAX_RETRIES` captures in a row, then their kind runs
+    eagerly with one warning."""
+    from graphify._capture_failures import MAX_RETRIES
+
+    device, log = backend[1], []
+    g = graphify(lambda x, layer: layer.step(x), options=Options(backend=backend[0]))
+    fu = FirstUse(g.spec, g.stats, open_capture=type("R", (RecordingCapture,), {"log": log}))
+    first = LazyLayer()
+    for _ in range(2):  # a warm-up, then a capture: the kind has graphs, so new objects are kin
+        fu.run((torch.randn(2, 8, device=device), first), {})
+    with pytest.warns(UserWarning, match="replaces a tensor") as seen:
+        for _ in range(10):
+            layer, twin = LazyLayer(), LazyLayer()
+            x = torch.randn(2, 8, device=device)
+            torch.testing.assert_close(fu.run((x, layer), {}), twin.step(x), rtol=0, atol=0)
+    assert len(log) == 1 + MAX_RETRIES + 1  # the first object's; one retried apiece; the next refuses the kind
+    assert len([w for w in seen if "replaces a tensor" in str(w.message)]) == 1
