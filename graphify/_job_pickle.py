@@ -50,7 +50,8 @@ def _on_device(data: bytes, device: str, requires_grad: bool, parameter: bool, m
                view: tuple | None = None) -> torch.Tensor:
     tensor = torch.load(io.BytesIO(data), weights_only=True).to(device)
     if view is not None:
-        tensor = _as_view(tensor, *view)
+        with contextlib.suppress(RuntimeError):  # a view not made again there crosses compacted
+            tensor = _as_view(tensor, *view)
     tensor = torch.nn.Parameter(tensor, requires_grad) if parameter else tensor.requires_grad_(requires_grad)
     return _marked(tensor, marks)
 
@@ -67,12 +68,19 @@ def view_geometry(tensor: torch.Tensor) -> tuple | None:
     copy in the worker names the rest differently (another cache key) once a model has
     enough of them (24 layers did)."""
     base = tensor._base
-    if base is None or base.storage_offset() != 0:
-        return None
-    base_bytes = base.untyped_storage().nbytes()
-    if base_bytes > max(VIEW_BASE_BYTES, 4 * tensor.nbytes):
+    if (base is None or base.storage_offset() != 0 or base.dtype != tensor.dtype or tensor.is_conj() or tensor.is_neg()
+            or tensor.is_quantized or torch._debug_has_internal_overlap(tensor) == 1 or _extent(tensor) > _extent(base)):
+        return None  # none, or one `_as_view` cannot make again: an expanded view, `.real`, a conjugate, ...
+    if _extent(base) * base.element_size() > max(VIEW_BASE_BYTES, 4 * tensor.nbytes):
         return None
     return tuple(base.shape), base.stride(), tuple(tensor.shape), tensor.stride(), tensor.storage_offset()
+
+
+def _extent(tensor: torch.Tensor) -> int:
+    """Elements of storage from its start to the tensor's last element."""
+    if tensor.numel() == 0:
+        return 0
+    return tensor.storage_offset() + sum((n - 1) * step for n, step in zip(tensor.shape, tensor.stride())) + 1
 
 
 def _as_view(values: torch.Tensor, base_size, base_stride, size, stride, offset) -> torch.Tensor:

@@ -387,6 +387,14 @@ def test_a_call_crosses_as_a_compact_copy_of_the_same_view(monkeypatch):
     large = torch.randn(1 << 10)  # 4 KiB: made again there for a two-element slice, it would cost 512x the slice
     assert view_geometry(large[:2]) is None and pickle.loads(dumps(large[:2]))._base is None
     assert view_geometry(large[:512]) is not None  # a view of half its base crosses as a view
+    complex_ = torch.randn(4, 3, dtype=torch.complex64)
+    odd = (torch.randn(6)[None].expand(3, 6), torch.arange(8)[None].expand(1, -1), complex_.real, complex_.conj(),
+           torch.randn(5, 5).t(), torch.randn(4, 4)[::2, 1:])  # expanded, another dtype, conjugate, strided
+    back = pickle.loads(dumps(odd))
+    for sent, got in zip(odd, back):  # each arrives with its values, those not made again as views compacted
+        assert torch.equal(got.resolve_conj(), sent.resolve_conj()) and got.is_conj() == sent.is_conj()
+    assert view_geometry(odd[0]) is None and view_geometry(odd[2]) is None and view_geometry(odd[3]) is None
+    assert view_geometry(back[4]) == view_geometry(odd[4]) is not None  # a transpose: the same view there
 
 
 def test_a_copy_keeps_what_dynamo_keys_its_compile_on():
