@@ -69,10 +69,11 @@ def view_geometry(tensor: torch.Tensor) -> tuple | None:
     enough of them (24 layers did)."""
     base = tensor._base
     if (base is None or base.storage_offset() != 0 or base.dtype != tensor.dtype or tensor.is_conj() or tensor.is_neg()
-            or tensor.is_quantized or torch._debug_has_internal_overlap(tensor) == 1 or _extent(tensor) > _extent(base)):
+            or tensor.is_quantized or torch._debug_has_internal_overlap(tensor) == 1):
         return None  # none, or one `_as_view` cannot make again: an expanded view, `.real`, a conjugate, ...
-    if _extent(base) * base.element_size() > max(VIEW_BASE_BYTES, 4 * tensor.nbytes):
-        return None
+    base_extent = _extent(base)
+    if _extent(tensor) > base_extent or base_extent * base.element_size() > max(VIEW_BASE_BYTES, 4 * tensor.nbytes):
+        return None  # reaching past its base, or a base too large to make again for it
     return tuple(base.shape), base.stride(), tuple(tensor.shape), tensor.stride(), tensor.storage_offset()
 
 
