@@ -433,10 +433,16 @@ def test_objects_each_called_once_do_not_cost_a_failed_capture_apiece(backend):
     first = LazyLayer()
     for _ in range(2):  # a warm-up, then a capture: the kind has graphs, so new objects are kin
         fu.run((torch.randn(2, 8, device=device), first), {})
+    tried = []  # captures each new object cost: on a GPU a kin capture without warm-up fails on the
+    # layer's host-to-device copy first and is made again with one, which fails as the CPU's does
     with pytest.warns(UserWarning, match="replaces a tensor") as seen:
         for _ in range(10):
             layer, twin = LazyLayer(), LazyLayer()
             x = torch.randn(2, 8, device=device)
+            before = len(log)
             torch.testing.assert_close(fu.run((x, layer), {}), twin.step(x), rtol=0, atol=0)
-    assert len(log) == 1 + MAX_RETRIES + 1  # the first object's; one retried apiece; the next refuses the kind
+            tried.append(len(log) - before)
+    # one retried apiece, the next refuses the kind; then no capture at all
+    assert [n > 0 for n in tried] == [True] * (MAX_RETRIES + 1) + [False] * (10 - MAX_RETRIES - 1), tried
+    assert max(tried) <= 2, tried
     assert len([w for w in seen if "replaces a tensor" in str(w.message)]) == 1
