@@ -8,6 +8,10 @@ every decode step (against `generate(disable_compile=True)`: `benchmarks/results
 compile off for the model (`generation_config.disable_compile = True`), once, and logs it;
 `Options(compile=True)` brings inductor's kernels into the graphs instead.
 
+A library's adapters may change more about the model whose forward is graphified
+(`graphify._state_types.register_forward_adapter`: transformers' decode mask, built inside
+the graphs instead of on the host, `graphify.transforms.hf`).
+
 Also: torch's global module-registration hooks (`graphify._params`) are installed when a
 function is graphified, before anything compiles it: installed later, they change a guard
 of every compiled module frame and force one recompile of each.
@@ -19,6 +23,7 @@ import logging
 from collections.abc import Callable
 
 from ._params import install_hooks
+from ._state_types import adapt_forward_owner
 
 __all__ = ["prepare_for_compilers"]
 
@@ -30,8 +35,11 @@ def prepare_for_compilers(fn: Callable) -> None:
     turned off where `fn` is a transformers model's bound `forward`."""
     install_hooks()
     model = getattr(fn, "__self__", None)
+    if model is None or getattr(fn, "__name__", None) != "forward":
+        return
+    adapt_forward_owner(model)
     config = getattr(model, "generation_config", None)
-    if getattr(fn, "__name__", None) != "forward" or not hasattr(config, "disable_compile"):
+    if not hasattr(config, "disable_compile"):
         return
     if not config.disable_compile:
         config.disable_compile = True

@@ -32,7 +32,8 @@ import attrs
 
 __all__ = [
     "StateType", "register_state_type", "state_type_of", "any_registered", "adapters_for", "ADAPTER_MODULES",
-    "register_capture_context", "capture_contexts", "owned_values", "put_owned",
+    "register_capture_context", "capture_contexts", "owned_values", "put_owned", "register_forward_adapter",
+    "adapt_forward_owner",
 ]
 
 
@@ -47,6 +48,7 @@ class StateType:
 
 _REGISTRY: dict[type, StateType] = {}
 _CONTEXTS: list = []
+_FORWARD_ADAPTERS: list = []
 
 # library (top-level package of an object's type) -> the module that registers its types
 ADAPTER_MODULES = {"transformers": "graphify.transforms.hf"}
@@ -65,6 +67,30 @@ def register_capture_context(make: Callable[[], ContextManager]) -> None:
     `make()`: code that asks whether a CUDA graph is capturing (transformers skips a host
     read of its mask then) must take, in those runs, the path the capture takes."""
     _CONTEXTS.append(make)
+
+
+def register_forward_adapter(adapt: Callable[[Any], None]) -> None:
+    """Call `adapt(model)` when a library model's bound `forward` is graphified: what the
+    library's own loop around the forward does that graphs make needless (transformers
+    builds a decode step's mask on the host) is the adapter's to change, on that model.
+    One function loaded under two module names (`transforms.hf` and `graphify.transforms.hf`)
+    counts once."""
+    if not any(_same_function_elsewhere(adapt, a) for a in _FORWARD_ADAPTERS):
+        _FORWARD_ADAPTERS.append(adapt)
+
+
+def _same_function_elsewhere(f: Any, g: Any) -> bool:
+    """Whether `f` and `g` are one function's source in two module objects."""
+    cf, cg = getattr(f, "__code__", None), getattr(g, "__code__", None)
+    return (cf is not None and cg is not None and f.__module__ != g.__module__ and f.__qualname__ == g.__qualname__
+            and (cf.co_filename, cf.co_firstlineno) == (cg.co_filename, cg.co_firstlineno))
+
+
+def adapt_forward_owner(model: Any) -> None:
+    """Import `model`'s library adapters, then run every registered forward adapter on it."""
+    adapters_for({"model": model})
+    for adapt in _FORWARD_ADAPTERS:
+        adapt(model)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, ContextManager, Protocol, runtime_checkable
 
 from ._axes import layout_for, param_names
-from ._state_types import StateType, register_capture_context, register_state_type
+from ._state_types import StateType, register_capture_context, register_forward_adapter, register_state_type
 from .backends import Captured
 from .backends._base import CompiledCode
 from .backends.sim import taping
@@ -20,7 +20,7 @@ from .backends.torch_cuda import weak_alias
 
 __all__ = [
     "SplitFunction", "as_split", "Captured", "layout_for", "param_names", "taping", "weak_alias", "StateType",
-    "register_state_type", "register_capture_context", "CompiledCode",
+    "register_state_type", "register_capture_context", "register_forward_adapter", "CompiledCode",
 ]
 
 

@@ -11,6 +11,7 @@ This module adds the few helpers a generation loop needs, and tells graphify how
 the Python state of transformers' cache layers (`graphify._state_types`): a sliding-window
 layer keeps a Python counter that picks its update's branch (filling the window, or full:
 roll), so first use captures a graph per branch and advances the counter after each replay.
+A graphified model's decode masks are built inside its graphs (`graphify.transforms._hf_masks`).
 graphify imports this module when a call first passes a transformers object. transformers
 is imported only here (`pip install graphify[hf]`); graphify's core never imports it.
 
@@ -88,13 +89,16 @@ def _register() -> None:
         from transformers.utils import import_utils
     except ImportError:
         return
-    from graphify.extend import StateType, register_capture_context, register_state_type
+    from graphify.extend import StateType, register_capture_context, register_forward_adapter, register_state_type
+
+    from ._hf_masks import pad_masks_in_forward
 
     sliding = getattr(cache_utils, "StaticSlidingWindowLayer", None)
     if sliding is not None:
         register_state_type(sliding, StateType(("cumulative_length_int",), _sliding_branch, _sliding_after))
     if hasattr(import_utils, "is_cuda_stream_capturing"):
         register_capture_context(_seen_as_capturing)
+    register_forward_adapter(pad_masks_in_forward)
 
 
 _register()
