@@ -66,17 +66,21 @@ def register_capture_context(make: Callable[[], ContextManager]) -> None:
     """Run every eager run of a capture (warm-ups, the simulation's capture run) inside
     `make()`: code that asks whether a CUDA graph is capturing (transformers skips a host
     read of its mask then) must take, in those runs, the path the capture takes."""
-    _CONTEXTS.append(make)
+    _append_once(_CONTEXTS, make)
 
 
 def register_forward_adapter(adapt: Callable[[Any], None]) -> None:
     """Call `adapt(model)` when a library model's bound `forward` is graphified: what the
     library's own loop around the forward does that graphs make needless (transformers
-    builds a decode step's mask on the host) is the adapter's to change, on that model.
-    One function loaded under two module names (`transforms.hf` and `graphify.transforms.hf`)
-    counts once."""
-    if not any(_same_function_elsewhere(adapt, a) for a in _FORWARD_ADAPTERS):
-        _FORWARD_ADAPTERS.append(adapt)
+    builds a decode step's mask on the host) is the adapter's to change, on that model."""
+    _append_once(_FORWARD_ADAPTERS, adapt)
+
+
+def _append_once(registry: list, fn: Callable) -> None:
+    """Append `fn` unless it is there already, as itself or as one function's source loaded
+    under a second module name (`transforms.hf` and `graphify.transforms.hf` both register)."""
+    if not any(fn is g or _same_function_elsewhere(fn, g) for g in registry):
+        registry.append(fn)
 
 
 def _same_function_elsewhere(f: Any, g: Any) -> bool:

@@ -15,9 +15,9 @@ Zeros are what transformers pads a short 2D mask with (`prepare_padding_mask`), 
 step's position the causal part masks every entry whatever the 2D mask holds there, so the
 mask is the same. Each kind and shape of mask checks that once: transformers' own function on
 the mask as given and on the padded one must agree, or the padding is turned off for the
-model (one log line). Everything else (sliding-window and hybrid caches, masks a model class builds its own
-way, extra mask functions, a forward no longer graphified) gets transformers' function
-unchanged.
+model (one log line). Everything else (sliding-window and hybrid caches, masks a model class
+builds its own way, extra mask functions, a forward no longer graphified) gets transformers'
+function unchanged.
 """
 
 from __future__ import annotations
