@@ -94,9 +94,9 @@ def test_a_padding_transformers_would_read_otherwise_turns_it_off_for_the_model(
     _hf_masks = masks_module(model)
     real = _hf_masks._transformers_masks
 
-    def differs(**kwargs):  # as if transformers padded with ones
+    def differs(**kwargs):  # as if transformers padded with ones (the cache's keyword differs by version)
         m = kwargs["attention_mask"]
-        if isinstance(m, torch.Tensor) and m.dim() == 2 and m.shape[-1] == kwargs["cache"].layers[0].max_cache_len:
+        if isinstance(m, torch.Tensor) and m.dim() == 2 and m.shape[-1] == _hf_masks._cache_of(kwargs).layers[0].max_cache_len:
             return real(**{**kwargs, "attention_mask": torch.ones_like(m)})
         return real(**kwargs)
 
