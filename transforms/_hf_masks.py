@@ -1,23 +1,27 @@
-"""A graphified transformers model builds its decode mask inside its graphs, not on the host.
+"""A graphified transformers model's decode masks cost the host next to nothing.
 
 With a static cache, `generate()`'s `prepare_inputs_for_generation` builds the 4D attention
-mask on the host at every step (`create_masks_for_generate`, looked up on the model first),
+masks on the host at every step (`create_masks_for_generate`, looked up on the model first),
 about half of that function's host time, and a token pays it before its graph can launch
-(notes/issue41.md). For a model whose `forward` is graphified, `pad_masks_in_forward` gives
-the model its own `create_masks_for_generate`: at a decode step over a cache of plain
-full-attention static layers it returns the 2D mask padded with zeros to the cache's length
-(all ones where `generate()` dropped an all-ones mask), a shape that stays fixed for the
-whole `generate()`, and the forward builds the 4D mask from it itself, inside the captured
-graph. The prompt keeps transformers' mask, so it stays a kind of call of its own that runs
-eagerly.
+(notes/issue41.md, notes/issue40.md). For a model whose `forward` is graphified,
+`pad_masks_in_forward` gives the model its own `create_masks_for_generate`:
 
-Zeros are what transformers pads a short 2D mask with (`prepare_padding_mask`), and past the
-step's position the causal part masks every entry whatever the 2D mask holds there, so the
-mask is the same. Each kind and shape of mask checks that once: transformers' own function on
-the mask as given and on the padded one must agree, or the padding is turned off for the
-model (one log line). Everything else (sliding-window and hybrid caches, masks a model class
-builds its own way, extra mask functions, a forward no longer graphified) gets transformers'
-function unchanged.
+- over a cache of plain full-attention static layers, a decode step gets the 2D mask padded
+  with zeros to the cache's length (all ones where `generate()` dropped an all-ones mask), a
+  shape that stays fixed for the whole `generate()`, and the forward builds the 4D mask from
+  it itself, inside the captured graph. Zeros are what transformers pads a short 2D mask
+  with (`prepare_padding_mask`), and past the step's position the causal part masks every
+  entry whatever the 2D mask holds there, so the mask is the same;
+- over sliding-window and hybrid static caches, whose sliding masks move with a Python
+  counter and so stay inputs of the graph, a decode step gets transformers' 4D masks made
+  from slices of the 2D mask in two or three tensor ops (`_hf_hybrid_masks`).
+
+The prompt keeps transformers' masks, so it stays a kind of call of its own that runs
+eagerly. Each kind and shape of mask is checked once against transformers' own function (on
+the mask as given); where they differ, the model gets transformers' masks from then on (one
+log line). Everything else (chunked attention, masks a model class builds its own way, extra
+mask functions, attention other than sdpa and eager, a forward no longer graphified) gets
+transformers' function unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import weakref
 from typing import Any
 
 import torch
+
+from ._hf_hybrid_masks import hybrid_masks, hybrid_sizes
 
 __all__ = ["pad_masks_in_forward"]
 
@@ -59,6 +65,8 @@ class MaskPadding:
         self.model = weakref.ref(model)  # the model holds this: no cycle
         self.checked: dict = {}  # (given mask's kind, padded shape, device) -> whether transformers' masks agreed
         self.ones: dict = {}  # (padded shape, device) -> an all-ones mask
+        self.ranges: dict = {}  # device -> an arange long enough for the hybrid masks so far
+        self.layouts: dict = {}  # the last hybrid cache's layout (`hybrid_sizes`)
         self.off = False
 
     def __reduce__(self):
@@ -66,22 +74,25 @@ class MaskPadding:
         return MaskPadding, (self.model(),)
 
     def __call__(self, **kwargs):
-        mask = _KEEP if self.off else self.padded(kwargs)
-        if mask is _KEEP:
+        made = _KEEP if self.off else self.padded(kwargs)
+        if made is _KEEP:
             return _transformers_masks(**kwargs)
+        mask, kind = made
         given = kwargs.get("attention_mask")
-        key = (None if given is None else given.dtype, tuple(mask.shape), mask.device)
+        key = (kind, None if given is None else given.dtype, _shapes(mask))
         agreed = self.checked.get(key)
         if agreed is None:
             if len(self.checked) >= MAX_CHECKED:
                 self.checked.clear()
-            agreed = self.checked[key] = self.agree(kwargs, mask)
+            agreed = self.checked[key] = self.agree(kwargs, mask, kind)
         return mask if agreed else _transformers_masks(**kwargs)
 
     def padded(self, kwargs: dict):
-        """The decode step's 2D mask padded to the cache's length (all ones where
-        `generate()` dropped an all-ones mask), or `_KEEP` where this call keeps
-        transformers' mask."""
+        """(the masks this decode step hands the forward, their kind), or `_KEEP` where this
+        call keeps transformers' masks. Over full-attention static layers: the 2D mask padded
+        to the cache's length (all ones where `generate()` dropped an all-ones mask), kind
+        "pad"; over sliding-window and hybrid static caches: transformers' 4D masks made from
+        slices of the 2D mask (`_hf_hybrid_masks`), kind "filling" or "full" (the window's)."""
         model = self.model()
         mask, embeds = kwargs.get("attention_mask"), kwargs.get("inputs_embeds", kwargs.get("input_embeds"))
         if model is None or not isinstance(vars(model).get("forward"), _graphified()):
@@ -90,9 +101,12 @@ class MaskPadding:
             return _KEEP  # not a decode step: the prompt keeps its own kind of mask, so it stays its own kind of call
         if not (mask is None or isinstance(mask, torch.Tensor) and mask.dim() == 2):
             return _KEEP
-        if any(kwargs.get(name) is not None for name in _EXTRA) or not _plain_causal(kwargs.get("config")):
+        text = _causal_text(kwargs.get("config"))
+        if any(kwargs.get(name) is not None for name in _EXTRA) or text is None:
             return _KEEP
-        cache = _cache_of(kwargs)
+        cache = _cache_of(kwargs)  # its layers' exact types are checked below: static layers only
+        if not _full_attention_only(text):
+            return self.hybrid(text, cache, mask, embeds)
         length = _static_length(cache)
         if length is None or mask is not None and mask.shape[-1] > length:
             return _KEEP
@@ -103,18 +117,34 @@ class MaskPadding:
                 if len(self.ones) >= MAX_CHECKED:
                     self.ones.clear()
                 ones = self.ones[key] = torch.ones(key[:2], dtype=torch.long, device=key[2])
-            return ones
-        return torch.nn.functional.pad(mask, (0, length - mask.shape[-1]))
+            return ones, "pad"
+        return torch.nn.functional.pad(mask, (0, length - mask.shape[-1])), "pad"
 
-    def agree(self, kwargs: dict, padded: torch.Tensor) -> bool:
-        """Whether transformers' own masks from `padded` equal those from the mask as given
-        (once per kind of mask and shape); if not, padding is off for the model."""
-        same = _equal(_transformers_masks(**kwargs), _transformers_masks(**{**kwargs, "attention_mask": padded}))
+    def hybrid(self, text: Any, cache: Any, mask, embeds: torch.Tensor):
+        """A sliding-window or hybrid cache's decode masks, or `_KEEP`."""
+        sizes = hybrid_sizes(text, cache, self.layouts)
+        if sizes is None:
+            return _KEEP
+        arange = None
+        if mask is None:  # positions up to the step's: a cached arange, compared with the step
+            _, length, w, cum = sizes
+            need = max(length or 0, w, cum + 1)
+            arange = self.ranges.get(embeds.device)
+            if arange is None or arange.shape[0] < need:
+                arange = self.ranges[embeds.device] = torch.arange(max(need, 256), device=embeds.device)
+        made = hybrid_masks(sizes, mask, embeds, text._attn_implementation, arange)
+        return _KEEP if made is None else (made, "filling" if sizes[3] < sizes[2] else "full")
+
+    def agree(self, kwargs: dict, made: Any, kind: str) -> bool:
+        """Whether transformers' own masks equal those `made` gives the forward (for a padded
+        2D mask: transformers' masks from it), once per kind of mask and shape; if not,
+        this model gets transformers' masks from then on."""
+        mine = _transformers_masks(**{**kwargs, "attention_mask": made}) if kind == "pad" else made
+        same = _equal(_transformers_masks(**kwargs), mine)
         if not same:
             self.off = True
-            log.info("graphify: transformers' mask from a zero-padded 2D mask differs from the unpadded one's for "
-                     "%s; its decode masks are built on the host as transformers builds them",
-                     type(self.model()).__name__)
+            log.info("graphify: transformers' decode masks differ from graphify's (%s) for %s; its decode masks "
+                     "are built on the host as transformers builds them", kind, type(self.model()).__name__)
         return same
 
 
@@ -135,16 +165,23 @@ def _cache_of(kwargs: dict):
     return kwargs.get("cache", kwargs.get("past_key_values"))
 
 
-def _plain_causal(config: Any) -> bool:
-    """A causal model of full attention only, whose attention builds its mask from a 2D
-    padding mask (a sliding window or chunks anywhere in the config: transformers' mask)."""
+def _causal_text(config: Any) -> Any:
+    """The text config of a causal model whose attention builds its masks as transformers'
+    mask functions do (sdpa or eager), or None."""
     if config is None:
-        return False
+        return None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "is_causal", True) and getattr(text, "_attn_implementation", None) in _IMPLEMENTATIONS:
+        return text
+    return None
+
+
+def _full_attention_only(text: Any) -> bool:
+    """Every layer attends to the whole cache (no sliding window, no chunks): the forward can
+    build its masks from a padded 2D mask inside the graph."""
     types = getattr(text, "layer_types", None)
     full = set(types) <= {"full_attention"} if types else not getattr(text, "sliding_window", None)
-    return (full and not getattr(text, "attention_chunk_size", None) and getattr(text, "is_causal", True)
-            and getattr(text, "_attn_implementation", None) in _IMPLEMENTATIONS)
+    return full and not getattr(text, "attention_chunk_size", None)
 
 
 def _static_length(cache: Any) -> int | None:
@@ -153,13 +190,19 @@ def _static_length(cache: Any) -> int | None:
     from transformers import cache_utils
 
     layers = getattr(cache, "layers", None)
-    if not layers or not getattr(cache, "is_compileable", False):
+    if not layers:
         return None
     lengths = {getattr(layer, "max_cache_len", None) for layer in layers if type(layer) is cache_utils.StaticLayer}
     if len(lengths) != 1 or sum(type(layer) is cache_utils.StaticLayer for layer in layers) != len(layers):
         return None
     (length,) = lengths
     return length if isinstance(length, int) else None
+
+
+def _shapes(made: Any) -> tuple:
+    """What keys a check of `made` (a mask or a dict of them): names, shapes, dtypes, devices."""
+    items = sorted(made.items()) if isinstance(made, dict) else [(None, made)]
+    return tuple((k, tuple(v.shape), v.dtype, v.device) for k, v in items)
 
 
 def _equal(a: Any, b: Any) -> bool:
