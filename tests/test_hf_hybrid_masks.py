@@ -81,12 +81,12 @@ def compared_at_every_step(model, monkeypatch) -> list:
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("family", [gemma3, mistral], ids=["gemma3-hybrid", "mistral-all-sliding"])
 def test_every_decode_steps_masks_equal_transformers_and_tokens_equal_eager(backend, monkeypatch, family, attention):
-    """Prompts shorter than the window (decode fills it, then crosses), as long, and longer;
+    """Prompts shorter than the window (decode fills it, then crosses) and longer;
     left-padded rows and none: at every step the masks equal transformers', and the tokens
     eager's; decode steps replay graphs."""
     _, device = backend
     model = family(device, attention)
-    cases = [(length, padded) for length in (2, WINDOW, WINDOW + 5) for padded in (True, False)]
+    cases = [(length, padded) for length in (2, WINDOW + 5) for padded in (True, False)]
     eager = [generate(model, *prompt(device, n, p), 2 * WINDOW + 3, disable_compile=True) for n, p in cases]
     model.forward = graphify(model.forward)
     seen = compared_at_every_step(model, monkeypatch)
