@@ -96,22 +96,32 @@ def _layout(window: int, listed: Any, layers: list) -> tuple | None:
 def hybrid_masks(sizes: tuple, mask: torch.Tensor | None, embeds: torch.Tensor, implementation: str,
                  arange: torch.Tensor | None = None):
     """transformers' decode-step masks for the cache `sizes` describes (`hybrid_sizes`), from the
-    2D `mask` (None: every position seen so far); `arange` a cached `torch.arange` at least as
-    long as the padded mask, on `embeds`'s device. None where the 2D mask does not end at the
-    step (its columns are not `cum + 1`)."""
+    2D `mask` (None: every position seen so far); `arange` a cached `torch.arange` at least
+    `arange_length(sizes)` long, on `embeds`'s device. None where the 2D mask does not end at
+    the step (its columns are not `cum + 1`)."""
     types, length, w, cum = sizes
     n = cum + 1
-    total = length if length is not None else max(w, n)
-    if mask is None:
+    if mask is None:  # positions up to the step's; a full window sees all of its keys
+        total = arange_length(sizes)
         base = (arange[:total] if arange is not None else torch.arange(total, device=embeds.device)) <= cum
         base = base.expand(embeds.shape[0], total)
+        start = 0
     else:
         if mask.shape[-1] != n or mask.shape[0] != embeds.shape[0]:
             return None
+        total = length if length is not None else max(w, n)
         base = torch.nn.functional.pad(mask.to(device=embeds.device, dtype=torch.bool), (0, total - n))
+        start = 0 if cum < w else n - w
     if implementation == "eager":
         base = torch.where(base, torch.zeros((), device=base.device, dtype=embeds.dtype), torch.finfo(embeds.dtype).min)
-    sliding = base[:, None, None, :w] if cum < w else base[:, None, None, n - w:n]
+    sliding = base[:, None, None, start:start + w]
     if types is None:
         return sliding
     return {kind: sliding if kind == SLIDING else base[:, None, None, :] for kind in types}
+
+
+def arange_length(sizes: tuple) -> int:
+    """How long an arange the masks of `sizes` take where the 2D mask is None: the full layers'
+    length, or the window's (bounded: it does not grow with the sequence)."""
+    _, length, w, _ = sizes
+    return length if length is not None else w

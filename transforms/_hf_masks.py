@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ._hf_hybrid_masks import hybrid_masks, hybrid_sizes
+from ._hf_hybrid_masks import arange_length, hybrid_masks, hybrid_sizes
 
 __all__ = ["pad_masks_in_forward"]
 
@@ -127,8 +127,7 @@ class MaskPadding:
             return _KEEP
         arange = None
         if mask is None:  # positions up to the step's: a cached arange, compared with the step
-            _, length, w, cum = sizes
-            need = max(length or 0, w, cum + 1)
+            need = arange_length(sizes)
             arange = self.ranges.get(embeds.device)
             if arange is None or arange.shape[0] < need:
                 arange = self.ranges[embeds.device] = torch.arange(max(need, 256), device=embeds.device)
