@@ -163,3 +163,26 @@ def test_caches_the_slices_do_not_describe_keep_transformers_masks():
     cache.layers[2].cumulative_length_int = 4
     cache.layers[1] = cache_utils.StaticSlidingWindowLayer(max_cache_len=24, sliding_window=WINDOW)
     assert padding.padded(kwargs) is module._KEEP
+
+
+def test_a_forward_that_asks_the_sliding_counter_runs_eagerly(backend):
+    """T5Gemma's decoder builds its own masks inside its forward, asking the sliding layer for
+    its length (a Python int): a graph would keep the position it was captured at (under
+    transformers 5.17 its tokens drifted from step 3). Its calls run eagerly, one warning that
+    names the cause; tokens equal eager."""
+    _, device = backend
+    if not hasattr(transformers, "T5GemmaConfig"):
+        pytest.skip("this transformers has no T5Gemma")
+    sub = dict(**TINY, head_dim=8, num_hidden_layers=2, sliding_window=WINDOW,
+               layer_types=["sliding_attention", "full_attention"])
+    config = transformers.T5GemmaConfig(
+        encoder=transformers.T5GemmaModuleConfig(**sub), decoder=transformers.T5GemmaModuleConfig(**sub),
+        vocab_size=TINY["vocab_size"], pad_token_id=0, eos_token_id=1, bos_token_id=2, decoder_start_token_id=2)
+    torch.manual_seed(0)
+    model = transformers.T5GemmaForConditionalGeneration(config).to(device).eval()
+    ids, mask = prompt(device, 5, True)
+    eager = generate(model, ids, mask, 2 * WINDOW + 2, disable_compile=True)
+    model.forward = graphify(model.forward)
+    with pytest.warns(UserWarning, match="sliding-window cache layer"):
+        ours = generate(model, ids, mask, 2 * WINDOW + 2)
+    torch.testing.assert_close(ours, eager, rtol=0, atol=0)

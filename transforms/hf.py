@@ -25,6 +25,7 @@ is imported only here (`pip install graphify[hf]`); graphify's core never import
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +82,41 @@ def _capturing() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _counter_reads_refused(sliding: type):
+    """A forward that asks a sliding-window layer its length or mask sizes while it captures
+    (a model building its own masks inside its forward: T5Gemma's decoder under transformers
+    5.17) turns the layer's Python counter into constants of the graph: the query's position
+    and the window's offset at capture, wrong at every later step. The state type follows the
+    counter only for the update's branch, so such a capture is refused (UnsupportedOpError:
+    its calls run eagerly, one warning). Masks handed in from outside, as `generate()` makes
+    them for decoder-only models, never ask."""
+    from graphify import UnsupportedOpError
+
+    read: list = []
+    saved = {name: vars(sliding)[name] for name in ("get_seq_length", "get_mask_sizes") if name in vars(sliding)}
+
+    def counted(name: str, real):
+        def ask(self, *args, **kwargs):
+            read.append(name)
+            return real(self, *args, **kwargs)
+        return ask
+
+    for name, real in saved.items():
+        setattr(sliding, name, counted(name, real))
+    try:
+        yield
+    finally:
+        for name, real in saved.items():
+            setattr(sliding, name, real)
+    if read:
+        raise UnsupportedOpError(
+            f"the call asks a sliding-window cache layer for its {read[0].removeprefix('get_')} inside the "
+            "graph (a model that builds its own attention masks from the cache's Python counter): a graph "
+            "would keep the position it was captured at. Such calls run eagerly; masks passed in (as "
+            "generate() makes them for decoder-only models with cache_implementation=\"static\") avoid it")
+
+
 def _register() -> None:
     """Register transformers' cache layers that keep Python state, and the capture context
     (where transformers is installed; the layer's update is the same code in 5.17 and 5.24)."""
@@ -96,6 +132,7 @@ def _register() -> None:
     sliding = getattr(cache_utils, "StaticSlidingWindowLayer", None)
     if sliding is not None:
         register_state_type(sliding, StateType(("cumulative_length_int",), _sliding_branch, _sliding_after))
+        register_capture_context(functools.partial(_counter_reads_refused, sliding))
     if hasattr(import_utils, "is_cuda_stream_capturing"):
         register_capture_context(_seen_as_capturing)
     register_forward_adapter(pad_masks_in_forward)
