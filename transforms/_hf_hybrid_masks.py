@@ -96,14 +96,14 @@ def _layout(window: int, listed: Any, layers: list) -> tuple | None:
 def hybrid_masks(sizes: tuple, mask: torch.Tensor | None, embeds: torch.Tensor, implementation: str,
                  arange: torch.Tensor | None = None):
     """transformers' decode-step masks for the cache `sizes` describes (`hybrid_sizes`), from the
-    2D `mask` (None: every position seen so far); `arange` a cached `torch.arange` at least
-    `arange_length(sizes)` long, on `embeds`'s device. None where the 2D mask does not end at
-    the step (its columns are not `cum + 1`)."""
+    2D `mask` (None: every position seen so far, and then `arange`, a cached `torch.arange` at
+    least `arange_length(sizes)` long on `embeds`'s device, is required). None where the 2D
+    mask does not end at the step (its columns are not `cum + 1`)."""
     types, length, w, cum = sizes
     n = cum + 1
     if mask is None:  # positions up to the step's; a full window sees all of its keys
         total = arange_length(sizes)
-        base = (arange[:total] if arange is not None else torch.arange(total, device=embeds.device)) <= cum
+        base = arange[:total] <= cum
         base = base.expand(embeds.shape[0], total)
         start = 0
     else:
