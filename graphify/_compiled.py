@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from ._gqa_fold import fold_grouped_query_decode
 from .extend import as_split
 
 __all__ = ["compile_for_captures", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend"]
@@ -35,13 +36,17 @@ DYNAMO_CONFIG = {"specialize_float": True, "recompile_limit": 64}
 
 class KeptCompiles:
     """A torch.compile backend: `backend` (inductor by default, with `mode` and `options`
-    as torch.compile applies them) whose compiled callables are kept in `outputs`."""
+    as torch.compile applies them) whose compiled callables are kept in `outputs`. With
+    `fold_gqa`, one-query grouped-query attention reads the unexpanded keys and values
+    (`graphify._gqa_fold`); `folded` counts the attentions rewritten so."""
 
-    def __init__(self, backend="inductor", mode=None, options=None, dynamic=None):
+    def __init__(self, backend="inductor", mode=None, options=None, dynamic=None, fold_gqa=True):
         if backend == "inductor":
             self.inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
         else:
             self.inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
+        self.fold_gqa = fold_gqa
+        self.folded = 0
         self.outputs: list[Callable] = []
 
     @property
@@ -49,6 +54,8 @@ class KeptCompiles:
         return getattr(self.inner, "compiler_name", "inductor")
 
     def __call__(self, gm, example_inputs):
+        if self.fold_gqa:
+            self.folded += fold_grouped_query_decode(gm)
         compiled = self.inner(gm, example_inputs)
         self.outputs.append(compiled)
         return compiled
@@ -77,7 +84,9 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     how.pop("background", None)  # where it compiles (`graphify._background`) and for how long, not how
     how.pop("deadline_s", None)
     dynamic = how.pop("dynamic", True)
-    backend = shared_backend(how.pop("backend", "inductor"), how.pop("mode", None), how.pop("options", None), dynamic)
+    fold_gqa = how.pop("fold_gqa", True)
+    backend = shared_backend(how.pop("backend", "inductor"), how.pop("mode", None), how.pop("options", None), dynamic,
+                             fold_gqa)
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs
     return _with_dynamo_config(compiled, dict(DYNAMO_CONFIG))
 
@@ -89,17 +98,18 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
 _BACKENDS: "weakref.WeakValueDictionary[tuple, KeptCompiles]" = weakref.WeakValueDictionary()
 
 
-def shared_backend(backend="inductor", mode=None, options=None, dynamic=None) -> KeptCompiles:
+def shared_backend(backend="inductor", mode=None, options=None, dynamic=None, fold_gqa=True) -> KeptCompiles:
     """The live `KeptCompiles` made with these arguments, or a new one (unshared where an
     argument cannot be compared)."""
     try:
-        key = (backend, mode, tuple(sorted(options.items())) if isinstance(options, dict) else options, dynamic)
+        key = (backend, mode, tuple(sorted(options.items())) if isinstance(options, dict) else options, dynamic,
+               bool(fold_gqa))
         hash(key)
     except TypeError:  # an unhashable option value: a backend of its own
-        return KeptCompiles(backend, mode, options, dynamic)
+        return KeptCompiles(backend, mode, options, dynamic, fold_gqa)
     found = _BACKENDS.get(key)
     if found is None:
-        found = _BACKENDS[key] = KeptCompiles(backend, mode, options, dynamic)
+        found = _BACKENDS[key] = KeptCompiles(backend, mode, options, dynamic, fold_gqa)
     return found
 
 

@@ -55,6 +55,8 @@ def _compile_choice(instance, attribute, value):
         )
     if isinstance(value, dict) and not isinstance(value.get("background", False), bool):
         raise TypeError(f"Options: compile's 'background' must be True or False, got {value['background']!r}")
+    if isinstance(value, dict) and not isinstance(value.get("fold_gqa", True), bool):
+        raise TypeError(f"Options: compile's 'fold_gqa' must be True or False, got {value['fold_gqa']!r}")
     if isinstance(value, dict) and "deadline_s" in value:
         deadline = value["deadline_s"]
         if value.get("background") is not True:
@@ -151,7 +153,11 @@ class Options:
       with the compiled function, whose compile in this process then loads from those caches.
       The first `generate()` costs what the plain line's does; a restarted process finds the
       caches filled. A compile running past `"deadline_s"` (default 1200) stops the worker:
-      its calls keep plain graphs, with one warning. `capture()` compiles in its own process. For a split function, FULL graphs
+      its calls keep plain graphs, with one warning. `capture()` compiles in its own process.
+      Grouped-query attention of one query (a decode step) reads the cache's keys and values
+      unexpanded, where the model expands them per query head (`graphify._gqa_fold`: the
+      same attention without a copy of the cache a layer); `"fold_gqa": False` in the dict
+      compiles the model as written. For a split function, FULL graphs
       record the function it was split from, compiled whole, and PIECEWISE graphs keep its
       pieces. On the reference model it is as fast as compiled pieces
       (`split(..., compile=True)`) for a longer compile (`benchmarks.decode_profile`), so
