@@ -29,13 +29,13 @@ def eager(spec: FunctionSpec, stats: Stats, args: tuple, kwargs: dict, tokens: i
     return spec.fn(*args, **kwargs)
 
 
-def run(runtime: Runtime, slots: tuple, stats: Stats):
-    """A call's bound arguments through `runtime`: its result, or the runtime's `Miss`.
-    CuPy / NumPy arrays go in as torch views and the outputs come back as arrays; with
-    CuPy, copies and replay run on the caller's current CuPy stream."""
+def run(runtime: Runtime, slots: tuple, stats: Stats, checked: tuple | None = None):
+    """A call's bound arguments through `runtime`: its result, or the runtime's `Miss`
+    (`checked`: see `Runtime.run`). CuPy / NumPy arrays go in as torch views and the outputs
+    come back as arrays; with CuPy, copies and replay run on the caller's current CuPy stream."""
     library = runtime.table.library
     if library is None:
-        return runtime.run(slots, stats)
+        return runtime.run(slots, stats, checked)
     with stream_scope(runtime):
         out = runtime.run(tuple(map(to_torch, slots)), stats)
     return out if type(out) is Miss else tree_from_torch(out, module(library))

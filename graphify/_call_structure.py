@@ -34,9 +34,22 @@ def branch_of(stateful: Sequence, names: Sequence[str], slots: Sequence[Any]) ->
     a graph cannot stand in for the call."""
     if not stateful:
         return NO_STATE
-    call = dict(zip(names, slots))
-    key = tuple(st.branch(obj, call) for obj, st, _ in stateful)
-    return None if None in key else key
+    return _step(stateful, dict(zip(names, slots)), True, False)[0]
+
+
+def _step(stateful: Sequence, call: dict, branches: bool, predict: bool) -> tuple:
+    """(the branch key, or None; the predicted state, (object, attribute names, values) per
+    object) in one pass, each type's `per_call` computed once per run of its objects."""
+    key, predicted = [], []
+    last = seen = branch = after = owns = None
+    for obj, st, _ in stateful:
+        if st is not last:
+            last, seen, branch, after, owns = st, st.given(call), st.branch, st.after, st.owns
+        if branches:
+            key.append(branch(obj, seen))
+        if predict:
+            predicted.append((obj, owns, tuple(after(obj, seen))))
+    return (tuple(key) if branches and None not in key else None), predicted
 
 
 @attrs.define(eq=False)
@@ -111,17 +124,13 @@ class CallStructure:
         return sum(b.release() for b in self.branches.values())
 
     # -- the Python state its graphs follow ------------------------------------------------
-    def branch_key(self, names: Sequence[str], slots: Sequence[Any]) -> Hashable | None:
-        """The branch a call takes (None: a graph cannot stand in for it)."""
-        return branch_of(self.stateful, names, slots) if self.follows_state else None
-
-    def predict(self, names: Sequence[str], slots: Sequence[Any]) -> list:
-        """(object, attribute names, their values after this call) per registered object."""
-        call = dict(zip(names, slots))
-        return [(obj, st.owns, tuple(st.after(obj, call))) for obj, st, _ in self.stateful]
+    def step(self, names: Sequence[str], slots: Sequence[Any]) -> tuple:
+        """(the branch a call takes, None where a graph cannot stand in for it; the state
+        predicted after it, (object, attribute names, values) per registered object)."""
+        return _step(self.stateful, dict(zip(names, slots)), self.follows_state, True)
 
     def advance(self, predicted: list) -> None:
-        """What a replay leaves the Python state as: the values `predict` gave."""
+        """What a replay leaves the Python state as: the values `step` predicted."""
         put_owned(predicted)
 
     def verify(self, predicted: list) -> str | None:

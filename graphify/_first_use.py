@@ -118,10 +118,9 @@ class FirstUse:
         slots = structure.layout.bind(args, kwargs)
         if not structure.stateful:
             return self._through(structure, structure.default, slots, args, kwargs)
-        names = structure.layout.slot_names
-        structure.runtime.rows_and_check(slots)  # its objects: the state read below is the call's
-        key = structure.branch_key(names, slots)
-        predicted = structure.predict(names, slots)
+        checks = structure.runtime.checks
+        checked = (checks, checks.rows(slots))  # its objects: the state read below is the call's
+        key, predicted = structure.step(structure.layout.slot_names, slots)
         branch = structure.branches.get(key) if key is not None else None
         if branch is None and key is not None:
             branch = self._open_branch(structure, key, args, kwargs)
@@ -130,18 +129,19 @@ class FirstUse:
             self._check_prediction(structure, predicted)
             return out
         before = branch.runtime.replayed
-        out = self._through(structure, branch, slots, args, kwargs)
+        out = self._through(structure, branch, slots, args, kwargs, checked)
         if branch.runtime.replayed != before:
             structure.advance(predicted)
         else:  # it ran eagerly, as written
             self._check_prediction(structure, predicted)
         return out
 
-    def _through(self, structure: CallStructure, branch: Branch, slots: tuple, args: tuple, kwargs: dict):
+    def _through(self, structure: CallStructure, branch: Branch, slots: tuple, args: tuple, kwargs: dict,
+                 checked: tuple | None = None):
         """A call through one branch's runtime, capturing the graph it lacks (or running
-        eagerly where no more may be captured)."""
+        eagerly where no more may be captured); `checked`: see `Runtime.run`."""
         runtime = branch.runtime
-        out = _call_paths.run(runtime, slots, self.stats)
+        out = _call_paths.run(runtime, slots, self.stats, checked)
         if type(out) is Miss:
             if not self._grow(structure, branch, out):
                 return _call_paths.eager(self.spec, self.stats, args, kwargs, out.tokens)

@@ -34,6 +34,11 @@ def _tree_of(value: Any):
     leaves, spec = pytree.tree_flatten(value)
     return spec if any(isinstance(x, torch.Tensor) for x in leaves) else None
 
+
+def _tensor_leaves(values) -> bool:
+    """Whether every value is a plain tensor that pytree takes as a leaf."""
+    return all(type(v) is torch.Tensor for v in values) and torch.Tensor not in pytree.SUPPORTED_NODES
+
 _POS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _MISSING = inspect.Parameter.empty
 
@@ -92,6 +97,17 @@ class CallLayout:
     example_nargs: int = 0
     example_keywords: tuple[str, ...] = ()
     num_posonly: int = 0  # leading positional-only parameters (never passed by keyword)
+    # Worked out once from the above: (`slot_names`, and per slot the keys in order of a
+    # container captured as a dict of leaves, else None)
+    _derived: tuple = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self):
+        dict_keys = tuple(
+            list(tree.context) if tree is not None and tree.type is dict
+            and tree == pytree.tree_structure(dict.fromkeys(tree.context, 0)) else None
+            for tree in self.trees
+        )
+        object.__setattr__(self, "_derived", (self._slot_names(), dict_keys))
 
     @classmethod
     def build(cls, label: str, fn: Callable, args: Sequence[Any], kwargs: Mapping[str, Any]) -> "CallLayout":
@@ -147,6 +163,9 @@ class CallLayout:
     def slot_names(self) -> tuple[str, ...]:
         """A name per flat slot: the parameter's, or for a container's leaves the parameter
         and the leaf's path (`attention_mask['full_attention']`)."""
+        return self._derived[0]
+
+    def _slot_names(self) -> tuple[str, ...]:
         if not self.trees:
             return self.names
         out = []
@@ -169,9 +188,12 @@ class CallLayout:
 
     def _flatten(self, slots: tuple) -> tuple:
         out: list = []
-        for i, (value, tree) in enumerate(zip(slots, self.trees)):
+        for i, (value, tree, keys) in enumerate(zip(slots, self.trees, self._derived[1])):
             if tree is None:
                 out.append(value)
+                continue
+            if keys is not None and type(value) is dict and list(value) == keys and _tensor_leaves(value.values()):
+                out.extend(value.values())  # the captured dict's keys in order, tensors: its spec, unflattened
                 continue
             leaves, spec = pytree.tree_flatten(value)
             if spec != tree:

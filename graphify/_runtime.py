@@ -132,8 +132,10 @@ class Runtime:
         self.rows_and_check = self.checks.rows  # bound once: the hot path calls it directly
 
     # -- the call -------------------------------------------------------------------------
-    def run(self, args: Sequence[Any], stats: Stats):
-        """A call's bound arguments: its result, or a `Miss` where the table lacks its graph."""
+    def run(self, args: Sequence[Any], stats: Stats, checked: tuple | None = None):
+        """A call's bound arguments: its result, or a `Miss` where the table lacks its graph.
+        `checked`: (an `ArgChecks`, what its `rows(args)` gave) where the caller ran them on
+        these very arguments; not run again if they are this table's."""
         static, table = self.static_call, self.table
         trusted = static is not None and len(args) == len(static.args) and all(map(is_, args, static.args))
         table.reads.check_modules(() if trusted else args)  # static_inputs()'s buffers never require grad
@@ -149,7 +151,7 @@ class Runtime:
         else:
             if len(args) != len(table.specs):
                 raise InputMismatchError(f"{self.label}: expected {len(table.specs)} arguments as captured, got {len(args)}")
-            n, r = self.rows_and_check(args)
+            n, r = checked[1] if checked is not None and checked[0] is self.checks else self.rows_and_check(args)
         if n is None:
             n = r
         if n == 0:  # an empty batch: what eager returns, no graph

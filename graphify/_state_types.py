@@ -12,7 +12,9 @@ type, `register_state_type` tells graphify how to follow one:
   (it runs eagerly);
 - `after(obj, call)`: the values of `owns` after the call, as the type's own code would
   leave them: set after each replay, and checked against what each eager run left (a
-  prediction that is ever wrong turns graphs off for those calls).
+  prediction that is ever wrong turns graphs off for those calls);
+- `per_call(call)` (optional): what `branch` and `after` need of the call, computed once a
+  call for all objects of the type and passed to them in place of `call`.
 
 `call` is the call's arguments by parameter name. Lookups go by the type's MRO, so
 subclasses are covered. Adapters for a library's types live beside graphify's helpers for
@@ -42,8 +44,13 @@ class StateType:
     """How graphs follow one registered type; see the module docstring."""
 
     owns: tuple[str, ...]
-    branch: Callable[[Any, Mapping[str, Any]], Hashable | None]
-    after: Callable[[Any, Mapping[str, Any]], tuple]
+    branch: Callable[[Any, Any], Hashable | None]
+    after: Callable[[Any, Any], tuple]
+    per_call: Callable[[Mapping[str, Any]], Any] | None = None
+
+    def given(self, call: Mapping[str, Any]) -> Any:
+        """What `branch` and `after` are given for this call: `per_call(call)`, else `call`."""
+        return call if self.per_call is None else self.per_call(call)
 
 
 _REGISTRY: dict[type, StateType] = {}
@@ -111,12 +118,18 @@ def owned_values(obj: Any, names: tuple[str, ...]) -> tuple:
     return tuple(getattr(obj, name) for name in names)
 
 
+_setattr = object.__setattr__
+
+
 def put_owned(owned) -> None:
     """Set each (object, attribute names, values) of `owned` (past any custom __setattr__,
     as capture puts state back)."""
     for obj, names, values in owned:
+        if len(names) == 1:  # the common case, without a zip per object
+            _setattr(obj, names[0], values[0])
+            continue
         for name, value in zip(names, values):
-            object.__setattr__(obj, name, value)
+            _setattr(obj, name, value)
 
 
 def any_registered() -> bool:

@@ -214,6 +214,10 @@ def test_a_dict_argument_stands_for_its_tensors_and_its_keys_are_checked(backend
     assert calls_by_mode(g)[Mode.FULL] == 1
     with pytest.raises(InputMismatchError, match="'masks' has another structure than at capture"):
         g(y, {"full": other["full"]})
+    with pytest.raises(InputMismatchError, match="'masks' has another structure than at capture"):
+        g(y, {"window": other["window"], "full": other["full"]})  # its keys in another order
+    with pytest.raises(InputMismatchError, match="'masks' has another structure than at capture"):
+        g(y, {"full": other["full"], "window": [other["window"]]})  # a leaf that is a container
 
 
 # -- the layers: the runtime hands back a miss, first use captures and installs ----------------

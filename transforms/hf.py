@@ -44,12 +44,12 @@ def query_length(call: dict) -> int | None:
     return None
 
 
-def _sliding_branch(layer, call: dict):
-    """What `StaticSlidingWindowLayer.update` does with this call's q new tokens: "fill" (the
-    window has room: written at the layer's tensor counter), "full" (roll by one, q = 1) or
-    ("full", q) (concatenate); None for a call that crosses the window's end (its slices
-    depend on the counter's value) or a layer not yet set up: those run eagerly."""
-    q = query_length(call)
+def _sliding_branch(layer, q: int | None):
+    """What `StaticSlidingWindowLayer.update` does with a call's q new tokens (`query_length`,
+    once a call): "fill" (the window has room: written at the layer's tensor counter), "full"
+    (roll by one, q = 1) or ("full", q) (concatenate); None for a call that crosses the
+    window's end (its slices depend on the counter's value) or a layer not yet set up: those
+    run eagerly."""
     if q is None or not getattr(layer, "is_initialized", True):
         return None
     seen, window = layer.cumulative_length_int, layer.max_cache_len
@@ -58,8 +58,8 @@ def _sliding_branch(layer, call: dict):
     return "fill" if seen + q <= window else None
 
 
-def _sliding_after(layer, call: dict) -> tuple:
-    return (layer.cumulative_length_int + query_length(call),)
+def _sliding_after(layer, q: int | None) -> tuple:
+    return (layer.cumulative_length_int + q,)
 
 
 @contextlib.contextmanager
@@ -131,7 +131,8 @@ def _register() -> None:
 
     sliding = getattr(cache_utils, "StaticSlidingWindowLayer", None)
     if sliding is not None:
-        register_state_type(sliding, StateType(("cumulative_length_int",), _sliding_branch, _sliding_after))
+        register_state_type(sliding, StateType(("cumulative_length_int",), _sliding_branch, _sliding_after,
+                                                  query_length))
         register_capture_context(functools.partial(_counter_reads_refused, sliding))
     if hasattr(import_utils, "is_cuda_stream_capturing"):
         register_capture_context(_seen_as_capturing)
