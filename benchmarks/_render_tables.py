@@ -64,6 +64,7 @@ HF_CACHE_KEYS = "the background line's worker keys its compiles as the caller do
 HF_VIEWS = "the background line's worker gets a call's views as views (dynamo names their bases' sizes too)"
 HF_MASKS = "a graphified model builds its decode masks inside its graphs (transforms/_hf_masks.py)"
 HF_HYBRID_MASKS = "sliding-window and hybrid caches' decode masks are slices of the 2D mask (transforms/_hf_hybrid_masks.py)"
+HF_HOST = "a call's host time before the replay: sliding layers' state read once a call, one pass of checks (graphify/_call_structure.py)"
 HF_GQA_FOLD = "the compile line's decode attention reads the unexpanded keys and values (graphify/_gqa_fold.py)"
 
 
@@ -171,7 +172,8 @@ BENCHES: tuple[Bench, ...] = (
               ("2026-11-24T00:30:00+00:00", HF_DYNAMIC),
               ("2026-11-25T11:00:00+00:00", HF_FLOATS), ("2026-11-26T00:50:00+00:00", HF_CACHE_KEYS),
               ("2026-11-26T02:20:00+00:00", HF_VIEWS), ("2026-11-26T06:00:00+00:00", HF_MASKS),
-              ("2026-11-26T07:35:00+00:00", HF_HYBRID_MASKS), ("2026-11-26T09:30:00+00:00", HF_GQA_FOLD)),
+              ("2026-11-26T07:35:00+00:00", HF_HYBRID_MASKS), ("2026-11-26T09:30:00+00:00", HF_GQA_FOLD),
+              ("2026-11-26T10:30:00+00:00", HF_HOST)),
     ),
     Bench(
         "decode", "FULL decode beside a hand-written CUDA graph", "python3 -m benchmarks.decode [--model 8b]",
