@@ -15,8 +15,9 @@ dynamo, so a compiled decode step still expands.
 (`graphify._compiled.KeptCompiles`). It folds only what it can prove from the graph's
 example values: a query of length 1 (a static 1), keys and values that are the same
 n_rep-fold expansion of 4-D tensors whose head count times n_rep is the query's, no
-dropout, not causal, no `enable_gqa`, and a mask (if any) shared by all heads (size 1 in
-its head and query dimensions). Anything else is left as written.
+dropout, not causal, no `enable_gqa`, a mask (if any) shared by all heads (size 1 in its
+head and query dimensions), and nothing that may write a tensor between the expansion and
+the SDPA (the fold reads the source where the SDPA stands). Anything else is left as written.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _fold(graph: fx.Graph, node: fx.Node) -> bool:
     groups, value_dim = _int(k.shape[1]), _int(v.shape[3])
     if groups is None or value_dim is None or groups * n_rep != heads or _int(v.shape[1]) != groups:
         return False
-    if not _shared_mask(mask):
+    if not _shared_mask(mask) or _written_between(graph, set(key_chain + value_chain), node):
         return False
     with graph.inserting_before(node):
         grouped = graph.call_method("reshape", (query, -1, groups, n_rep, dim))
@@ -77,6 +78,44 @@ def _fold(graph: fx.Graph, node: fx.Node) -> bool:
     for chain in (key_chain, value_chain):
         _erase_unused(graph, chain)
     return True
+
+
+def _written_between(graph: fx.Graph, starts: set, end: fx.Node) -> bool:
+    """Whether a node from the first of `starts` up to `end` may write a tensor in place:
+    the expansion copies its source where it stands, the fold reads the source at the SDPA,
+    so nothing may change either in between."""
+    started = False
+    for node in graph.nodes:
+        if node is end:
+            return False
+        started = started or node in starts
+        if started and _may_write(node):
+            return True
+    return False
+
+
+_IN_PLACE = {operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+             operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+             operator.irshift, operator.imatmul}
+
+
+def _may_write(node: fx.Node) -> bool:
+    """An in-place method or function, an `out=` call, a module or a higher-order op: anything
+    that could write a tensor (conservative)."""
+    if node.op == "call_method":
+        return node.target.endswith("_") and not node.target.startswith("_")
+    if node.op == "call_module":
+        return True
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target in _IN_PLACE or "out" in node.kwargs or isinstance(target, torch._ops.HigherOrderOperator):
+        return True
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return schema.is_mutable
+    name = getattr(target, "__name__", "")
+    return name.endswith("_") and not name.startswith("_")
 
 
 def _bind(node: fx.Node) -> "dict | None":

@@ -80,6 +80,26 @@ def test_attention_the_fold_cannot_prove_is_left_as_written(case):
     assert kept.folded == 0
 
 
+@pytest.mark.parametrize("write", ["source_index_copy", "source_setitem", "copy_mul"])
+def test_a_write_between_the_expansion_and_the_attention_keeps_it_as_written(write):
+    """The expansion copies the keys where it stands; a fold would read them at the SDPA."""
+
+    def fn(q, k, v, mask):
+        keys = repeat_kv(k, 4)
+        if write == "source_index_copy":
+            k.index_copy_(2, torch.tensor([0]), q[:, :2])
+        elif write == "source_setitem":
+            k[:, :, 0] = 0.5
+        else:
+            keys.mul_(2.0)
+        return F.scaled_dot_product_attention(q, keys, repeat_kv(v, 4), attn_mask=mask)
+
+    graphed, kept = compiled(fn)
+    q, k, v, mask = inputs(2, 8, 2, 1, 9, "bool")
+    torch.testing.assert_close(graphed(q, k.clone(), v, mask), fn(q, k.clone(), v, mask), atol=1e-6, rtol=1e-5)
+    assert kept.folded == 0
+
+
 def test_repeat_interleave_over_heads_folds_too():
     def fn(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1),
