@@ -75,7 +75,7 @@ def _fold(graph: fx.Graph, node: fx.Node) -> bool:
         _set_value(ungrouped, out)
     node.replace_all_uses_with(ungrouped)
     graph.erase_node(node)
-    for chain in (key_chain, value_chain):
+    for chain in (key_chain, value_chain) if value_chain != key_chain else (key_chain,):
         _erase_unused(graph, chain)
     return True
 

@@ -100,6 +100,17 @@ def test_a_write_between_the_expansion_and_the_attention_keeps_it_as_written(wri
     assert kept.folded == 0
 
 
+def test_keys_and_values_of_one_expansion_fold_once():
+    def fn(q, k, v, mask):
+        keys = repeat_kv(k, 4)
+        return F.scaled_dot_product_attention(q, keys, keys, attn_mask=mask)
+
+    graphed, kept = compiled(fn)
+    q, k, v, mask = inputs(2, 8, 2, 1, 9, "float")
+    torch.testing.assert_close(graphed(q, k, v, mask), fn(q, k, v, mask), atol=1e-6, rtol=1e-5)
+    assert kept.folded == 1
+
+
 def test_repeat_interleave_over_heads_folds_too():
     def fn(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1),
@@ -135,10 +146,8 @@ def test_options_name_a_fold_that_is_not_a_bool():
         Options(compile={"fold_gqa": "yes"})
 
 
-def test_a_transformers_decode_step_compiled_for_graphs_folds_every_layer():
+def tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from graphify import graphify
 
     config = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=8,
                          num_key_value_heads=2, vocab_size=128)
@@ -147,14 +156,37 @@ def test_a_transformers_decode_step_compiled_for_graphs_folds_every_layer():
     ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
     mask[1, :2] = 0  # a padded row
-    want = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, cache_implementation="static",
-                          disable_compile=True)
-    model.forward = graphify(model.forward, options=Options(compile={"backend": "aot_eager"}))
-    got = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, cache_implementation="static")
-    assert torch.equal(got, want)
+    return model, dict(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                       cache_implementation="static", output_logits=True, return_dict_in_generate=True)
+
+
+def test_a_transformers_decode_step_compiled_with_the_fold_equals_eager():
+    """The compiled forward itself (the CPU simulation's graphs replay the function as
+    written, so only a direct compile shows the folded graph's numbers)."""
+    from graphify._compiled import compile_for_captures
+
+    model, call = tiny_llama()
+    want = model.generate(**call, disable_compile=True)
+    model.forward = compile_for_captures("llama", model.forward, {"backend": "aot_eager"})
+    got = model.generate(**call, disable_compile=True)
+    assert torch.equal(got.sequences, want.sequences)
+    torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=1e-5, rtol=1e-5)
     from graphify._compiled import _BACKENDS
 
-    assert max(b.folded for b in _BACKENDS.values()) >= 3  # every layer's attention at the decode step
+    assert max(b.folded for b in _BACKENDS.values()) >= 3  # every layer's attention at a decode step
+
+
+def test_the_one_line_with_the_compile_line_folds_and_equals_eager_generate():
+    from graphify import graphify
+
+    model, call = tiny_llama()
+    want = model.generate(**call, disable_compile=True)
+    model.forward = graphify(model.forward, options=Options(compile={"backend": "aot_eager"}))
+    got = model.generate(**call)
+    assert torch.equal(got.sequences, want.sequences)
+    from graphify._compiled import _BACKENDS
+
+    assert max(b.folded for b in _BACKENDS.values()) >= 3
 
 
 @requires_cuda
