@@ -46,38 +46,49 @@ def fold_grouped_query_decode(gm: fx.GraphModule) -> int:
 
 
 def _fold(graph: fx.Graph, node: fx.Node) -> bool:
-    bound = _bind(node)
-    if bound is None or not _plain_attention(bound):
+    try:
+        plan = _plan(graph, node)
+    except Exception:  # a graph shaped unlike any checked here: left as written
         return False
-    query, mask = bound["query"], bound.get("attn_mask")
-    key, n_rep, key_chain = _expanded_source(bound["key"])
-    value, n_rep_v, value_chain = _expanded_source(bound["value"])
-    q = _value(query)
-    if key is None or value is None or n_rep != n_rep_v or q is None or q.dim() != 4:
+    if plan is None:
         return False
-    heads, length, dim = (_int(s) for s in q.shape[1:])
-    k, v = _value(key), _value(value)
-    if None in (heads, dim) or length != 1 or k.dim() != 4 or v.dim() != 4:
-        return False
-    groups, value_dim = _int(k.shape[1]), _int(v.shape[3])
-    if groups is None or value_dim is None or groups * n_rep != heads or _int(v.shape[1]) != groups:
-        return False
-    if not _shared_mask(mask) or _written_between(graph, set(key_chain + value_chain), node):
-        return False
+    bound, q, groups, n_rep, heads, dim, value_dim, chains = plan
     with graph.inserting_before(node):
-        grouped = graph.call_method("reshape", (query, -1, groups, n_rep, dim))
+        grouped = graph.call_method("reshape", (bound["query"], -1, groups, n_rep, dim))
         _set_value(grouped, q.new_empty((q.shape[0], groups, n_rep, dim)))
         kwargs = {name: bound[name] for name in _PARAMS[3:] if name in bound and name != "enable_gqa"}
-        attention = graph.call_function(node.target, (grouped, key, value), kwargs)
+        attention = graph.call_function(node.target, (grouped, bound["key_source"], bound["value_source"]), kwargs)
         out = _value(node)
         _set_value(attention, out.new_empty(out.shape[0], groups, n_rep, value_dim) if out is not None else None)
         ungrouped = graph.call_method("reshape", (attention, -1, heads, 1, value_dim))
         _set_value(ungrouped, out)
     node.replace_all_uses_with(ungrouped)
     graph.erase_node(node)
-    for chain in (key_chain, value_chain) if value_chain != key_chain else (key_chain,):
+    for chain in chains:
         _erase_unused(graph, chain)
     return True
+
+
+def _plan(graph: fx.Graph, node: fx.Node) -> "tuple | None":
+    """What the fold of `node` needs, or None where the graph does not prove it exact."""
+    bound = _bind(node)
+    if bound is None or not _plain_attention(bound):
+        return None
+    query, mask = bound["query"], bound.get("attn_mask")
+    key, n_rep, key_chain = _expanded_source(bound["key"])
+    value, n_rep_v, value_chain = _expanded_source(bound["value"])
+    q, k, v = _value(query), _value(key), _value(value)
+    if k is None or v is None or n_rep != n_rep_v or q is None or q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return None
+    heads, length, dim = (_int(s) for s in q.shape[1:])
+    groups, value_dim = _int(k.shape[1]), _int(v.shape[3])
+    if None in (heads, dim, groups, value_dim) or length != 1 or groups * n_rep != heads or _int(v.shape[1]) != groups:
+        return None
+    if not _shared_mask(mask) or _written_between(graph, set(key_chain + value_chain), node):
+        return None
+    bound.update(key_source=key, value_source=value)
+    chains = (key_chain, value_chain) if value_chain != key_chain else (key_chain,)
+    return bound, q, groups, n_rep, heads, dim, value_dim, chains
 
 
 def _written_between(graph: fx.Graph, starts: set, end: fx.Node) -> bool:

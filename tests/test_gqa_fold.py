@@ -130,6 +130,19 @@ def test_an_expansion_read_elsewhere_stays_for_that_reader():
     assert kept.folded == 1
 
 
+def test_a_graph_the_planner_cannot_read_is_left_as_written(monkeypatch):
+    import graphify._gqa_fold as fold
+
+    def unreadable(node):
+        raise AttributeError("a node unlike any the fold knows")
+
+    monkeypatch.setattr(fold, "_expanded_source", unreadable)
+    graphed, kept = compiled(attention)
+    q, k, v, mask = inputs(2, 8, 2, 1, 10, "bool")
+    torch.testing.assert_close(graphed(q, k, v, mask), attention(q, k, v, mask))
+    assert kept.folded == 0
+
+
 def test_fold_off_compiles_the_model_as_written():
     graphed, kept = compiled(attention, fold=False)
     q, k, v, mask = inputs(2, 8, 2, 1, 10, "bool")
