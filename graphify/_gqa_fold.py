@@ -23,6 +23,7 @@ the SDPA (the fold reads the source where the SDPA stands). Anything else is lef
 from __future__ import annotations
 
 import operator
+from typing import NamedTuple
 
 import torch
 import torch.fx as fx
@@ -45,6 +46,21 @@ def fold_grouped_query_decode(gm: fx.GraphModule) -> int:
     return folded
 
 
+class _Plan(NamedTuple):
+    """What one fold rewrites: SDPA's arguments, the unexpanded keys and values, the sizes."""
+
+    bound: dict
+    keys: fx.Node
+    values: fx.Node
+    q: torch.Tensor
+    groups: int
+    n_rep: int
+    heads: int
+    dim: int
+    value_dim: int
+    chains: tuple
+
+
 def _fold(graph: fx.Graph, node: fx.Node) -> bool:
     try:
         plan = _plan(graph, node)
@@ -52,12 +68,12 @@ def _fold(graph: fx.Graph, node: fx.Node) -> bool:
         return False
     if plan is None:
         return False
-    bound, q, groups, n_rep, heads, dim, value_dim, chains = plan
+    bound, keys, values, q, groups, n_rep, heads, dim, value_dim, chains = plan
     with graph.inserting_before(node):
         grouped = graph.call_method("reshape", (bound["query"], -1, groups, n_rep, dim))
         _set_value(grouped, q.new_empty((q.shape[0], groups, n_rep, dim)))
         kwargs = {name: bound[name] for name in _PARAMS[3:] if name in bound and name != "enable_gqa"}
-        attention = graph.call_function(node.target, (grouped, bound["key_source"], bound["value_source"]), kwargs)
+        attention = graph.call_function(node.target, (grouped, keys, values), kwargs)
         out = _value(node)
         _set_value(attention, out.new_empty(out.shape[0], groups, n_rep, value_dim) if out is not None else None)
         ungrouped = graph.call_method("reshape", (attention, -1, heads, 1, value_dim))
@@ -69,7 +85,7 @@ def _fold(graph: fx.Graph, node: fx.Node) -> bool:
     return True
 
 
-def _plan(graph: fx.Graph, node: fx.Node) -> "tuple | None":
+def _plan(graph: fx.Graph, node: fx.Node) -> "_Plan | None":
     """What the fold of `node` needs, or None where the graph does not prove it exact."""
     bound = _bind(node)
     if bound is None or not _plain_attention(bound):
@@ -86,22 +102,21 @@ def _plan(graph: fx.Graph, node: fx.Node) -> "tuple | None":
         return None
     if not _shared_mask(mask) or _written_between(graph, set(key_chain + value_chain), node):
         return None
-    bound.update(key_source=key, value_source=value)
     chains = (key_chain, value_chain) if value_chain != key_chain else (key_chain,)
-    return bound, q, groups, n_rep, heads, dim, value_dim, chains
+    return _Plan(bound, key, value, q, groups, n_rep, heads, dim, value_dim, chains)
 
 
 def _written_between(graph: fx.Graph, starts: set, end: fx.Node) -> bool:
     """Whether a node from the first of `starts` up to `end` may write a tensor in place:
     the expansion copies its source where it stands, the fold reads the source at the SDPA,
-    so nothing may change either in between."""
-    started = False
-    for node in graph.nodes:
-        if node is end:
-            return False
-        started = started or node in starts
-        if started and _may_write(node):
+    so nothing may change either in between. Walks back from `end` to the last of `starts`."""
+    left = set(starts)
+    node = end.prev
+    while left and node.op != "root":
+        if _may_write(node):
             return True
+        left.discard(node)
+        node = node.prev
     return False
 
 
