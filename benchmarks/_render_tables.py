@@ -66,6 +66,7 @@ HF_MASKS = "a graphified model builds its decode masks inside its graphs (transf
 HF_HYBRID_MASKS = "sliding-window and hybrid caches' decode masks are slices of the 2D mask (transforms/_hf_hybrid_masks.py)"
 HF_HOST = "a call's host time before the replay: sliding layers' state read once a call, one pass of checks (graphify/_call_structure.py)"
 HF_GQA_FOLD = "the compile line's decode attention reads the unexpanded keys and values (graphify/_gqa_fold.py)"
+HF_STEADY_PAIRS = "steady ms/token is the median over back-to-back pairs of calls, not a difference of two medians"
 
 
 # Rows of a run's JSON, as a table reads them.
@@ -173,7 +174,7 @@ BENCHES: tuple[Bench, ...] = (
               ("2026-11-25T11:00:00+00:00", HF_FLOATS), ("2026-11-26T00:50:00+00:00", HF_CACHE_KEYS),
               ("2026-11-26T02:20:00+00:00", HF_VIEWS), ("2026-11-26T06:00:00+00:00", HF_MASKS),
               ("2026-11-26T07:35:00+00:00", HF_HYBRID_MASKS), ("2026-11-26T09:30:00+00:00", HF_GQA_FOLD),
-              ("2026-11-26T10:30:00+00:00", HF_HOST)),
+              ("2026-11-26T10:30:00+00:00", HF_HOST), ("2026-11-26T12:20:00+00:00", HF_STEADY_PAIRS)),
     ),
     Bench(
         "decode", "FULL decode beside a hand-written CUDA graph", "python3 -m benchmarks.decode [--model 8b]",

@@ -18,8 +18,8 @@ Gemma 3 1B shape whose window (64) a generation crosses, an MoE shape (8 experts
 bf16, greedy. Per configuration and batch, in a process of its own: the first generate()
 (compile and capture included), ms per new token in a 64-token generate() (median after
 the first call; prefill excluded), steady ms per token (a 192-token call minus a 64-token
-call; the first 192-token call is timed apart, since transformers recompiles for a longer
-cache), on a GPU the kernels and GPU time per token (torch.profiler), and the largest
+call, the median over back-to-back pairs; the first 192-token call is timed apart, since
+transformers recompiles for a longer cache), on a GPU the kernels and GPU time per token (torch.profiler), and the largest
 logit difference to eager over the first decode steps. Every configuration's process has
 compile caches of its own, empty at its start; `--restart-configs` run a second process
 on the caches the first left (a service restart). Then the chat-like workload, in a fresh
@@ -135,6 +135,15 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def steady_ms_per_token(call, new: int, longer: int, pairs: int) -> float:
+    """ms per token past the first `new`: the median over `pairs` back-to-back pairs of a
+    `longer`- and a `new`-token call of their difference per extra token. Pairs, not two
+    medians taken apart: these hosts drift tens of percent within a minute, and a drift
+    between two separately taken medians lands whole on their difference."""
+    diffs = [(timed(lambda: call(longer)) - timed(lambda: call(new))) * 1e3 / (longer - new) for _ in range(pairs)]  # noqa: B023
+    return statistics.median(diffs)
+
+
 def chat_calls(vocab: int, gpu: bool) -> list[tuple[int, int, int]]:
     """(batch, prompt length, new tokens) of the chat-like workload, seeded."""
     rng = random.Random(26)
@@ -177,8 +186,7 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
         if name != "eager":
             longer = 3 * new
             row["first_longer_ms_per_token"] = (timed(lambda: generate(model, name, ids, longer)) - call) * 1e3 / (longer - new)  # noqa: B023
-            call_long = statistics.median(timed(lambda: generate(model, name, ids, longer)) for _ in range(reps))  # noqa: B023
-            row["steady_ms_per_token"] = (call_long - call) * 1e3 / (longer - new)
+            row["steady_ms_per_token"] = steady_ms_per_token(lambda n: generate(model, name, ids, n), new, longer, reps)  # noqa: B023
         if device == "cuda":  # the GPU's share of a token: kernels and their time, prefill taken out
             row.update(gpu_per_token(lambda: generate(model, name, ids, new), lambda: generate(model, name, ids, 1), new))  # noqa: B023
         out = generate(model, name, ids, LOGIT_STEPS + 1, output_logits=True, return_dict_in_generate=True)
@@ -300,7 +308,7 @@ def main(argv=None) -> None:
                         help="configurations run again in a second process that finds the first one's compile caches")
     parser.add_argument("--new-tokens", type=int, default=64 if gpu else 8)
     parser.add_argument("--prompt-len", type=int, default=128 if gpu else 8)
-    parser.add_argument("--reps", type=int, default=3 if gpu else 1)
+    parser.add_argument("--reps", type=int, default=5 if gpu else 1)
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--tag", default="", help="a suffix for the result files (a second run: 'run2')")
     parser.add_argument("--worker", help=argparse.SUPPRESS)

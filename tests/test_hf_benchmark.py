@@ -22,7 +22,7 @@ def test_hf_generate_runs_every_measure_equal_to_eager(tmp_path, monkeypatch, sh
     monkeypatch.setattr(_report, "RESULTS", tmp_path)
     hf_generate.main(["--models", shape, "--batches", "2", "--configs", "eager", "graphify",
                       "--restart-configs", "graphify", "--chat-configs", "graphify", "--new-tokens", "12",
-                      "--prompt-len", "5", "--reps", "1"])
+                      "--prompt-len", "5", "--reps", "3" if torch.cuda.is_available() else "1"])  # a GPU's steady: a median
     written = list(tmp_path.glob("hf-generate-*.json"))
     assert len(written) == 1
     result = json.loads(written[0].read_text())
@@ -37,3 +37,28 @@ def test_hf_generate_runs_every_measure_equal_to_eager(tmp_path, monkeypatch, sh
     assert rows["graphify"]["max_logit_diff"] < 1e-4  # the simulation runs the same kernels
     assert rows["graphify"]["replayed_share"] > 0.5  # decode steps replayed, prefills eager
     assert rows["graphify"]["first_generate_s"] > 0 and rows["graphify"]["steady_ms_per_token"] > 0
+
+
+def test_steady_ms_per_token_is_the_median_pair_not_a_difference_of_medians(monkeypatch):
+    """A host that slows down (every call from the fifth on takes twice as long a token) and
+    one stalled call: each pair is timed at one speed, so the median pair is a speed's own
+    cost; a mean would take the stall, and medians taken apart would mix the speeds."""
+    import types
+
+    from benchmarks import hf_generate
+
+    clock = [0.0]
+    calls = []
+
+    def call(n):
+        slow = 2.0 if len(calls) >= 4 else 1.0
+        stall = 5.0 if len(calls) == 1 else 0.0
+        calls.append(n)
+        clock[0] += n * 1e-3 * slow + stall  # 1 ms a token, then 2
+
+    monkeypatch.setattr(hf_generate, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(hf_generate, "sync", lambda: None)
+    steady = hf_generate.steady_ms_per_token(call, 64, 192, 5)
+    assert calls == [192, 64] * 5  # back to back, the longer first
+    assert steady == pytest.approx(2.0)  # three of five pairs at the slower speed: its per-token cost
+    assert hf_generate.steady_ms_per_token(call, 64, 192, 1) == pytest.approx(2.0)  # one pair, no stall
