@@ -136,6 +136,29 @@ def test_calls_the_padding_does_not_cover_keep_transformers_masks():
         assert "create_masks_for_generate" not in vars(own)
 
 
+def test_what_the_padding_works_out_once_per_cache_follows_a_new_cache_and_a_switched_attention():
+    """The padding reads the config and the cache's layers once per (config, cache) pair, not
+    every step; a new cache (another length) and an attention switched on the same config
+    (one the padding does not cover, then back) are each seen at the very next call."""
+    ids, mask = padded_prompt("cpu", 5)
+    model = qwen2("cpu")
+    model.forward = graphify(model.forward)
+    padding, _hf_masks = model.create_masks_for_generate, masks_module(model)
+
+    def step(cache):
+        kwargs = dict(config=model.config, inputs_embeds=torch.empty(3, 1, 0), attention_mask=mask, cache=cache,
+                      position_ids=None)
+        made = padding.padded(kwargs)
+        return made if made is _hf_masks._KEEP else made[0].shape[-1]
+
+    short, long = (transformers.StaticCache(config=model.config, max_cache_len=n) for n in (32, 48))
+    assert [step(short), step(short), step(long), step(short)] == [32, 32, 48, 32]
+    model.config._attn_implementation = "flex_attention"  # the same config object
+    assert step(short) is _hf_masks._KEEP
+    model.config._attn_implementation = "sdpa"
+    assert step(short) == 32
+
+
 def test_a_forward_adapter_loaded_under_two_module_names_runs_once():
     """`transforms.hf` imported as itself and as `graphify.transforms.hf` registers its
     adapter twice: one function's source in two modules counts once; two functions of one

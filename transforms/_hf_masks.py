@@ -67,6 +67,7 @@ class MaskPadding:
         self.ones: dict = {}  # (padded shape, device) -> an all-ones mask
         self.ranges: dict = {}  # device -> an arange long enough for the hybrid masks so far
         self.layouts: dict = {}  # the last hybrid cache's layout (`hybrid_sizes`)
+        self.memo: tuple | None = None  # the last config and cache's `facts`
         self.off = False
 
     def __reduce__(self):
@@ -101,13 +102,14 @@ class MaskPadding:
             return _KEEP  # not a decode step: the prompt keeps its own kind of mask, so it stays its own kind of call
         if not (mask is None or isinstance(mask, torch.Tensor) and mask.dim() == 2):
             return _KEEP
-        text = _causal_text(kwargs.get("config"))
-        if any(kwargs.get(name) is not None for name in _EXTRA) or text is None:
+        if any(kwargs.get(name) is not None for name in _EXTRA):
             return _KEEP
         cache = _cache_of(kwargs)  # its layers' exact types are checked below: static layers only
-        if not _full_attention_only(text):
+        text, full, length = self.facts(kwargs.get("config"), cache)
+        if text is None:
+            return _KEEP
+        if not full:
             return self.hybrid(text, cache, mask, embeds)
-        length = _static_length(cache)
         if length is None or mask is not None and mask.shape[-1] > length:
             return _KEEP
         if mask is None:  # the causal part masks every position past the step's: ones are the same as none
@@ -119,6 +121,25 @@ class MaskPadding:
                 ones = self.ones[key] = torch.ones(key[:2], dtype=torch.long, device=key[2])
             return ones, "pad"
         return torch.nn.functional.pad(mask, (0, length - mask.shape[-1])), "pad"
+
+    def facts(self, config: Any, cache: Any) -> tuple:
+        """(the causal text config or None, full attention only, the static cache's length or
+        None) of `config` and `cache`, worked out once per pair: both stay the same objects for
+        a whole `generate()`, and reading them costs a decode step tens of µs (transformers'
+        config attributes, every cache layer). The attention implementation is read every
+        call: a model may switch it (`set_attn_implementation`) with the same config."""
+        memo = self.memo
+        if memo is not None and memo[0] is config and memo[1]() is cache and \
+                getattr(memo[2], "_attn_implementation", None) == memo[3]:
+            return memo[2], memo[4], memo[5]
+        text = _causal_text(config)
+        facts = (text, text is not None and _full_attention_only(text), _static_length(cache))
+        if text is not None and cache is not None:
+            try:
+                self.memo = (config, weakref.ref(cache), text, text._attn_implementation, *facts[1:])
+            except TypeError:  # an object no weak reference can follow: worked out every call
+                pass
+        return facts
 
     def hybrid(self, text: Any, cache: Any, mask, embeds: torch.Tensor):
         """A sliding-window or hybrid cache's decode masks, or `_KEEP`."""
