@@ -177,6 +177,22 @@ BENCHES: tuple[Bench, ...] = (
               ("2026-11-26T10:30:00+00:00", HF_HOST), ("2026-11-26T12:20:00+00:00", HF_STEADY_PAIRS)),
     ),
     Bench(
+        "hf-step-split", "transformers `generate()`: a decode step split by clocks",
+        "python3 -m benchmarks.hf_step_split",
+        "Each decode step of a 64-token `generate()` split by clocks, one configuration a process, its "
+        "compiled graphs in: the period from one graph launch to the next (what a token costs), the "
+        "forward call's host time before the launch, transformers' own step between calls (its "
+        "`prepare_inputs_for_generation` apart), and with CUDA events the GPU's step and the gap between "
+        "steps. Medians over a call's steps, the median call of five.",
+        (
+            Table("rows", "Decode step", (Col("model", "model"), CONFIG, Col("batch", "B")), (
+                Col("period_us", "period µs", ".0f"), Col("pre_launch_us", "pre-launch µs", ".0f"),
+                Col("between_us", "between calls µs", ".0f"), Col("prepare_us", "prepare µs", ".0f"),
+                Col("gpu_graph_us", "GPU graph µs", ".0f"), Col("gpu_gap_us", "GPU gap µs", ".0f"),
+            )),
+        ),
+    ),
+    Bench(
         "decode", "FULL decode beside a hand-written CUDA graph", "python3 -m benchmarks.decode [--model 8b]",
         "FULL graphs of the reference decoder's decode step beside a plain `torch.cuda.CUDAGraph` loop over "
         "the same step (the floor), and eager. Host columns: a call's host time with the device idle, "

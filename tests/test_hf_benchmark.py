@@ -62,3 +62,28 @@ def test_steady_ms_per_token_is_the_median_pair_not_a_difference_of_medians(monk
     assert calls == [192, 64] * 5  # back to back, the longer first
     assert steady == pytest.approx(2.0)  # three of five pairs at the slower speed: its per-token cost
     assert hf_generate.steady_ms_per_token(call, 64, 192, 1) == pytest.approx(2.0)  # one pair, no stall
+
+
+def test_hf_step_split_clocks_each_decode_step(tmp_path, monkeypatch):
+    """The split of a decode step (CPU: the simulated replay is the launch): every part is
+    clocked and fits inside the step's period; the peer is refused where it makes no graphs."""
+    from benchmarks import _report, hf_step_split
+
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    if torch.cuda.is_available():
+        argv = ["--models", "tiny-qwen", "--batches", "2", "--configs", "graphify", "hf_compile", "--new-tokens", "12",
+                "--reps", "3"]
+    else:
+        argv = []
+        with pytest.raises(SystemExit):
+            hf_step_split.main(["--configs", "graphify", "hf_compile"])
+    hf_step_split.main(argv)
+    (written,) = tmp_path.glob("hf-step-split-*.json")
+    result = json.loads(written.read_text())
+    assert not result["failures"]
+    for row in result["rows"]:
+        assert len(row["calls"]) == (3 if torch.cuda.is_available() else 2)
+        assert 0 < row["pre_launch_us"] and 0 < row["post_us"] and 0 < row["prepare_us"] < row["between_us"]
+        assert row["pre_launch_us"] + row["between_us"] < row["period_us"]  # the launch itself is the rest
+        if torch.cuda.is_available():
+            assert 0 < row["gpu_graph_us"] < row["period_us"]
