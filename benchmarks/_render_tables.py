@@ -51,6 +51,7 @@ class Bench:
 
 # Names the tables and README's claims share: configurations, and code changes (eras).
 CONFIG = Col("config", "configuration")
+HF_KEY = (Col("model", "model"), CONFIG, Col("batch", "B"))  # a transformers run's configuration
 PROCESS = Col("process", "process")
 SERVING_RO = "torch.compile reduce-overhead"
 SERVING_OWN = "each peer-compared configuration in a process of its own"
@@ -158,7 +159,7 @@ BENCHES: tuple[Bench, ...] = (
         "the first longer call pays for a new cache length; the chat-like workload is a fixed list of "
         "calls of several batch sizes and lengths, timed whole from a fresh process.",
         (
-            Table("per-token", "Per token", (Col("model", "model"), CONFIG, Col("batch", "B")), (
+            Table("per-token", "Per token", HF_KEY, (
                 Col("ms_per_token", "ms/token", ".2f"), Col("steady_ms_per_token", "steady ms/token", ".2f"),
                 Col("first_generate_s", "first generate() s", ".1f"),
                 Col("first_longer_ms_per_token", "first longer call, ms/token", ".1f"),
@@ -185,7 +186,7 @@ BENCHES: tuple[Bench, ...] = (
         "`prepare_inputs_for_generation` apart), and with CUDA events the GPU's step and the gap between "
         "steps. Medians over a call's steps, the median call of five.",
         (
-            Table("rows", "Decode step", (Col("model", "model"), CONFIG, Col("batch", "B")), (
+            Table("rows", "Decode step", HF_KEY, (
                 Col("period_us", "period µs", ".0f"), Col("pre_launch_us", "pre-launch µs", ".0f"),
                 Col("between_us", "between calls µs", ".0f"), Col("prepare_us", "prepare µs", ".0f"),
                 Col("gpu_graph_us", "GPU graph µs", ".0f"), Col("gpu_gap_us", "GPU gap µs", ".0f"),
