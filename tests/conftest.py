@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# Several test processes (pytest-xdist) share the cores: one intra-op thread each, and for the
+# processes tests start (benchmarks, ranks, compile workers). With torch's default of a thread
+# a core, their OpenMP threads spin on cores the other processes hold: a tiny model's
+# 256-token generation took 40 s beside two busy processes instead of 14 (2-core machine).
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", deadline=None, max_examples=600)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+if os.environ.get("OMP_NUM_THREADS") == "1":
+    torch.set_num_threads(1)  # torch may have been imported before this file (a plugin)
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 
