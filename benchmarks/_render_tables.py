@@ -68,6 +68,7 @@ HF_HYBRID_MASKS = "sliding-window and hybrid caches' decode masks are slices of 
 HF_HOST = "a call's host time before the replay: sliding layers' state read once a call, one pass of checks (graphify/_call_structure.py)"
 HF_GQA_FOLD = "the compile line's decode attention reads the unexpanded keys and values (graphify/_gqa_fold.py)"
 HF_STEADY_PAIRS = "steady ms/token is the median over back-to-back pairs of calls, not a difference of two medians"
+HF_MASK_MEMO = "the decode mask's padding reads the config and the cache once per pair, not every step (transforms/_hf_masks.py)"
 
 
 # Rows of a run's JSON, as a table reads them.
@@ -175,7 +176,8 @@ BENCHES: tuple[Bench, ...] = (
               ("2026-11-25T11:00:00+00:00", HF_FLOATS), ("2026-11-26T00:50:00+00:00", HF_CACHE_KEYS),
               ("2026-11-26T02:20:00+00:00", HF_VIEWS), ("2026-11-26T06:00:00+00:00", HF_MASKS),
               ("2026-11-26T07:35:00+00:00", HF_HYBRID_MASKS), ("2026-11-26T09:30:00+00:00", HF_GQA_FOLD),
-              ("2026-11-26T10:30:00+00:00", HF_HOST), ("2026-11-26T12:20:00+00:00", HF_STEADY_PAIRS)),
+              ("2026-11-26T10:30:00+00:00", HF_HOST), ("2026-11-26T12:20:00+00:00", HF_STEADY_PAIRS),
+              ("2026-11-26T12:58:00+00:00", HF_MASK_MEMO)),
     ),
     Bench(
         "hf-step-split", "transformers `generate()`: a decode step split by clocks",
