@@ -39,6 +39,7 @@ def _tensor_leaves(values) -> bool:
     """Whether every value is a plain tensor that pytree takes as a leaf."""
     return all(type(v) is torch.Tensor for v in values) and torch.Tensor not in pytree.SUPPORTED_NODES
 
+
 _POS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _MISSING = inspect.Parameter.empty
 
