@@ -20,7 +20,9 @@ bf16, greedy. Per configuration and batch, in a process of its own: the first ge
 the first call; prefill excluded), steady ms per token (a 192-token call minus a 64-token
 call, the median over back-to-back pairs; the first 192-token call is timed apart, since
 transformers recompiles for a longer cache), on a GPU the kernels and GPU time per token (torch.profiler), and the largest
-logit difference to eager over the first decode steps. Every configuration's process has
+logit difference over the first decode steps to eager and to the exact logits (the same
+weights in fp32 arithmetic over eager's tokens: bf16 lines differ from eager by their rounding
+alone, from these by their own error). Every configuration's process has
 compile caches of its own, empty at its start; `--restart-configs` run a second process
 on the caches the first left (a service restart). Then the chat-like workload, in a fresh
 process with empty caches: 20 seeded generate() calls (batch 1-8, prompts 16-256 tokens,
@@ -43,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -116,6 +119,13 @@ def one_line(name: str, model) -> None:
         model.forward = graphify(torch.compile(model.forward, fullgraph=True))
 
 
+def background_failure_raises() -> None:
+    """A compile in the background that fails leaves plain graphs serving, with a warning: a
+    row timed so would report eager kernels as compiled ones. In a benchmark's process the
+    warning raises instead, so the configuration fails and says why."""
+    warnings.filterwarnings("error", message=r".*the compile in the background failed")
+
+
 def generate(model, name: str, ids: torch.Tensor, new: int, **kw):
     # generate() as users call it; the graphify lines turn transformers' own compile off themselves
     extra = {"disable_compile": True} if name == "eager" else {}
@@ -152,6 +162,21 @@ def chat_calls(vocab: int, gpu: bool) -> list[tuple[int, int, int]]:
     return [(rng.randint(1, 8), rng.randint(16, 256), rng.randint(16, 256)) for _ in range(CHAT_CALLS)]
 
 
+def fp32_logits(model, sequences: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """The decode steps' exact logits: the model's own weights in fp32 arithmetic, one forward
+    over eager's tokens (no cache). Two bf16 lines can differ from eager by their rounding
+    alone; against these logits the difference is each line's own error. The weights go back
+    to their dtype after (exact: they came from it)."""
+    dtype = next(model.parameters()).dtype
+    model.float()
+    try:
+        with torch.no_grad():
+            logits = model(sequences).logits[:, prompt_len:prompt_len + LOGIT_STEPS]
+        return logits.float().cpu()
+    finally:
+        model.to(dtype)
+
+
 def gpu_per_token(call, prefill, new: int) -> dict:
     """Kernels and GPU milliseconds per new token of `call` (a `new`-token generate()), less
     those of `prefill` (a 1-token one), from torch.profiler, which sees kernels inside graph
@@ -166,6 +191,7 @@ def gpu_per_token(call, prefill, new: int) -> dict:
 def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: int, ref_dir: str) -> list[dict]:
     """One configuration at every batch size, in this process."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    background_failure_raises()
     model = build(shape, device)
     one_line(name, model)
     rows = []
@@ -192,10 +218,14 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
         out = generate(model, name, ids, LOGIT_STEPS + 1, output_logits=True, return_dict_in_generate=True)
         logits = torch.stack(out.logits[1:], 1).float().cpu()  # the decode steps' logits
         ref_path = Path(ref_dir) / f"{shape}-{batch}.pt"
+        truth_path = Path(ref_dir) / f"{shape}-{batch}-fp32.pt"
         if name == "eager":
             torch.save(logits, ref_path)
+            torch.save(fp32_logits(model, out.sequences, ids.shape[1]), truth_path)
         elif ref_path.exists():
             row["max_logit_diff"] = (logits - torch.load(ref_path)).abs().max().item()
+        if truth_path.exists():  # eager's bf16 logits are themselves this far from the exact ones
+            row["max_logit_diff_fp32"] = (logits - torch.load(truth_path)).abs().max().item()
         if name.startswith("graphify"):  # against eager in this very process (same kernels chosen)
             graphed = model.forward
             model.forward = graphed.fn
@@ -276,6 +306,7 @@ COLUMNS = [
     ("compiled_ready_s", "compiled kernels ready s", ".1f"), ("swap_generate_s", "generate() that takes them in s", ".1f"),
     ("replayed_share", "calls replayed", ".2f"), ("max_logit_diff", f"max |logit - eager|, {LOGIT_STEPS} steps", ".3g"),
     ("max_logit_diff_same_process", "same, eager in this process", ".3g"),
+    ("max_logit_diff_fp32", f"max |logit - fp32|, {LOGIT_STEPS} steps", ".3g"),
 ]
 CHAT_COLUMNS = [
     ("model", "model", ""), ("config", "configuration", ""), ("chat_total_s", "chat-like total s", ".1f"),

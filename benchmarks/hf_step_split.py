@@ -39,7 +39,7 @@ import time
 import torch
 
 from ._report import environment, publish, table
-from .hf_generate import CONFIGS, PEER, SHAPES, build, generate, one_line
+from .hf_generate import CONFIGS, PEER, SHAPES, background_failure_raises, build, generate, one_line
 
 COLUMNS = [
     ("model", "model", ""), ("batch", "B", "d"), ("config", "configuration", ""),
@@ -131,6 +131,7 @@ class Clocks:
 def run_config(name: str, shape: str, batches, new: int, reps: int) -> list[dict]:
     """One configuration at every batch size, in this process."""
     cuda = torch.cuda.is_available()
+    background_failure_raises()
     clocks = Clocks(cuda)
     if cuda:  # before any capture: graphs keep the replay method they were captured with
         torch.cuda.CUDAGraph.replay = clocks.launch(torch.cuda.CUDAGraph.replay)
@@ -146,7 +147,10 @@ def run_config(name: str, shape: str, batches, new: int, reps: int) -> list[dict
     else:
         compiled_call = model.get_compiled_call
         model.get_compiled_call = lambda *a, **k: clocks.call(compiled_call(*a, **k))
-    model.prepare_inputs_for_generation = clocks.timed(model.prepare_inputs_for_generation)
+    # at class level too: the background line sends the model to its compile worker, which
+    # could not rebuild a clock set on the instance
+    model_cls = type(model)
+    model_cls.prepare_inputs_for_generation = clocks.timed(model_cls.prepare_inputs_for_generation)
     rows = []
     for batch in batches:
         ids = torch.randint(0, model.config.vocab_size, (batch, 128 if cuda else 8),
