@@ -166,7 +166,7 @@ BENCHES: tuple[Bench, ...] = (
                 Col("first_longer_ms_per_token", "first longer call, ms/token", ".1f"),
                 Col("gpu_ms_per_token", "GPU ms/token", ".2f"), Col("kernels_per_token", "kernels/token", ".0f"),
                 Col("max_logit_diff", "max logit diff vs eager", ".3g"),
-                Col("max_logit_diff_fp32", "vs fp32", ".3g"),
+                Col("max_logit_diff_fp32", "vs fp32", ".3g"), Col("rms_logit_diff_fp32", "rms vs fp32", ".3g"),
             ), rows_with("ms_per_token")),
             Table("chat", "Chat-like workload", (Col("model", "model"), CONFIG), (
                 Col("chat_total_s", "total s", ".1f"), Col("chat_slowest_call_s", "slowest call s", ".1f"),

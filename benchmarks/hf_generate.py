@@ -22,7 +22,8 @@ call, the median over back-to-back pairs; the first 192-token call is timed apar
 transformers recompiles for a longer cache), on a GPU the kernels and GPU time per token (torch.profiler), and the largest
 logit difference over the first decode steps to eager and to the exact logits (the same
 weights in fp32 arithmetic over eager's tokens: bf16 lines differ from eager by their rounding
-alone, from these by their own error). Every configuration's process has
+alone, from these by their own error; the root mean square too, since a largest difference
+is one logit's). Every configuration's process has
 compile caches of its own, empty at its start; `--restart-configs` run a second process
 on the caches the first left (a service restart). Then the chat-like workload, in a fresh
 process with empty caches: 20 seeded generate() calls (batch 1-8, prompts 16-256 tokens,
@@ -225,7 +226,9 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
         elif ref_path.exists():
             row["max_logit_diff"] = (logits - torch.load(ref_path)).abs().max().item()
         if truth_path.exists():  # eager's bf16 logits are themselves this far from the exact ones
-            row["max_logit_diff_fp32"] = (logits - torch.load(truth_path)).abs().max().item()
+            error = logits - torch.load(truth_path)
+            row["max_logit_diff_fp32"] = error.abs().max().item()
+            row["rms_logit_diff_fp32"] = error.pow(2).mean().sqrt().item()  # every logit's, not one extreme's
         if name.startswith("graphify"):  # against eager in this very process (same kernels chosen)
             graphed = model.forward
             model.forward = graphed.fn
@@ -307,6 +310,7 @@ COLUMNS = [
     ("replayed_share", "calls replayed", ".2f"), ("max_logit_diff", f"max |logit - eager|, {LOGIT_STEPS} steps", ".3g"),
     ("max_logit_diff_same_process", "same, eager in this process", ".3g"),
     ("max_logit_diff_fp32", f"max |logit - fp32|, {LOGIT_STEPS} steps", ".3g"),
+    ("rms_logit_diff_fp32", "rms, fp32", ".3g"),
 ]
 CHAT_COLUMNS = [
     ("model", "model", ""), ("config", "configuration", ""), ("chat_total_s", "chat-like total s", ".1f"),

@@ -39,6 +39,7 @@ def test_hf_generate_runs_every_measure_equal_to_eager(tmp_path, monkeypatch, sh
     bound = 1e-4 if not torch.cuda.is_available() else 0.5  # fp32 here; bf16's rounding on a GPU
     assert rows["eager"]["max_logit_diff_fp32"] < bound and rows["graphify"]["max_logit_diff_fp32"] < bound
     assert restarted[0]["max_logit_diff_fp32"] < bound
+    assert 0 <= rows["graphify"]["rms_logit_diff_fp32"] <= rows["graphify"]["max_logit_diff_fp32"]
     assert rows["graphify"]["replayed_share"] > 0.5  # decode steps replayed, prefills eager
     assert rows["graphify"]["first_generate_s"] > 0 and rows["graphify"]["steady_ms_per_token"] > 0
 
