@@ -197,6 +197,21 @@ BENCHES: tuple[Bench, ...] = (
         ),
     ),
     Bench(
+        "hf-accuracy", "transformers `generate()`: logits against the exact ones", "python3 -m benchmarks.hf_accuracy",
+        "Each line's decode logits over several seeded prompts and greedy steps, one configuration a "
+        "process, its compiled graphs in, against eager's bf16 logits and against the exact ones (the "
+        "same weights in fp32 arithmetic over eager's tokens), over the steps whose tokens so far equal "
+        "eager's. Two bf16 lines differ from eager by their rounding alone; from the exact logits, by "
+        "their own error. `graphify_unfolded` is the background line with the grouped-query fold off.",
+        (
+            Table("rows", "Logit differences", HF_KEY, (
+                Col("compared", "steps compared", ".2f"), Col("max_vs_eager", "max vs eager", ".3g"),
+                Col("rms_vs_eager", "rms vs eager", ".3g"), Col("max_vs_fp32", "max vs fp32", ".3g"),
+                Col("rms_vs_fp32", "rms vs fp32", ".3g"), Col("rms_vs_peer", "rms vs fp32 ÷ peer's", ".3f"),
+            )),
+        ),
+    ),
+    Bench(
         "decode", "FULL decode beside a hand-written CUDA graph", "python3 -m benchmarks.decode [--model 8b]",
         "FULL graphs of the reference decoder's decode step beside a plain `torch.cuda.CUDAGraph` loop over "
         "the same step (the floor), and eager. Host columns: a call's host time with the device idle, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import collections
 import datetime as _dt
@@ -12,6 +13,7 @@ import platform
 import re
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -124,6 +126,25 @@ def write(name: str, env: dict, payload: dict, markdown: str) -> tuple[Path, Pat
     stamp = ", ".join(f"{k} {v}" for k, v in env.items() if k != "gpu" and v is not None)
     md_path.write_text(f"# {name}\n\n{stamp}\n\n{markdown}\n")
     return json_path, md_path
+
+
+def run_process(cmd: list, what: str, timeout: float, env: dict | None = None) -> str | None:
+    """Run a benchmark's worker process; None where it succeeded, else what failed (its
+    stderr's tail), for the result's failures."""
+    try:
+        done = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True, env=env)
+    except subprocess.TimeoutExpired:
+        return f"{what}: timed out after {timeout} s"
+    return None if done.returncode == 0 else f"{what}: exit {done.returncode}: {done.stderr.strip()[-600:]}"
+
+
+def worker_arguments(parser, timeout: int = 900) -> None:
+    """The options every benchmark with a process per configuration takes: the worker's limit,
+    the result's tag, and the hidden ones a worker is started with."""
+    parser.add_argument("--timeout", type=int, default=timeout)
+    parser.add_argument("--tag", default="", help="a suffix for the result files (a second run: 'run2')")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
 
 
 def fresh_compile_caches() -> None:

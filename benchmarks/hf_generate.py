@@ -42,7 +42,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from ._report import environment, publish, sync
+from ._report import environment, publish, run_process, sync, worker_arguments
 
 SHAPES = {
     "qwen0.5b": ("Qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -163,7 +162,7 @@ def chat_calls(vocab: int, gpu: bool) -> list[tuple[int, int, int]]:
     return [(rng.randint(1, 8), rng.randint(16, 256), rng.randint(16, 256)) for _ in range(CHAT_CALLS)]
 
 
-def fp32_logits(model, sequences: torch.Tensor, prompt_len: int) -> torch.Tensor:
+def fp32_logits(model, sequences: torch.Tensor, prompt_len: int, steps: int = LOGIT_STEPS) -> torch.Tensor:
     """The decode steps' exact logits: the model's own weights in fp32 arithmetic, one forward
     over eager's tokens (no cache). Two bf16 lines can differ from eager by their rounding
     alone; against these logits the difference is each line's own error. The weights go back
@@ -172,7 +171,7 @@ def fp32_logits(model, sequences: torch.Tensor, prompt_len: int) -> torch.Tensor
     model.float()
     try:
         with torch.no_grad():
-            logits = model(sequences).logits[:, prompt_len:prompt_len + LOGIT_STEPS]
+            logits = model(sequences).logits[:, prompt_len:prompt_len + steps]
         return logits.float().cpu()
     finally:
         model.to(dtype)
@@ -289,14 +288,7 @@ def spawn(config: str, shape: str, args, ref: str, out: str, chat: bool = False,
         cmd.append("--chat")
     caches = Path(ref) / f"caches-{shape}-{config}{'-chat' if chat else ''}"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
-    try:
-        done = subprocess.run(cmd, timeout=args.timeout, capture_output=True, text=True, env=env)
-    except subprocess.TimeoutExpired:
-        return f"{config}{' chat' if chat else ''} (process {process}) on {shape}: timed out after {args.timeout} s"
-    if done.returncode != 0:
-        return (f"{config}{' chat' if chat else ''} (process {process}) on {shape}: exit {done.returncode}: "
-                f"{done.stderr.strip()[-600:]}")
-    return None
+    return run_process(cmd, f"{config}{' chat' if chat else ''} (process {process}) on {shape}", args.timeout, env)
 
 
 COLUMNS = [
@@ -307,9 +299,9 @@ COLUMNS = [
     ("first_longer_ms_per_token", "first 192-token call, ms/extra token", ".1f"),
     ("first_generate_s", "first generate() s", ".1f"), ("first_vs_peer", "÷ peer", ".2f"),
     ("compiled_ready_s", "compiled kernels ready s", ".1f"), ("swap_generate_s", "generate() that takes them in s", ".1f"),
-    ("replayed_share", "calls replayed", ".2f"), ("max_logit_diff", f"max |logit - eager|, {LOGIT_STEPS} steps", ".3g"),
+    ("replayed_share", "calls replayed", ".2f"), ("max_logit_diff", f"max logit Δ vs eager, {LOGIT_STEPS} steps", ".3g"),
     ("max_logit_diff_same_process", "same, eager in this process", ".3g"),
-    ("max_logit_diff_fp32", f"max |logit - fp32|, {LOGIT_STEPS} steps", ".3g"),
+    ("max_logit_diff_fp32", f"max logit Δ vs fp32, {LOGIT_STEPS} steps", ".3g"),
     ("rms_logit_diff_fp32", "rms, fp32", ".3g"),
 ]
 CHAT_COLUMNS = [
@@ -344,13 +336,10 @@ def main(argv=None) -> None:
     parser.add_argument("--new-tokens", type=int, default=64 if gpu else 8)
     parser.add_argument("--prompt-len", type=int, default=128 if gpu else 8)
     parser.add_argument("--reps", type=int, default=5 if gpu else 1)
-    parser.add_argument("--timeout", type=int, default=900)
-    parser.add_argument("--tag", default="", help="a suffix for the result files (a second run: 'run2')")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    worker_arguments(parser)
     parser.add_argument("--process", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ref", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)

@@ -31,14 +31,13 @@ import argparse
 import functools
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 
-from ._report import environment, publish, table
+from ._report import environment, publish, run_process, table, worker_arguments
 from .hf_generate import CONFIGS, PEER, SHAPES, background_failure_raises, build, generate, one_line
 
 COLUMNS = [
@@ -185,10 +184,7 @@ def main(argv=None) -> None:
                         choices=sorted(CONFIGS))
     parser.add_argument("--new-tokens", type=int, default=64 if gpu else 12)
     parser.add_argument("--reps", type=int, default=5 if gpu else 2)
-    parser.add_argument("--timeout", type=int, default=900)
-    parser.add_argument("--tag", default="")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
+    worker_arguments(parser)
     args = parser.parse_args(argv)
     if args.worker:
         rows = run_config(args.worker, args.models[0], args.batches, args.new_tokens, args.reps)
@@ -205,12 +201,9 @@ def main(argv=None) -> None:
                 cmd = [sys.executable, "-m", "benchmarks.hf_step_split", "--worker", name, "--models", shape,
                        "--batches", *map(str, args.batches), "--new-tokens", str(args.new_tokens),
                        "--reps", str(args.reps), "--out", out.name]
-                try:
-                    done = subprocess.run(cmd, timeout=args.timeout, capture_output=True, text=True)
-                    if done.returncode != 0:
-                        failures.append(f"{name} on {shape}: exit {done.returncode}: {done.stderr.strip()[-600:]}")
-                except subprocess.TimeoutExpired:
-                    failures.append(f"{name} on {shape}: timed out after {args.timeout} s")
+                failed = run_process(cmd, f"{name} on {shape}", args.timeout)
+                if failed:
+                    failures.append(failed)
         rows = [json.loads(line) for line in out.read().splitlines()]
     peers = {(r["model"], r["batch"]): r for r in rows if r["key"] == PEER}
     for r in rows:

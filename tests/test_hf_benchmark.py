@@ -1,4 +1,4 @@
-"""The transformers generate() benchmark runs end to end (CPU: tiny config, simulation)."""
+"""The transformers benchmarks run end to end (CPU: tiny config, simulation)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
@@ -95,3 +97,43 @@ def test_hf_step_split_clocks_each_decode_step(tmp_path, monkeypatch):
         assert row["pre_launch_us"] + row["between_us"] < row["period_us"]  # the launch itself is the rest
         if torch.cuda.is_available():
             assert 0 < row["gpu_graph_us"] < row["period_us"]
+
+
+def test_hf_accuracy_compares_every_line_with_eager_and_the_exact_logits(tmp_path, monkeypatch):
+    """Each line's logits over several prompts and steps against eager's and against fp32
+    arithmetic over eager's tokens. On the CPU (fp32, simulation) the one line is eager and
+    both are the exact logits to rounding; a step off, they differ by whole logits."""
+    from benchmarks import _report, hf_accuracy
+
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    gpu = torch.cuda.is_available()
+    argv = ["--models", "tiny-qwen", "--batches", "2", "--prompts", "2", "--steps", "6", "--prompt-len", "8"]
+    configs = ["eager", "graphify_background", "graphify_unfolded"] if gpu else ["eager", "graphify"]
+    hf_accuracy.main(argv + ["--configs", *configs])
+    (written,) = tmp_path.glob("hf-accuracy-*.json")
+    result = json.loads(written.read_text())
+    assert not result["failures"]
+    rows = {r["key"]: r for r in result["rows"]}
+    assert set(rows) == set(configs)
+    bound = 0.5 if gpu else 1e-4  # bf16's rounding on a GPU
+    for key in configs:
+        assert 0 < rows[key]["compared"] <= 1 and rows[key]["max_vs_fp32"] < bound
+        assert rows[key]["rms_vs_fp32"] <= rows[key]["max_vs_fp32"]
+    if not gpu:
+        assert rows["graphify"]["compared"] == 1 and rows["graphify"]["max_vs_eager"] < 1e-5
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=12), st.integers(1, 6))
+def test_steps_are_compared_only_while_the_tokens_so_far_agree(same, length):
+    """A step is compared while every generated token up to its input equals eager's; from the
+    first that differs on, never again (its context differs), even where later tokens agree."""
+    from benchmarks.hf_accuracy import agreeing_steps
+
+    steps = len(same)
+    ref = torch.randint(0, 50, (1, length + steps + 1))
+    seq = ref.clone()
+    for j, s in enumerate(same):
+        if not s:
+            seq[0, length + j] = ref[0, length + j] + 1
+    expected = [all(same[:j + 1]) for j in range(steps)]
+    assert agreeing_steps(seq, ref, length, steps)[0].tolist() == expected

@@ -1,0 +1,176 @@
+"""How far each line's logits are from the exact ones, over many decode steps and prompts.
+
+`hf_generate` compares four decode steps of one prompt with eager's bf16 logits, and its
+largest difference is one logit's. Two bf16 lines that compute the same sums in another
+order (another kernel, grouped-query attention folded) differ from eager by their rounding
+alone, in either direction; what says whether a line loses accuracy is its distance from
+the exact logits. Here every configuration runs `--prompts` seeded prompts through a
+greedy `generate()` of `--steps` decode steps, in a process of its own, its compiled
+graphs in place; eager's process also runs the same bf16 weights in fp32 arithmetic over
+eager's tokens (the exact logits). Per configuration and batch: the largest and the root
+mean square difference to eager and to the exact logits, over the steps whose tokens so far
+equal eager's (a near tie that flips a token changes every later context, so later steps
+are not compared).
+
+    eager, hf_compile, graphify_background: as in `benchmarks.hf_generate`
+    graphify_unfolded   graphify_background with `"fold_gqa": False` (the model's attention
+                        as written: the fold's own effect)
+
+    python -m benchmarks.hf_accuracy [--models qwen0.5b llama8b] [--batches 1 8] [--prompts 4] [--steps 32]
+
+On a machine without a GPU: a tiny config, fp32, the simulation backend (eager and the one
+line), labelled as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ._report import environment, publish, run_process, table, worker_arguments
+from .hf_generate import CONFIGS, PEER, SHAPES, background_failure_raises, build, fp32_logits, generate, one_line
+
+LABELS = {**CONFIGS, "graphify_unfolded": 'graphify(model.forward, options=Options(compile={"background": True, '
+                                          '"fold_gqa": False}))'}
+COLUMNS = [
+    ("model", "model", ""), ("batch", "B", "d"), ("config", "configuration", ""),
+    ("compared", "steps compared", ".2f"), ("max_vs_eager", "max Δ eager", ".3g"), ("rms_vs_eager", "rms Δ eager", ".3g"),
+    ("max_vs_fp32", "max Δ fp32", ".3g"), ("rms_vs_fp32", "rms Δ fp32", ".3g"), ("rms_vs_peer", "rms Δ fp32 ÷ peer's", ".3f"),
+]
+
+
+def install(name: str, model) -> None:
+    """The line `name` on `model` (the extra configuration here: the fold off)."""
+    if name == "graphify_unfolded":
+        from graphify import Options, graphify
+
+        model.forward = graphify(model.forward, options=Options(compile={"background": True, "fold_gqa": False}))
+    else:
+        one_line(name, model)
+
+
+def prompts(model, batch: int, count: int, length: int) -> list[torch.Tensor]:
+    """`count` seeded prompts of one length (no new cache length: the peer does not recompile)."""
+    vocab, device = model.config.vocab_size, model.device
+    return [torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(1000 * batch + i)).to(device)
+            for i in range(count)]
+
+
+def run_config(name: str, shape: str, batches, count: int, steps: int, length: int, out: Path) -> None:
+    """One configuration's tokens and decode logits (and, for eager, the exact logits) to `out`."""
+    background_failure_raises()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build(shape, device)
+    install(name, model)
+    for batch in batches:
+        ids = prompts(model, batch, count, length)
+        generate(model, name, ids[0], steps + 1)  # captures (and compiles) the calls below make
+        if name.startswith("graphify") and device == "cuda" and hasattr(model.forward, "wait_compiles"):
+            model.forward.wait_compiles()
+            generate(model, name, ids[0], steps + 1)  # takes the compiled graphs in
+        for i, prompt in enumerate(ids):
+            res = generate(model, name, prompt, steps + 1, output_logits=True, return_dict_in_generate=True)
+            kept = {"seq": res.sequences.cpu(), "logits": torch.stack(res.logits[1:], 1).cpu()}  # decode steps
+            if name == "eager":
+                kept["exact"] = fp32_logits(model, res.sequences, length, steps)
+            torch.save(kept, out / f"{shape}-{batch}-{i}-{name}.pt")
+
+
+def agreeing_steps(seq: torch.Tensor, ref: torch.Tensor, length: int, steps: int) -> torch.Tensor:
+    """(B, steps) bool: decode step j's context equals the reference's (every token up to the
+    step's input, the first generated one included)."""
+    same = seq[:, length:length + steps] == ref[:, length:length + steps]
+    return same.int().cumprod(1).bool()
+
+
+def differences(logits: torch.Tensor, ref: torch.Tensor, keep: torch.Tensor) -> tuple[float, float]:
+    """Largest |logits - ref| and the sum of squares, over the kept (row, step) pairs."""
+    d = (logits.float() - ref.float())[keep]
+    return (d.abs().max().item(), d.pow(2).sum().item()) if d.numel() else (0.0, 0.0)
+
+
+def compare(files: Path, shape: str, batch: int, name: str, count: int, steps: int, length: int) -> dict:
+    """One configuration's row: its differences to eager and to the exact logits, all prompts."""
+    largest, squares = {"eager": 0.0, "fp32": 0.0}, {"eager": 0.0, "fp32": 0.0}
+    kept = total = 0
+    for i in range(count):
+        mine = torch.load(files / f"{shape}-{batch}-{i}-{name}.pt")
+        eager = torch.load(files / f"{shape}-{batch}-{i}-eager.pt")
+        keep = agreeing_steps(mine["seq"], eager["seq"], length, steps)
+        vocab = mine["logits"].shape[-1]
+        kept, total = kept + int(keep.sum()) * vocab, total + keep.numel() * vocab
+        for ref, against in ((eager["logits"], "eager"), (eager["exact"], "fp32")):
+            mx, sq = differences(mine["logits"], ref, keep)
+            largest[against], squares[against] = max(largest[against], mx), squares[against] + sq
+    nan = float("nan")
+    row = {"model": shape, "batch": batch, "key": name, "config": LABELS[name], "compared": kept / total,
+           "max_vs_fp32": largest["fp32"] if kept else nan, "rms_vs_fp32": (squares["fp32"] / kept) ** 0.5 if kept else nan}
+    if name != "eager":
+        row.update(max_vs_eager=largest["eager"] if kept else nan,
+                   rms_vs_eager=(squares["eager"] / kept) ** 0.5 if kept else nan)
+    return row
+
+
+def main(argv=None) -> None:
+    gpu = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["qwen0.5b", "llama8b"] if gpu else ["tiny-qwen"],
+                        choices=sorted(SHAPES))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8] if gpu else [2])
+    parser.add_argument("--configs", nargs="+", choices=sorted(LABELS),
+                        default=["eager", PEER, "graphify_background", "graphify_unfolded"] if gpu else ["eager", "graphify"])
+    parser.add_argument("--prompts", type=int, default=4 if gpu else 2)
+    parser.add_argument("--steps", type=int, default=32 if gpu else 6)
+    parser.add_argument("--prompt-len", type=int, default=128 if gpu else 8)
+    worker_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.worker:
+        run_config(args.worker, args.models[0], args.batches, args.prompts, args.steps, args.prompt_len, Path(args.out))
+        return
+    if not gpu and PEER in args.configs:
+        parser.error("transformers' own compile makes no CUDA graphs without a GPU: leave hf_compile out on the CPU")
+    configs = ["eager"] + [c for c in args.configs if c != "eager"]  # eager first: the references
+    rows, failures = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in args.models:
+            done = set()
+            for name in configs:
+                print(f"{shape}: {name} ...", flush=True)
+                cmd = [sys.executable, "-m", "benchmarks.hf_accuracy", "--worker", name, "--models", shape,
+                       "--batches", *map(str, args.batches), "--prompts", str(args.prompts), "--steps", str(args.steps),
+                       "--prompt-len", str(args.prompt_len), "--out", tmp]
+                failed = run_process(cmd, f"{name} on {shape}", args.timeout)
+                if failed:
+                    failures.append(failed)
+                else:
+                    done.add(name)
+            if "eager" not in done:
+                continue
+            for batch in args.batches:
+                shape_rows = [compare(Path(tmp), shape, batch, name, args.prompts, args.steps, args.prompt_len)
+                              for name in configs if name in done]
+                peer = next((r for r in shape_rows if r["key"] == PEER), None)
+                for r in shape_rows:
+                    if peer is not None and peer["rms_vs_fp32"] > 0:
+                        r["rms_vs_peer"] = r["rms_vs_fp32"] / peer["rms_vs_fp32"]
+                rows += shape_rows
+    import transformers
+
+    dtype = "bf16" if gpu else "fp32, CPU simulation"
+    lines = [f"transformers {transformers.__version__}; {args.prompts} prompts of {args.prompt_len} tokens, "
+             f"{args.steps} greedy decode steps each, static cache, {dtype}; Δ over the steps whose tokens so far "
+             "equal eager's; fp32: the same weights in fp32 arithmetic over eager's tokens.", "", table(rows, COLUMNS)]
+    lines += [f"\nFailed: {f}" for f in failures]
+    publish("hf-accuracy" + (f"-{args.tag}" if args.tag else ""),
+            {"env": environment(), "rows": rows, "failures": failures, "prompts": args.prompts, "steps": args.steps},
+            "\n".join(lines))
+    for f in failures:
+        print(f, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
