@@ -74,8 +74,9 @@ class Branch:
 
 @attrs.define(eq=False)
 class CallStructure:
-    """One call structure with graphs: how calls bind, its branches (the most recently used
-    first), and what first use needs to decide about new objects and kin."""
+    """One call structure with graphs: how calls bind, its branches (the most recently opened
+    first: `default` is the newest, not the most used), and what first use needs to decide
+    about new objects and kin."""
 
     layout: Any
     branches: dict  # branch key -> Branch
