@@ -166,7 +166,7 @@ def main(argv=None) -> None:
              "equal eager's; fp32: the same weights in fp32 arithmetic over eager's tokens.", "", table(rows, COLUMNS)]
     lines += [f"\nFailed: {f}" for f in failures]
     publish("hf-accuracy" + (f"-{args.tag}" if args.tag else ""),
-            {"env": environment(), "rows": rows, "failures": failures, "prompts": args.prompts, "steps": args.steps},
+            {"env": {**environment(), "transformers": transformers.__version__}, "rows": rows, "failures": failures, "prompts": args.prompts, "steps": args.steps},
             "\n".join(lines))
     for f in failures:
         print(f, file=sys.stderr)

@@ -210,9 +210,9 @@ def main(argv=None) -> None:
         ref = peers.get((r["model"], r["batch"]))
         if ref is not None:
             r["vs_peer"] = r["period_us"] / ref["period_us"]
-    env = environment()
     import transformers
 
+    env = {**environment(), "transformers": transformers.__version__}
     lines = [f"transformers {transformers.__version__}; a {args.new_tokens}-token greedy generate(), static cache; "
              f"µs per decode step, medians (the median call of {args.reps})."
              + ("" if gpu else " CPU simulation: host columns only, not GPU timings."), "", table(rows, COLUMNS)]
