@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 from ._report import environment, publish, run_process, table, worker_arguments
-from .hf_generate import CONFIGS, PEER, SHAPES, background_failure_raises, build, fp32_logits, generate, one_line
+from .hf_generate import (CONFIGS, PEER, SHAPES, background_failure_raises, build, exact_logits, fp32_weights, generate,
+                          one_line)
 
 LABELS = {**CONFIGS, "graphify_unfolded": 'graphify(model.forward, options=Options(compile={"background": True, '
                                           '"fold_gqa": False}))'}
@@ -72,12 +73,15 @@ def run_config(name: str, shape: str, batches, count: int, steps: int, length: i
         if name.startswith("graphify") and device == "cuda" and hasattr(model.forward, "wait_compiles"):
             model.forward.wait_compiles()
             generate(model, name, ids[0], steps + 1)  # takes the compiled graphs in
-        for i, prompt in enumerate(ids):
-            res = generate(model, name, prompt, steps + 1, output_logits=True, return_dict_in_generate=True)
-            kept = {"seq": res.sequences.cpu(), "logits": torch.stack(res.logits[1:], 1).cpu()}  # decode steps
-            if name == "eager":
-                kept["exact"] = fp32_logits(model, res.sequences, length, steps)
-            torch.save(kept, out / f"{shape}-{batch}-{i}-{name}.pt")
+        results = [generate(model, name, prompt, steps + 1, output_logits=True, return_dict_in_generate=True)
+                   for prompt in ids]
+        kept = [{"seq": r.sequences.cpu(), "logits": torch.stack(r.logits[1:], 1).cpu()} for r in results]  # decode steps
+        if name == "eager":  # every prompt's under one conversion of the weights
+            with fp32_weights(model):
+                for k, r in zip(kept, results):
+                    k["exact"] = exact_logits(model, r.sequences, length, steps)
+        for i, k in enumerate(kept):
+            torch.save(k, out / f"{shape}-{batch}-{i}-{name}.pt")
 
 
 def agreeing_steps(seq: torch.Tensor, ref: torch.Tensor, length: int, steps: int) -> torch.Tensor:
@@ -93,26 +97,30 @@ def differences(logits: torch.Tensor, ref: torch.Tensor, keep: torch.Tensor) -> 
     return (d.abs().max().item(), d.pow(2).sum().item()) if d.numel() else (0.0, 0.0)
 
 
-def compare(files: Path, shape: str, batch: int, name: str, count: int, steps: int, length: int) -> dict:
-    """One configuration's row: its differences to eager and to the exact logits, all prompts."""
-    largest, squares = {"eager": 0.0, "fp32": 0.0}, {"eager": 0.0, "fp32": 0.0}
-    kept = total = 0
+def compare(files: Path, shape: str, batch: int, names: list, count: int, steps: int, length: int) -> list[dict]:
+    """Each configuration's row: its differences to eager and to the exact logits over all
+    prompts (eager's file read once a prompt)."""
+    largest = {(n, a): 0.0 for n in names for a in ("eager", "fp32")}
+    squares, kept, total = dict(largest), dict.fromkeys(names, 0), dict.fromkeys(names, 0)
     for i in range(count):
-        mine = torch.load(files / f"{shape}-{batch}-{i}-{name}.pt")
         eager = torch.load(files / f"{shape}-{batch}-{i}-eager.pt")
-        keep = agreeing_steps(mine["seq"], eager["seq"], length, steps)
-        vocab = mine["logits"].shape[-1]
-        kept, total = kept + int(keep.sum()) * vocab, total + keep.numel() * vocab
-        for ref, against in ((eager["logits"], "eager"), (eager["exact"], "fp32")):
-            mx, sq = differences(mine["logits"], ref, keep)
-            largest[against], squares[against] = max(largest[against], mx), squares[against] + sq
-    nan = float("nan")
-    row = {"model": shape, "batch": batch, "key": name, "config": LABELS[name], "compared": kept / total,
-           "max_vs_fp32": largest["fp32"] if kept else nan, "rms_vs_fp32": (squares["fp32"] / kept) ** 0.5 if kept else nan}
-    if name != "eager":
-        row.update(max_vs_eager=largest["eager"] if kept else nan,
-                   rms_vs_eager=(squares["eager"] / kept) ** 0.5 if kept else nan)
-    return row
+        for name in names:
+            mine = torch.load(files / f"{shape}-{batch}-{i}-{name}.pt")
+            keep = agreeing_steps(mine["seq"], eager["seq"], length, steps)
+            vocab = mine["logits"].shape[-1]
+            kept[name], total[name] = kept[name] + int(keep.sum()) * vocab, total[name] + keep.numel() * vocab
+            for ref, against in ((eager["logits"], "eager"), (eager["exact"], "fp32")):
+                mx, sq = differences(mine["logits"], ref, keep)
+                largest[name, against], squares[name, against] = max(largest[name, against], mx), squares[name, against] + sq
+    rows = []
+    for name in names:
+        row = {"model": shape, "batch": batch, "key": name, "config": LABELS[name], "compared": kept[name] / total[name]}
+        for against in ("fp32", "eager") if name != "eager" else ("fp32",):
+            n = kept[name]
+            row[f"max_vs_{against}"] = largest[name, against] if n else float("nan")
+            row[f"rms_vs_{against}"] = (squares[name, against] / n) ** 0.5 if n else float("nan")
+        rows.append(row)
+    return rows
 
 
 def main(argv=None) -> None:
@@ -151,8 +159,8 @@ def main(argv=None) -> None:
             if "eager" not in done:
                 continue
             for batch in args.batches:
-                shape_rows = [compare(Path(tmp), shape, batch, name, args.prompts, args.steps, args.prompt_len)
-                              for name in configs if name in done]
+                shape_rows = compare(Path(tmp), shape, batch, [n for n in configs if n in done], args.prompts, args.steps,
+                                     args.prompt_len)
                 peer = next((r for r in shape_rows if r["key"] == PEER), None)
                 for r in shape_rows:
                     if peer is not None and peer["rms_vs_fp32"] > 0:

@@ -38,6 +38,7 @@ GPU timings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -162,19 +163,24 @@ def chat_calls(vocab: int, gpu: bool) -> list[tuple[int, int, int]]:
     return [(rng.randint(1, 8), rng.randint(16, 256), rng.randint(16, 256)) for _ in range(CHAT_CALLS)]
 
 
-def fp32_logits(model, sequences: torch.Tensor, prompt_len: int, steps: int = LOGIT_STEPS) -> torch.Tensor:
-    """The decode steps' exact logits: the model's own weights in fp32 arithmetic, one forward
-    over eager's tokens (no cache). Two bf16 lines can differ from eager by their rounding
-    alone; against these logits the difference is each line's own error. The weights go back
-    to their dtype after (exact: they came from it)."""
+@contextlib.contextmanager
+def fp32_weights(model):
+    """The model's own weights in fp32 inside the block, back in their dtype after (exact:
+    they came from it): `exact_logits` runs there."""
     dtype = next(model.parameters()).dtype
     model.float()
     try:
-        with torch.no_grad():
-            logits = model(sequences).logits[:, prompt_len:prompt_len + steps]
-        return logits.float().cpu()
+        yield model
     finally:
         model.to(dtype)
+
+
+def exact_logits(model, sequences: torch.Tensor, prompt_len: int, steps: int = LOGIT_STEPS) -> torch.Tensor:
+    """The decode steps' logits from one forward over `sequences` (no cache); under
+    `fp32_weights`, the exact ones. Two bf16 lines can differ from eager by their rounding
+    alone; against these logits the difference is each line's own error."""
+    with torch.no_grad():
+        return model(sequences).logits[:, prompt_len:prompt_len + steps].float().cpu()
 
 
 def gpu_per_token(call, prefill, new: int) -> dict:
@@ -191,7 +197,6 @@ def gpu_per_token(call, prefill, new: int) -> dict:
 def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: int, ref_dir: str) -> list[dict]:
     """One configuration at every batch size, in this process."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    background_failure_raises()
     model = build(shape, device)
     one_line(name, model)
     rows = []
@@ -221,7 +226,8 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
         truth_path = Path(ref_dir) / f"{shape}-{batch}-fp32.pt"
         if name == "eager":
             torch.save(logits, ref_path)
-            torch.save(fp32_logits(model, out.sequences, ids.shape[1]), truth_path)
+            with fp32_weights(model):
+                torch.save(exact_logits(model, out.sequences, ids.shape[1]), truth_path)
         elif ref_path.exists():
             row["max_logit_diff"] = (logits - torch.load(ref_path)).abs().max().item()
         if truth_path.exists():  # eager's bf16 logits are themselves this far from the exact ones
@@ -265,6 +271,7 @@ def run_chat(name: str, shape: str) -> list[dict]:
 
 
 def worker(args) -> None:
+    background_failure_raises()
     if args.chat:
         rows = run_chat(args.worker, args.models[0])
     else:
