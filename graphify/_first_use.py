@@ -27,7 +27,9 @@ again. Nothing below calls back up here. The policy:
 - New objects of known shapes (a new StaticCache every `generate()`): an idle structure
   whose objects are gone (at most `MAX_IDLE`) is taken over by a new object of the same
   skeleton (`graphify._takeover`: one copy of the cache, no capture); a structure *kin* to
-  one captured before (a cache of another length) captures without warm-up.
+  one captured before (a cache of another length) captures without warm-up. Where the
+  caller keeps the old objects and `MAX_STRUCTURES` are taken, the kind's least recently
+  used structure makes room (`graphify._room`).
 Tables stay immutable values, swapped in under the runtime's lock. A capture costs the call
 that makes it about two eager runs; `capture(*example)` captures every size ahead of time.
 """
@@ -50,6 +52,7 @@ from ._keys import exact_keys
 from ._runtime import Miss
 from ._stats import Stats
 from ._reach import stateful_in
+from ._room import Room
 from ._structures import Pending, family_of, fits, likeness_of, static_objects
 from .capture import CallCapture, Prepared, prepare
 
@@ -80,6 +83,7 @@ class FirstUse:
         self.released = False
         self.warned: set[str] = set()  # the once-only warnings given
         self.failures = CaptureFailures(spec.options.first_use == "strict", self.warned)
+        self.room = Room()  # structures released to make room for new objects of their kind
         self.collected = False  # the GC runs before the first capture only
         # Options(compile="background"): the compiles a worker process makes for its captures
         self.jobs = CompileJobs.for_spec(spec)
@@ -187,16 +191,16 @@ class FirstUse:
             return self._eager(args, kwargs)  # a first sighting: its warm-up
         with self.lock:  # another thread may have made it meanwhile
             structure = fitting(self.structures, args, kwargs) or self._open_within_bounds(
-                prepared, family, kin, stateful, branch)
+                prepared, family, kin, stateful, branch, objects)
         if structure is None:
             return self._eager(args, kwargs)
         return self._first_call(structure, args, kwargs)
 
     def _open_within_bounds(self, prepared: Prepared, family: tuple, kin: "CallStructure | None", stateful: tuple,
-                            branch) -> "CallStructure | None":
+                            branch, objects: dict) -> "CallStructure | None":
         """A new structure for `prepared`'s call, its first branch `branch` (lock held), or
-        None where `MAX_STRUCTURES` are taken (logged once)."""
-        if len(self.structures) >= MAX_STRUCTURES:
+        None where `MAX_STRUCTURES` are taken and none makes room (logged once)."""
+        if len(self.structures) >= MAX_STRUCTURES and not self._make_room(family, kin, objects):
             self._warn_once(
                 "structures", "%s: %d call structures already have graphs; calls of other structures run eagerly "
                 "(capture() the one you need, or call with fewer distinct shapes and keywords)",
@@ -211,6 +215,18 @@ class FirstUse:
         self._add_branch(structure, branch, prepared)
         self.structures.insert(0, structure)
         return structure
+
+    def _make_room(self, family: tuple, kin: "CallStructure | None", objects: dict) -> bool:
+        """For a call of a kind that has graphs, over new static objects: release the kind's
+        least recently used structure (`graphify._room`; lock held); False where none goes."""
+        oldest = self.room.oldest_of(self.structures, family, objects) if kin is not None else None
+        if oldest is None:
+            return False
+        self.structures.remove(oldest)
+        oldest.release()
+        log.debug("%s: %d call structures have graphs; the least recently used of this kind made room",
+                  self.spec.label, MAX_STRUCTURES)
+        return True
 
     def _add_branch(self, structure: CallStructure, key, prepared: Prepared) -> Branch:
         """A new branch of `structure`, its capture open on `prepared`'s call, first in line."""

@@ -270,6 +270,48 @@ def test_kin_capture_without_warm_up_and_fall_back_to_the_whole_protocol(backend
         assert calls_by_mode(g)[Mode.FULL] == 3
 
 
+class Box:
+    """A static object (held weakly, as a transformers cache is)."""
+
+    def __init__(self, device):
+        self.factor = torch.randn(4, device=device)
+
+
+def test_objects_kept_past_the_bound_make_room_and_cycling_over_them_stops_that(backend, caplog):
+    """New objects of a kind with graphs, all kept alive (generate() outputs holding their
+    caches): past MAX_STRUCTURES the least recently used structure of the kind makes room,
+    so each new object is captured and replays. Calls that come back to objects whose graphs
+    went so would capture every time: after MAX_RETURNS of them the bound holds, the rest
+    run eagerly (logged once), and captures stop."""
+    from graphify._room import MAX_RETURNS
+
+    device, log = backend[1], []
+
+    def scale(x, box):
+        return x * box.factor
+
+    g = graphify(scale, options=Options(backend=backend[0]))
+    fu = FirstUse(g.spec, g.stats, open_capture=type("R", (RecordingCapture,), {"log": log}))
+    boxes = [Box(device) for _ in range(MAX_STRUCTURES + 2)]
+    with caplog.at_level(logging.WARNING, logger="graphify"):
+        for box in boxes:
+            for _ in range(2):
+                x = torch.randn(2, 4, device=device)
+                assert torch.equal(fu.run((x, box), {}), scale(x, box))
+        # the first object's first call its warm-up; every other call replayed
+        assert calls_by_mode(g)[Mode.NONE] == 1 and calls_by_mode(g)[Mode.FULL] == 2 * len(boxes) - 1
+        assert len(log) == len(boxes) and len(fu.structures) == MAX_STRUCTURES
+        captured = []
+        for _ in range(3):  # round and round over more objects than the bound
+            before = len(log)
+            for box in boxes:
+                x = torch.randn(2, 4, device=device)
+                assert torch.equal(fu.run((x, box), {}), scale(x, box))
+            captured.append(len(log) - before)
+    assert captured == [MAX_RETURNS, 0, 0] and len(fu.structures) == MAX_STRUCTURES
+    assert sum("call structures already have graphs" in r.message for r in caplog.records) == 1
+
+
 def test_a_runtime_hands_back_what_it_lacks_and_replays_once_it_is_installed(backend):
     g, w1, w2 = first_use(backend)
     spec = g.spec

@@ -252,6 +252,34 @@ def test_what_the_user_kept_of_a_cache_is_never_written_by_the_next_generate(bac
     assert since(model.forward, ran_before) == counted(none=1, full=9)
 
 
+def test_generate_outputs_kept_with_their_caches_keep_every_call_on_graphs(backend):
+    """return_dict_in_generate=True hands each call's cache back; a caller who keeps the
+    outputs keeps every cache alive, so no new one can take over an old one's memory. Past
+    MAX_STRUCTURES such calls, the least recently used cache's graphs make room: every decode
+    step of every call still replays (it ran eagerly from the ninth call on, which on a GPU
+    also gave eager's kernels instead of the compile line's), the number of structures stays
+    bounded, and every kept cache still holds what its own generate() left in it."""
+    from graphify._first_use import MAX_STRUCTURES
+
+    _, device = backend
+    model, ref = llama(device), llama(device)
+    model.forward = graphify(model.forward)
+    g, kept, snapshots = model.forward, [], []
+    for i in range(MAX_STRUCTURES + 3):
+        ids = prompt(1, 7, device, seed=10 + i)
+        want = generate(ref, ids, 10, cache_implementation="static", disable_compile=True)
+        before = modes(g)
+        out = generate(model, ids, 10, cache_implementation="static", return_dict_in_generate=True)
+        assert torch.equal(out.sequences, want), i
+        assert since(g, before) == (counted(none=2, full=8) if i == 0 else counted(none=1, full=9)), i
+        kept.append(out)
+        snapshots.append([t.clone() for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
+        assert len(g._first_use.structures) <= MAX_STRUCTURES
+    for out, snapshot in zip(kept, snapshots):
+        layers = out.past_key_values.layers
+        assert all(torch.equal(t, s) for t, s in zip((t for l in layers for t in (l.keys, l.values)), snapshot))
+
+
 def test_new_caches_of_other_lengths_are_captured_without_a_warm_up(backend):
     _, device = backend
     model = llama(device)

@@ -103,9 +103,13 @@ class CallCapture:
             return entry
         return attrs.evolve(entry, flat_outputs=tuple(held.get(id(t), t) for t in entry.flat_outputs))
 
+    def statics(self) -> tuple[WeakStatic, ...]:
+        """The static objects its graphs were captured over, as held (weakly)."""
+        return tuple(s.value for s in self.session.specs if isinstance(s.value, WeakStatic))
+
     def alive(self) -> bool:
         """Whether every weakly held static object still exists (a call can still match)."""
-        return all(s.value() is not None for s in self.session.specs if isinstance(s.value, WeakStatic))
+        return all(w() is not None for w in self.statics())
 
     def rebind(self, objects: dict) -> GraphTable:
         """Hold `objects` ({argument name: new object}) in place of the static objects the
