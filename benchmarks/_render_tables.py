@@ -200,8 +200,8 @@ BENCHES: tuple[Bench, ...] = (
         "hf-accuracy", "transformers `generate()`: logits against the exact ones", "python3 -m benchmarks.hf_accuracy",
         "Each line's decode logits over several seeded prompts and greedy steps, one configuration a "
         "process, its compiled graphs in, against eager's bf16 logits and against the exact ones (the "
-        "same weights in fp32 arithmetic over eager's tokens), over the steps whose tokens so far equal "
-        "eager's. Two bf16 lines differ from eager by their rounding alone; from the exact logits, by "
+        "same weights in fp32 arithmetic over eager's tokens), over the steps where every line's tokens so "
+        "far equal eager's (s49a: each line over its own such steps). Two bf16 lines differ from eager by their rounding alone; from the exact logits, by "
         "their own error. `graphify_unfolded` is the background line with the grouped-query fold off.",
         (
             Table("rows", "Logit differences", HF_KEY, (

@@ -8,15 +8,16 @@ the exact logits. Here every configuration runs `--prompts` seeded prompts throu
 greedy `generate()` of `--steps` decode steps, in a process of its own, its compiled
 graphs in place; eager's process also runs the same bf16 weights in fp32 arithmetic over
 eager's tokens (the exact logits). Per configuration and batch: the largest and the root
-mean square difference to eager and to the exact logits, over the steps whose tokens so far
-equal eager's (a near tie that flips a token changes every later context, so later steps
-are not compared).
+mean square difference to eager and to the exact logits, over the steps where every
+configuration's tokens so far equal eager's (a near tie that flips a token changes every
+later context, so later steps are not compared; every line over the same steps).
 
     eager, hf_compile, graphify_background: as in `benchmarks.hf_generate`
     graphify_unfolded   graphify_background with `"fold_gqa": False` (the model's attention
                         as written: the fold's own effect)
 
     python -m benchmarks.hf_accuracy [--models qwen0.5b llama8b] [--batches 1 8] [--prompts 4] [--steps 32]
+                                     [--files DIR]  (a folder kept between runs: a cut run goes on)
 
 On a machine without a GPU: a tiny config, fp32, the simulation backend (eager and the one
 line), labelled as such.
@@ -99,28 +100,61 @@ def differences(logits: torch.Tensor, ref: torch.Tensor, keep: torch.Tensor) -> 
 
 def compare(files: Path, shape: str, batch: int, names: list, count: int, steps: int, length: int) -> list[dict]:
     """Each configuration's row: its differences to eager and to the exact logits over all
-    prompts (eager's file read once a prompt)."""
+    prompts, over the same steps for every configuration (those where every line's tokens so
+    far equal eager's: a line that diverged early is not measured on fewer, easier steps)."""
     largest = {(n, a): 0.0 for n in names for a in ("eager", "fp32")}
-    squares, kept, total = dict(largest), dict.fromkeys(names, 0), dict.fromkeys(names, 0)
+    squares, kept, total = dict(largest), 0, 0
     for i in range(count):
         eager = torch.load(files / f"{shape}-{batch}-{i}-eager.pt")
-        for name in names:
-            mine = torch.load(files / f"{shape}-{batch}-{i}-{name}.pt")
-            keep = agreeing_steps(mine["seq"], eager["seq"], length, steps)
-            vocab = mine["logits"].shape[-1]
-            kept[name], total[name] = kept[name] + int(keep.sum()) * vocab, total[name] + keep.numel() * vocab
+        lines = {name: torch.load(files / f"{shape}-{batch}-{i}-{name}.pt") for name in names}
+        keep = torch.stack([agreeing_steps(mine["seq"], eager["seq"], length, steps) for mine in lines.values()]).all(0)
+        kept, total = kept + int(keep.sum()), total + keep.numel()
+        for name, mine in lines.items():
             for ref, against in ((eager["logits"], "eager"), (eager["exact"], "fp32")):
                 mx, sq = differences(mine["logits"], ref, keep)
                 largest[name, against], squares[name, against] = max(largest[name, against], mx), squares[name, against] + sq
+    vocab = eager["logits"].shape[-1]
     rows = []
     for name in names:
-        row = {"model": shape, "batch": batch, "key": name, "config": LABELS[name], "compared": kept[name] / total[name]}
+        row = {"model": shape, "batch": batch, "key": name, "config": LABELS[name], "compared": kept / total}
         for against in ("fp32", "eager") if name != "eager" else ("fp32",):
-            n = kept[name]
-            row[f"max_vs_{against}"] = largest[name, against] if n else float("nan")
-            row[f"rms_vs_{against}"] = (squares[name, against] / n) ** 0.5 if n else float("nan")
+            row[f"max_vs_{against}"] = largest[name, against] if kept else float("nan")
+            row[f"rms_vs_{against}"] = (squares[name, against] / (kept * vocab)) ** 0.5 if kept else float("nan")
         rows.append(row)
     return rows
+
+
+def written(files: Path, shape: str, batches, name: str, count: int) -> bool:
+    """Whether `name`'s outputs for every batch and prompt are already in `files`."""
+    return all((files / f"{shape}-{b}-{i}-{name}.pt").exists() for b in batches for i in range(count))
+
+
+def report(files: Path, args, done: dict, failures: list) -> None:
+    """The table over the configurations done so far (published after each one, so a run cut
+    by its limit still reports what it measured)."""
+    import transformers
+
+    rows = []
+    for shape in args.models:
+        names = done.get(shape, [])
+        if "eager" not in names:
+            continue
+        for batch in args.batches:
+            shape_rows = compare(files, shape, batch, names, args.prompts, args.steps, args.prompt_len)
+            peer = next((r for r in shape_rows if r["key"] == PEER), None)
+            for r in shape_rows:
+                if peer is not None and peer["rms_vs_fp32"] > 0:
+                    r["rms_vs_peer"] = r["rms_vs_fp32"] / peer["rms_vs_fp32"]
+            rows += shape_rows
+    dtype = "bf16" if torch.cuda.is_available() else "fp32, CPU simulation"
+    lines = [f"transformers {transformers.__version__}; {args.prompts} prompts of {args.prompt_len} tokens, "
+             f"{args.steps} greedy decode steps each, static cache, {dtype}; Δ over the steps where every line's "
+             "tokens so far equal eager's; fp32: the same weights in fp32 arithmetic over eager's tokens.", "", table(rows, COLUMNS)]
+    lines += [f"\nFailed: {f}" for f in failures]
+    publish("hf-accuracy" + (f"-{args.tag}" if args.tag else ""),
+            {"env": {**environment(), "transformers": transformers.__version__}, "rows": rows, "failures": failures,
+             "prompts": args.prompts, "steps": args.steps},
+            "\n".join(lines))
 
 
 def main(argv=None) -> None:
@@ -134,6 +168,8 @@ def main(argv=None) -> None:
     parser.add_argument("--prompts", type=int, default=4 if gpu else 2)
     parser.add_argument("--steps", type=int, default=32 if gpu else 6)
     parser.add_argument("--prompt-len", type=int, default=128 if gpu else 8)
+    parser.add_argument("--files", help="keep each configuration's logits in this folder (default: a temporary one); "
+                                        "what is already there is not run again, so a cut run goes on where it stopped")
     worker_arguments(parser)
     args = parser.parse_args(argv)
     if args.worker:
@@ -142,40 +178,24 @@ def main(argv=None) -> None:
     if not gpu and PEER in args.configs:
         parser.error("transformers' own compile makes no CUDA graphs without a GPU: leave hf_compile out on the CPU")
     configs = ["eager"] + [c for c in args.configs if c != "eager"]  # eager first: the references
-    rows, failures = [], []
+    done, failures = {}, []
     with tempfile.TemporaryDirectory() as tmp:
+        files = Path(args.files or tmp)
+        files.mkdir(parents=True, exist_ok=True)
         for shape in args.models:
-            done = set()
             for name in configs:
-                print(f"{shape}: {name} ...", flush=True)
-                cmd = [sys.executable, "-m", "benchmarks.hf_accuracy", "--worker", name, "--models", shape,
-                       "--batches", *map(str, args.batches), "--prompts", str(args.prompts), "--steps", str(args.steps),
-                       "--prompt-len", str(args.prompt_len), "--out", tmp]
-                failed = run_process(cmd, f"{name} on {shape}", args.timeout)
-                if failed:
-                    failures.append(failed)
-                else:
-                    done.add(name)
-            if "eager" not in done:
-                continue
-            for batch in args.batches:
-                shape_rows = compare(Path(tmp), shape, batch, [n for n in configs if n in done], args.prompts, args.steps,
-                                     args.prompt_len)
-                peer = next((r for r in shape_rows if r["key"] == PEER), None)
-                for r in shape_rows:
-                    if peer is not None and peer["rms_vs_fp32"] > 0:
-                        r["rms_vs_peer"] = r["rms_vs_fp32"] / peer["rms_vs_fp32"]
-                rows += shape_rows
-    import transformers
-
-    dtype = "bf16" if gpu else "fp32, CPU simulation"
-    lines = [f"transformers {transformers.__version__}; {args.prompts} prompts of {args.prompt_len} tokens, "
-             f"{args.steps} greedy decode steps each, static cache, {dtype}; Δ over the steps whose tokens so far "
-             "equal eager's; fp32: the same weights in fp32 arithmetic over eager's tokens.", "", table(rows, COLUMNS)]
-    lines += [f"\nFailed: {f}" for f in failures]
-    publish("hf-accuracy" + (f"-{args.tag}" if args.tag else ""),
-            {"env": {**environment(), "transformers": transformers.__version__}, "rows": rows, "failures": failures, "prompts": args.prompts, "steps": args.steps},
-            "\n".join(lines))
+                failed = None
+                if not written(files, shape, args.batches, name, args.prompts):
+                    print(f"{shape}: {name} ...", flush=True)
+                    cmd = [sys.executable, "-m", "benchmarks.hf_accuracy", "--worker", name, "--models", shape,
+                           "--batches", *map(str, args.batches), "--prompts", str(args.prompts),
+                           "--steps", str(args.steps), "--prompt-len", str(args.prompt_len), "--out", str(files)]
+                    failed = run_process(cmd, f"{name} on {shape}", args.timeout)
+                    if failed:
+                        failures.append(failed)
+                if not failed:
+                    done.setdefault(shape, []).append(name)
+                report(files, args, done, failures)
     for f in failures:
         print(f, file=sys.stderr)
 

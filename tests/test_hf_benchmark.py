@@ -112,8 +112,15 @@ def test_hf_accuracy_compares_every_line_with_eager_and_the_exact_logits(tmp_pat
     if not gpu:  # the peer makes no graphs here: refused, not measured as something it is not
         with pytest.raises(SystemExit):
             hf_accuracy.main(argv + ["--configs", "eager", "hf_compile"])
-    hf_accuracy.main(argv + ["--configs", *configs])
+    files = ["--files", str(tmp_path / "logits")]
+    hf_accuracy.main(argv + files + ["--configs", *configs[:1]])  # a run cut after eager ...
     (written,) = tmp_path.glob("hf-accuracy-*.json")
+    assert [r["key"] for r in json.loads(written.read_text())["rows"]] == ["eager"]  # ... reported what it had
+    ran, run_process = [], hf_accuracy.run_process
+    monkeypatch.setattr(hf_accuracy, "run_process", lambda cmd, *a: ran.append(cmd[cmd.index("--worker") + 1])
+                        or run_process(cmd, *a))
+    hf_accuracy.main(argv + files + ["--configs", *configs])
+    assert ran == configs[1:]  # ... and goes on where it stopped: eager's logits are kept, not made again
     result = json.loads(written.read_text())
     assert not result["failures"]
     rows = {r["key"]: r for r in result["rows"]}
@@ -140,3 +147,25 @@ def test_steps_are_compared_only_while_the_tokens_so_far_agree(same, length):
             seq[0, length + j] = ref[0, length + j] + 1
     expected = [all(same[:j + 1]) for j in range(steps)]
     assert agreeing_steps(seq, ref, length, steps)[0].tolist() == expected
+
+
+def test_every_line_is_compared_over_the_same_steps(tmp_path):
+    """A line whose tokens leave eager's early is not measured on fewer steps than another:
+    every row covers the steps where all lines still agree with eager."""
+    from benchmarks.hf_accuracy import compare
+
+    length, steps, vocab = 3, 4, 5
+    seq = torch.randint(0, vocab, (1, length + steps + 1))
+    logits = torch.randn(1, steps, vocab)
+    torch.save({"seq": seq, "logits": logits, "exact": logits + 0.01}, tmp_path / "m-1-0-eager.pt")
+    early, late = seq.clone(), seq.clone()
+    early[0, length + 2] += 1  # decode step 3 (0-based 2) reads it: from there on its context differs
+    late[0, length + 3] += 1  # from decode step 4 on
+    offsets = torch.tensor([1.0, 2.0, 4.0, 8.0]).view(1, steps, 1)
+    torch.save({"seq": early, "logits": logits + offsets}, tmp_path / "m-1-0-graphify.pt")
+    torch.save({"seq": late, "logits": logits + offsets / 2}, tmp_path / "m-1-0-hf_compile.pt")
+    rows = {r["key"]: r for r in compare(tmp_path, "m", 1, ["eager", "graphify", "hf_compile"], 1, steps, length)}
+    assert all(r["compared"] == 2 / steps for r in rows.values())  # decode steps 1 and 2 only, for every line
+    assert rows["graphify"]["max_vs_eager"] == pytest.approx(2.0) and rows["hf_compile"]["max_vs_eager"] == pytest.approx(1.0)
+    assert rows["graphify"]["rms_vs_eager"] == pytest.approx((2.5) ** 0.5)
+    assert rows["eager"]["max_vs_fp32"] == pytest.approx(0.01)
