@@ -62,6 +62,11 @@ def prompts(model, batch: int, count: int, length: int) -> list[torch.Tensor]:
             for i in range(count)]
 
 
+def logits_file(files: Path, shape: str, batch: int, prompt: int, name: str) -> Path:
+    """Where configuration `name` keeps one prompt's tokens and logits."""
+    return files / f"{shape}-{batch}-{prompt}-{name}.pt"
+
+
 def run_config(name: str, shape: str, batches, count: int, steps: int, length: int, out: Path) -> None:
     """One configuration's tokens and decode logits (and, for eager, the exact logits) to `out`."""
     background_failure_raises()
@@ -82,7 +87,7 @@ def run_config(name: str, shape: str, batches, count: int, steps: int, length: i
                 for k, r in zip(kept, results):
                     k["exact"] = exact_logits(model, r.sequences, length, steps)
         for i, k in enumerate(kept):
-            torch.save(k, out / f"{shape}-{batch}-{i}-{name}.pt")
+            torch.save(k, logits_file(out, shape, batch, i, name))
 
 
 def agreeing_steps(seq: torch.Tensor, ref: torch.Tensor, length: int, steps: int) -> torch.Tensor:
@@ -99,14 +104,15 @@ def differences(logits: torch.Tensor, ref: torch.Tensor, keep: torch.Tensor) -> 
 
 
 def compare(files: Path, shape: str, batch: int, names: list, count: int, steps: int, length: int) -> list[dict]:
-    """Each configuration's row: its differences to eager and to the exact logits over all
-    prompts, over the same steps for every configuration (those where every line's tokens so
-    far equal eager's: a line that diverged early is not measured on fewer, easier steps)."""
+    """Each configuration's row (`names` holds eager): its differences to eager and to the
+    exact logits over all prompts, over the same steps for every configuration (those where
+    every line's tokens so far equal eager's: a line that diverged early is not measured on
+    fewer, easier steps). Each file is read once."""
     largest = {(n, a): 0.0 for n in names for a in ("eager", "fp32")}
     squares, kept, total = dict(largest), 0, 0
     for i in range(count):
-        eager = torch.load(files / f"{shape}-{batch}-{i}-eager.pt")
-        lines = {name: torch.load(files / f"{shape}-{batch}-{i}-{name}.pt") for name in names}
+        lines = {name: torch.load(logits_file(files, shape, batch, i, name)) for name in names}
+        eager = lines["eager"]
         keep = torch.stack([agreeing_steps(mine["seq"], eager["seq"], length, steps) for mine in lines.values()]).all(0)
         kept, total = kept + int(keep.sum()), total + keep.numel()
         for name, mine in lines.items():
@@ -126,7 +132,7 @@ def compare(files: Path, shape: str, batch: int, names: list, count: int, steps:
 
 def written(files: Path, shape: str, batches, name: str, count: int) -> bool:
     """Whether `name`'s outputs for every batch and prompt are already in `files`."""
-    return all((files / f"{shape}-{b}-{i}-{name}.pt").exists() for b in batches for i in range(count))
+    return all(logits_file(files, shape, b, i, name).exists() for b in batches for i in range(count))
 
 
 def report(files: Path, args, done: dict, failures: list) -> None:
