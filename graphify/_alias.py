@@ -2,13 +2,18 @@
 
 Used for weak outputs (a later capture may reuse the memory; the alias does not keep it
 alive) and for checked views (poisoning the alias's storage leaves the graph's own alone).
+`held_alias` is the simulation's: a view that keeps the memory a simulated graph reads, as
+the device keeps a graph's addresses, counted (`held_count`) so that takeover's check that
+nothing else shares a tensor's memory can leave them out.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-__all__ = ["alias", "alias_maker", "metadata"]
+__all__ = ["alias", "alias_maker", "metadata", "held_alias", "held_count"]
 
 _FROM_METADATA = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
 
@@ -40,3 +45,28 @@ def alias_maker(t: torch.Tensor):
     from_ptr, from_meta = torch._C._construct_storage_from_data_pointer, _FROM_METADATA
     ptr, device, nbytes = meta["data_ptr"], meta["device"], meta["nbytes"]
     return lambda: from_meta(meta, from_ptr(ptr, device, nbytes))
+
+
+_held: dict[int, int] = {}  # storage address -> views the simulation holds of it
+
+
+def held_alias(t: torch.Tensor) -> torch.Tensor:
+    """A view of `t`'s memory as it is now (the same storage, whatever later becomes of `t`)."""
+    view = t.detach()
+    ptr = t.untyped_storage().data_ptr()
+    _held[ptr] = _held.get(ptr, 0) + 1
+    weakref.finalize(view, _release, ptr)
+    return view
+
+
+def _release(ptr: int) -> None:
+    left = _held.get(ptr, 0) - 1
+    if left > 0:
+        _held[ptr] = left
+    else:
+        _held.pop(ptr, None)
+
+
+def held_count(storage_ptr: int) -> int:
+    """How many `held_alias` views of the storage at this address exist."""
+    return _held.get(storage_ptr, 0)

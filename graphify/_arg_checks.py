@@ -46,7 +46,8 @@ class ArgChecks:
             (s.index, s.dtype, _device_index(s.device), torch.Size(s.shape)) for s in specs if s.axis.kind is Kind.FIXED
         )
         self.persistent_checks = tuple(
-            (s.index, s.data_ptr, torch.Size(s.shape)) for s in specs if s.axis.kind is Kind.PERSISTENT
+            (s.index, s.data_ptr, torch.Size(s.shape), s.stride or None, s.dtype)
+            for s in specs if s.axis.kind is Kind.PERSISTENT
         )
         self.static_checks = _static_checks(specs)
 
@@ -97,9 +98,10 @@ class ArgChecks:
             a = args[i]
             if not isinstance(a, torch.Tensor) or a.dtype is not dtype or a.get_device() != device or a.shape != shape:
                 self._fail(i, a)
-        for i, ptr, shape in self.persistent_checks:
+        for i, ptr, shape, stride, dtype in self.persistent_checks:
             a = args[i]
-            if not isinstance(a, torch.Tensor) or a.data_ptr() != ptr or a.shape != shape:
+            if not isinstance(a, torch.Tensor) or a.data_ptr() != ptr or a.shape != shape or a.dtype is not dtype \
+                    or (stride is not None and a.stride() != stride):
                 self._fail(i, a)
         for i, value, equal in self.static_checks:
             a = args[i]

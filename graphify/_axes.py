@@ -109,6 +109,7 @@ class ArgSpec:
     shape: tuple[int, ...] = ()
     data_ptr: int = 0
     value: Any = None
+    stride: tuple[int, ...] = ()  # persistent tensors: the layout the graphs read them in
 
     @property
     def trailing(self) -> tuple[int, ...]:
@@ -176,7 +177,8 @@ def specs_for(label: str, names: Sequence[str], layout: Sequence[Axis], args: Se
         if axis.kind.padded and arg.dim() == 0:
             raise InputMismatchError(f"{label}: argument {name!r} has axis {axis} but is a 0-d tensor")
         specs.append(
-            ArgSpec(i, name, axis, arg.dtype, arg.device, tuple(arg.shape), arg.data_ptr() if axis.kind is Kind.PERSISTENT else 0)
+            ArgSpec(i, name, axis, arg.dtype, arg.device, tuple(arg.shape), arg.data_ptr() if axis.kind is Kind.PERSISTENT else 0,
+                    stride=tuple(arg.stride()) if axis.kind is Kind.PERSISTENT and arg.layout is torch.strided else ())
         )
     return tuple(specs)
 
@@ -283,5 +285,11 @@ def mismatch(label: str, spec: ArgSpec, arg: Any) -> Exception | None:
             f"{label}: persistent argument {spec.name!r} is a different tensor from the one captured "
             f"(data_ptr {arg.data_ptr():#x}, captured {spec.data_ptr:#x}); the graphs read the captured "
             "storage: update that tensor in place (copy_) or capture again"
+        )
+    if kind is Kind.PERSISTENT and spec.stride and tuple(arg.stride()) != spec.stride:
+        return PersistentSwapError(
+            f"{label}: persistent argument {spec.name!r} has strides {tuple(arg.stride())} at the captured address, "
+            f"captured with {spec.stride} (a transposed or restrided view of the same memory); the graphs read it "
+            "in the captured layout: pass it as captured (.contiguous() makes a copy) or capture again"
         )
     return None

@@ -1,86 +1,77 @@
-"""What a graph reads without copying it in, recorded at capture and checked on every call.
+"""What a graph reads without copying it in, recorded at capture and checked before replays.
 
-A graph reads memory by address. Batch-axis arguments are copied into static buffers and
-persistent tensors are checked by address, but a static object (a transformers cache, a
-config) and the function's closure reach tensors and plain values no argument names:
-`past_key_values.layers[3].keys`, a closure's weight, a closure's scale factor. If one of
-them is replaced after capture, a graph goes on reading the old memory (or the old number
-baked into a kernel's arguments): a wrong answer with no error.
+A graph reads memory by address and bakes in what Python decided at capture: which kernels
+run, with which numbers. Batch-axis arguments are copied into static buffers and persistent
+tensors are checked by address, but everything else a call reads is reached from the
+function and its static arguments: a transformers cache's tensors, a closure's weight or
+scale factor, a model reached through a global or a list, its parameters per slot, its
+`training` flag and float attributes, its hooks and the global ones, the globals of every
+function and method the call runs, the classes whose methods run. If any of it changes
+after capture, a replay would be wrong with no error.
 
-`Reach.walk(roots)` walks those objects (attributes, slots, list and dict items, closure
-cells, a function's globals; nn.Modules are left to `graphify._params.ModuleWatch`) and
-keeps every edge it took: identity for objects and tensors, equality for plain values,
-lengths for lists and dicts, and each tensor's address and shape. `changed()` compares them
-all in a few C-level passes, so it can run before every replay; `describe()` names the
-first path that differs, for errors; `first_change()` says what a run changed.
+`Reach.walk(roots)` walks those objects and keeps every edge it took: identity for objects
+and tensors, equality for plain values, lengths for lists and dicts, and each tensor's
+address and shape. Two depths:
+
+- *shallow* (static arguments, such as a cache, which change Python state as they are
+  used): attributes, slots, list and dict items; modules, functions and classes met are
+  handed off (`handoff`) to the deep walk;
+- *deep* (`deep=True`: the function, its modules, everything it reaches): also each
+  function's closure cells, the globals and module attributes its bytecode names (and the
+  functions those are, recursively, torch's own read by identity), its defaults; each
+  object's class dicts along the MRO (a monkeypatched method), the methods walked code
+  names; and modules like any other object, through their `__dict__` (parameters, buffers,
+  submodules, hooks, `training`, plain attributes).
+
+`changed()` compares every edge (a few C-level passes), `describe()` names the first path
+that differs, `first_change()` says what a run changed. `graphify._watch` turns a deep walk
+into a per-call check of a microsecond or two. A walk that meets more than it may record
+(`MAX_ITEMS` in one container, `MAX_EDGES` in all, `MAX_DEPTH` levels) sets `truncated`:
+graphs over it do not replay, since a change past the limit would go unseen.
 
 Putting back what a capture's runs changed is `graphify._snapshot`; a new object of the
-same shapes taking over a graph's memory is `graphify._takeover`; what a function reads
-beyond its arguments is `graphify._roots`.
+same shapes taking over a graph's memory is `graphify._takeover`; the facts about code the
+deep walk uses are `graphify._roots`.
 """
 
 from __future__ import annotations
 
-import types
-import weakref
 from collections.abc import Iterator
 from operator import attrgetter, getitem, is_
 from typing import Any
 
 import torch
 
-from ._axes import by_value
-from ._roots import GlobalSlot, function_roots
-from ._state_types import adapters_for, any_registered, state_type_of
+from ._state_types import adapters_for, any_registered
+from ._walk import PLAIN_CONTAINERS, Walk, stored_item, stored_items
 
-__all__ = ["Reach", "Edges", "has_address", "read_edge", "stateful_in"]
-
-MAX_DEPTH = 8
-MAX_ITEMS = 4096  # per list or dict
-MAX_EDGES = 100_000
+__all__ = ["Reach", "Edges", "has_address", "read_edge", "stateful_in", "stored_items"]
 
 _data_ptr = torch.Tensor.data_ptr
 _shape = attrgetter("shape")
-_OPAQUE = (
-    torch.nn.Module, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-    weakref.ReferenceType, torch.Generator, torch.dtype, torch.device,
-)
-
-
-def _immutable_plain(value: Any) -> bool:
-    """A value compared by equality that cannot change in place (numbers, strings, dtypes,
-    enums, tuples of them); lists and dicts are walked as containers instead."""
-    return not isinstance(value, (list, dict)) and by_value(value)
-
-
-def _slots(cls: type) -> tuple[str, ...]:
-    names = []
-    for klass in cls.__mro__:
-        for name in getattr(klass, "__slots__", ()):
-            if isinstance(name, str) and name not in ("__dict__", "__weakref__"):
-                names.append(name)
-    return tuple(names)
-
 
 class Edges:
     """Parallel lists of one kind of edge: holder, key, expected value, path. `attr`: the
     edges are attributes (read with getattr), else items (getitem)."""
 
-    __slots__ = ("holders", "keys", "values", "paths", "attr")
+    __slots__ = ("holders", "keys", "values", "paths", "attr", "raw")
 
     def __init__(self, attr: bool):
         self.holders, self.keys, self.values, self.paths = [], [], [], []
         self.attr = attr
+        self.raw = False  # some holder's class reads items its own way: read them as stored
 
     def add(self, holder, key, value, path) -> None:
         self.holders.append(holder)
         self.keys.append(key)
         self.values.append(value)
         self.paths.append(path)
+        if not self.attr and type(holder) not in PLAIN_CONTAINERS:
+            self.raw = True
 
     def now(self) -> list:
         """What each edge reads now (raises if one is gone)."""
-        return list(map(getattr if self.attr else getitem, self.holders, self.keys))
+        return list(map(getattr if self.attr else (stored_item if self.raw else getitem), self.holders, self.keys))
 
     def __iter__(self) -> Iterator[tuple]:
         return zip(self.holders, self.keys, self.values, self.paths)
@@ -100,101 +91,40 @@ class Reach:
         self.lengths = lengths  # whether containers must keep their length
         # plain values are side effects (`Options(side_effects="at_capture")`): calls need not see them as recorded
         self.plains_are_effects = plains_are_effects
-        self.truncated = False  # the walk stopped at MAX_EDGES
+        self.truncated: str | None = None  # what the walk could not record (a limit it met), if anything
         # (object, its `graphify._state_types.StateType`, path): Python state graphs follow by branch,
         # the attributes it owns left out of the edges
         self.stateful: list = []
+        self.handoff: list = []  # (path, object): modules, functions and classes a shallow walk left to a deep one
+        self.functions: list = []  # (function, path) whose code, defaults and closure a deep walk read
+        self.classes: dict = {}  # id(class dict) -> class, for the class dicts a deep walk read
         self.tensors: tuple = ()  # every tensor, in `tensor_edges()` order
-        self._addressed: tuple = ()  # those with an address that means something
-        self._ptrs: tuple = ()
-        self._shapes: list = []
+        # (tensors with an address that means something, their addresses, every tensor's shape)
+        self._where: tuple = ((), (), [])
+        self.roots: dict = {}  # what a deep walk started from (`graphify.capture.function_reads`)
+        self.ran: dict = {}  # code -> globals of the code seen running (deep walks)
 
     # -- recording ------------------------------------------------------------------------
     @classmethod
-    def walk(cls, roots: dict[str, Any], *, lengths: bool = True, plains_are_effects: bool = False) -> "Reach":
+    def walk(cls, roots: dict[str, Any], *, lengths: bool = True, plains_are_effects: bool = False,
+             deep: bool = False, skip: tuple = (), ran=None) -> "Reach":
         """Walk `roots` ({name: object}); objects compared by value are not roots.
-        `lengths`: check that lists and dicts keep their length (a cache's layers); off for
-        a function's closure, where a list that grows is a log, not something graphs read
-        (the items recorded are still checked). `plains_are_effects`: `changed()` ignores
-        plain values (counters a function keeps as side effects); `first_change()` does not."""
+        `lengths`: check that lists and dicts keep their length. `plains_are_effects`:
+        `changed()` ignores plain values (counters a function keeps as side effects);
+        `first_change()` does not. `deep`: see the module doc. `skip`: objects another walk
+        covers (a deep walk leaves the static arguments to their own), read by identity.
+        `ran` (deep): the code the call was seen running (`graphify._ran.CodeRan`): the
+        functions met whose code ran, and the root functions, are walked, and every global
+        the code that ran looks up is an edge."""
         reach = cls(lengths, plains_are_effects)
-        seen: set[int] = set()
-        for name, obj in roots.items():
-            reach._visit(obj, name, 0, seen)
+        Walk(reach, deep, ran, skip).run(roots)
         reach.tensors = tuple(t for edges in reach.tensor_items for t in edges.values)
         # addresses of strided tensors with storage (sparse tensors and DTensors have none: their
         # identity and shape are checked)
-        reach._addressed = tuple(t for t in reach.tensors if has_address(t))
-        reach._ptrs = tuple(map(_data_ptr, reach._addressed))
+        addressed = tuple(t for t in reach.tensors if has_address(t))
         shapes: dict = {}  # one object per distinct shape: fewer objects for the per-call check to read
-        reach._shapes = [shapes.setdefault(s, s) for s in map(_shape, reach.tensors)]
+        reach._where = (addressed, tuple(map(_data_ptr, addressed)), [shapes.setdefault(s, s) for s in map(_shape, reach.tensors)])
         return reach
-
-    def _visit(self, obj: Any, path: str, level: int, seen: set[int]) -> None:
-        if id(obj) in seen or level > MAX_DEPTH or isinstance(obj, _OPAQUE) or isinstance(obj, torch.Tensor):
-            return
-        seen.add(id(obj))
-        if isinstance(obj, GlobalSlot):  # one name of a module's globals, not the whole dict
-            if obj.name in obj.globals:
-                self._edge(obj.globals, obj.name, obj.globals[obj.name], path, level, seen, attr=False)
-            return
-        if isinstance(obj, (list, tuple)):
-            if isinstance(obj, list):
-                self._container(obj, path)
-            for i, x in enumerate(obj[:MAX_ITEMS]):
-                self._edge(obj, i, x, f"{path}[{i}]", level, seen, attr=False)
-            return
-        if isinstance(obj, dict):
-            self._container(obj, path)
-            for k, x in list(obj.items())[:MAX_ITEMS]:
-                self._edge(obj, k, x, f"{path}[{k!r}]", level, seen, attr=False)
-            return
-        if isinstance(obj, types.CellType):
-            try:
-                x = obj.cell_contents
-            except ValueError:  # an empty cell
-                return
-            self._edge(obj, "cell_contents", x, path, level, seen, attr=True)
-            return
-        state_type = state_type_of(obj)
-        owned = ()
-        if state_type is not None:
-            self.stateful.append((obj, state_type, path))
-            owned = state_type.owns
-        d = getattr(obj, "__dict__", None)
-        if isinstance(d, dict):
-            self._container(d, path + ".__dict__")
-            for k, x in list(d.items())[:MAX_ITEMS]:
-                if not (isinstance(k, str) and k.startswith("__")) and k not in owned:
-                    self._edge(d, k, x, f"{path}.{k}", level, seen, attr=False)
-        for name in _slots(type(obj)):
-            if name in owned:
-                continue
-            try:
-                x = getattr(obj, name)
-            except AttributeError:
-                continue
-            self._edge(obj, name, x, f"{path}.{name}", level, seen, attr=True)
-
-    def _container(self, container, path: str) -> None:
-        if self.lengths:
-            self.sized.add(container, None, len(container), path)
-
-    def _edge(self, holder, key, value, path: str, level: int, seen: set[int], *, attr: bool) -> None:
-        if self.edges() >= MAX_EDGES:
-            self.truncated = True
-            return
-        if isinstance(value, torch.Tensor):
-            self.tensor_items[attr].add(holder, key, value, path)
-        elif _immutable_plain(value):
-            self.plains[attr].add(holder, key, value, path)
-        else:
-            self.objects[attr].add(holder, key, value, path)
-            if isinstance(value, types.FunctionType):
-                for root, x in function_roots(value, path).items():
-                    self._visit(x, root, level + 1, seen)
-            else:
-                self._visit(value, path, level + 1, seen)
 
     def edges(self) -> int:
         return sum(len(e) for group in (self.objects, self.plains, self.tensor_items) for e in group)
@@ -240,7 +170,8 @@ class Reach:
             return True
         if list(map(len, self.sized.holders)) != self.sized.values:
             return True
-        return tuple(map(_data_ptr, self._addressed)) != self._ptrs or list(map(_shape, self.tensors)) != self._shapes
+        addressed, ptrs, shapes = self._where
+        return tuple(map(_data_ptr, addressed)) != ptrs or list(map(_shape, self.tensors)) != shapes
 
     def describe(self) -> str | None:
         """The first path that differs from the record, as 'path: what changed'; None if none."""
@@ -255,13 +186,24 @@ class Reach:
                     return f"{path}: {_show(value)} -> {_show(now)}"
         for container, _, n, path in self.sized:
             if len(container) != n:
-                return f"{path}: {n} entries -> {len(container)}"
-        ptrs = dict(zip(map(id, self._addressed), self._ptrs))
-        for t, shape, (_, _, _, path) in zip(self.tensors, self._shapes, self.tensor_edges()):
-            moved = id(t) in ptrs and t.data_ptr() != ptrs[id(t)]
-            if moved or t.shape != shape:
-                return f"{path}: tensor storage or shape changed in place ({tuple(shape)} -> {tuple(t.shape)})"
+                return f"{path}: {n} entries -> {len(container)}{self._added(container)}"
+        addressed, addresses, shapes = self._where
+        ptrs = dict(zip(map(id, addressed), addresses))
+        for t, shape, (_, _, _, path) in zip(self.tensors, shapes, self.tensor_edges()):
+            if id(t) in ptrs and t.data_ptr() != ptrs[id(t)]:
+                return f"{path}: new storage under the same tensor ({ptrs[id(t)]:#x} -> {t.data_ptr():#x})"
+            if t.shape != shape:
+                return f"{path}: shape changed in place ({tuple(shape)} -> {tuple(t.shape)})"
         return None
+
+    def _added(self, container) -> str:
+        """The keys a dict gained, as ' (added: ...)' (for errors; '' if none is known)."""
+        if not isinstance(container, dict):
+            return ""
+        known = {k for edges in self.all_edges() if not edges.attr for h, k in zip(edges.holders, edges.keys)
+                 if h is container}
+        added = [k for k in container if k not in known and not (isinstance(k, str) and k.startswith("__"))]
+        return f" (added: {', '.join(map(repr, added[:3]))})" if added else ""
 
     def first_change(self) -> tuple[str, bool] | None:
         """(description, whether a tensor was replaced) of what differs now, or None.
@@ -305,7 +247,7 @@ def stateful_in(objects: dict) -> tuple:
 
 def read_edge(holder, key, attr: bool):
     """What an edge reads now."""
-    return getattr(holder, key) if attr else holder[key]
+    return getattr(holder, key) if attr else stored_item(holder, key)
 
 
 def has_address(t: torch.Tensor) -> bool:

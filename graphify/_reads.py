@@ -1,15 +1,18 @@
 """What a table's graphs read without copying it in, checked before every replay.
 
-Two records, each cheap to check: the parameters and buffers of the modules the function
-belongs to or receives (`graphify._params.ModuleWatch`), and the tensors and plain values
-reached through static objects and the closure (`graphify._reach.Reach`). A module whose
-tensors were rebound raises `StateChangedError`; a changed object or closure is reported
-as stale, so the layer above decides (first use drops the structure and starts over).
+Two records: everything the function reaches (its modules wherever they sit, their
+parameters, hooks and attributes, the globals and closures of the code that runs: a deep
+`Reach` under a `graphify._watch.Watch`, a microsecond or two a call), and the tensors and
+plain values reached through static objects such as a transformers cache (shallow `Reach`es,
+compared edge by edge, since such objects change their own Python state as they are used).
+A change to the first raises `StateChangedError`; a changed static object is reported as
+stale. Either way the layer above decides (first use drops the structure and starts over;
+a captured callable raises).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
 
 import attrs
 import torch
@@ -21,22 +24,33 @@ __all__ = ["Reads"]
 
 @attrs.frozen(eq=False)
 class Reads:
-    """`watch`: the modules' tensors (or None); `reach`: the objects' and the closure's."""
+    """`watch`: what the function reaches (or None); `reach`: the static objects'."""
 
-    watch: Any = None
+    watch: object = None
     reach: tuple = ()
 
-    def check_modules(self, args) -> None:
-        """Raise if a watched module's tensors were rebound; warn once about grad mode
-        when `args` (or the modules) require grad."""
+    def check(self, args) -> None:
+        """Raise if what the function reaches changed; warn once about grad mode when `args`
+        (or the parameters) require grad."""
         watch = self.watch
         if watch is not None:
             watch.check()
-            if torch.is_grad_enabled():
-                watch.warn_grad(args)
+            if torch.is_grad_enabled() and not watch.warned:
+                self._warn_grad(args)
+
+    def _warn_grad(self, args) -> None:
+        """Once: graphs record no autograd history, so outputs in grad mode have none."""
+        if self.watch.requires_grad or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            self.watch.warned = True
+            warnings.warn(
+                f"{self.watch.label}: called with grad mode on and tensors that require grad, but CUDA graphs "
+                "replay without autograd: the outputs carry no gradient history. Call under torch.no_grad() or "
+                "torch.inference_mode() (graphify is for inference), or use the function itself for training.",
+                stacklevel=4,
+            )
 
     def stale(self) -> bool:
-        """Whether an object or the closure holds other tensors or values than at capture."""
+        """Whether a static object holds other tensors or values than at capture."""
         return any(r.changed() for r in self.reach)
 
     def stale_error(self, label: str) -> StaleReachError:

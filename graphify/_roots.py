@@ -1,70 +1,113 @@
-"""What a function reads beyond its arguments: the roots `graphify._reach` walks.
+"""What code reads beyond its arguments: the names its bytecode looks up, and where they live.
 
 A graph bakes in what the function read at capture: tensors by address, numbers as kernel
-arguments. Besides its arguments a function reads its closure cells, the module globals
-its code names, a bound method's object and a partial's bound arguments.
+arguments, and (through the Python that chose the kernels) every global, attribute and hook
+the call looked at. `graphify._reach` walks all of it from the function; these are the
+facts about code it needs: which names a function's bytecode (and its nested code) names,
+a class's own dict (what monkeypatching a method changes), which code is a library's own
+(torch's and graphify's: read by identity, not walked), and the global hook dicts every
+module call reads.
 """
 
 from __future__ import annotations
 
+import gc
+import os
+import sys
 import types
-from collections.abc import Callable
+import weakref
 from typing import Any
 
-import torch
+__all__ = ["code_names", "class_dict", "library_code", "library_module", "own_module", "global_hook_dicts", "NOT_CALLED"]
 
-from ._axes import by_value
-
-__all__ = ["function_roots", "GlobalSlot"]
-
-def function_roots(fn: Callable, name: str | None = None) -> dict[str, Any]:
-    """The roots a function reads beyond its arguments: its closure cells, the globals its
-    code names that are tensors or plain values, a bound method's object (unless it is an
-    nn.Module, which `ModuleWatch` covers), and a partial's bound arguments."""
-    roots: dict[str, Any] = {}
-    seen: set[int] = set()
-
-    def add(f: Any, label: str, level: int) -> None:
-        if id(f) in seen or level > 3:
-            return
-        seen.add(id(f))
-        f = getattr(f, "_torchdynamo_orig_callable", f)  # a torch.compile'd function: its Python original
-        if isinstance(f, types.MethodType):
-            owner = f.__self__
-            if not isinstance(owner, (torch.nn.Module, type, types.ModuleType)):
-                roots[f"{label}.__self__"] = owner
-            add(f.__func__, label, level + 1)
-            return
-        if hasattr(f, "func") and hasattr(f, "args") and hasattr(f, "keywords"):  # functools.partial
-            roots[f"{label}.args"] = f.args
-            roots[f"{label}.keywords"] = f.keywords
-            add(f.func, label, level + 1)
-            return
-        wrapped = getattr(f, "__wrapped__", None)
-        if wrapped is not None and not isinstance(f, types.FunctionType):
-            add(wrapped, label, level + 1)
-            return
-        if not isinstance(f, types.FunctionType):
-            return
-        code = f.__code__
-        for var, cell in zip(code.co_freevars, f.__closure__ or ()):
-            roots[f"{label} closure {var!r}"] = cell
-        g = f.__globals__
-        for var in code.co_names:
-            if var not in g:
-                continue
-            value = g[var]
-            if isinstance(value, torch.Tensor) or (not isinstance(value, (list, dict)) and by_value(value)):
-                roots.setdefault(f"{label} global {var!r}", GlobalSlot(g, var))
-
-    add(fn, name or getattr(fn, "__name__", "fn"), 0)
-    return roots
+# Special methods that make, copy or show objects: not what a call over existing ones runs
+# (torch.compile patches `Module.__init__` once, mid-capture at times)
+NOT_CALLED = frozenset({
+    "__init__", "__new__", "__init_subclass__", "__class_getitem__", "__repr__", "__str__", "__format__",
+    "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__dir__", "__del__", "__sizeof__",
+    "__subclasshook__", "__copy__", "__deepcopy__",
+})
 
 
-class GlobalSlot:
-    """A module global as a root: the globals dict, walked for one name only."""
+_names: "weakref.WeakKeyDictionary[types.CodeType, frozenset]" = weakref.WeakKeyDictionary()
 
-    __slots__ = ("globals", "name")
 
-    def __init__(self, globals_: dict, name: str):
-        self.globals, self.name = globals_, name
+def code_names(code: types.CodeType) -> frozenset:
+    """Every name `code` and the code nested in it (comprehensions, inner functions, lambdas)
+    look up as a global or an attribute. (Cached weakly: torch.compile hangs compiled graphs
+    on code objects.)"""
+    found = _names.get(code)
+    if found is None:
+        names = set(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                names |= code_names(const)
+        found = _names[code] = frozenset(names)
+    return found
+
+
+# torch's, graphify's and Python's own code: read by identity, never walked
+_LIBRARIES = frozenset({"torch", "graphify", "triton", "sympy", "mpmath", "numpy", "typing_extensions"}) | frozenset(
+    sys.stdlib_module_names)
+
+
+def library_code(obj: Any) -> bool:
+    """Code of torch, graphify or Python's standard library (or a builtin): read by
+    identity, its own globals and class attributes not walked, as dynamo treats torch's
+    functions as calls in the graph rather than code to trace. Everything else (the model's
+    code, transformers', the user's) is walked."""
+    return library_module(getattr(obj, "__module__", None))
+
+
+def library_module(module) -> bool:
+    """Whether a module of this name is torch's, graphify's or Python's own (code with no
+    module name, `exec`'d without one, is the user's)."""
+    if not isinstance(module, str):
+        return False
+    return module.split(".", 1)[0] in _LIBRARIES or own_module(module)
+
+
+def own_module(module) -> bool:
+    """Whether a module of this name is graphify's (its transforms and models included)."""
+    if not isinstance(module, str):
+        return False
+    head = module.split(".", 1)[0]
+    return head == "graphify" or (head in _CHECKOUT_PACKAGES and _in_checkout(head))
+
+
+# graphify's transforms/ and models/, imported from a checkout under their own names
+_CHECKOUT_PACKAGES = ("transforms", "models")
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+_checkout_seen: dict = {}
+
+
+def _in_checkout(head: str) -> bool:
+    package = sys.modules.get(head)
+    if package is None:
+        return False
+    found = _checkout_seen.get(id(package))
+    if found is None:
+        where = os.path.abspath(getattr(package, "__file__", None) or "")
+        found = _checkout_seen[id(package)] = where.startswith(os.path.join(_CHECKOUT, head) + os.sep)
+    return found
+
+
+def class_dict(cls: type) -> dict | None:
+    """The dict under `cls.__dict__` (a read-only proxy): what class attribute assignment
+    changes, and what dict watchers and version tags can follow. None for builtin types.
+    (Not cached: a class dict refers back to its class, so a cache would keep classes.)"""
+    if cls.__module__ == "builtins":
+        return None
+    return next((r for r in gc.get_referents(cls.__dict__) if isinstance(r, dict)), None)
+
+
+def global_hook_dicts() -> dict:
+    """The hook dicts every nn.Module call consults (`register_module_forward_hook` and the
+    like), by name: a hook added there after capture changes what a call runs."""
+    from torch.nn.modules import module as nn_module
+
+    names = [n for n in vars(nn_module) if n.startswith("_global_") and "hooks" in n
+             and isinstance(getattr(nn_module, n), dict) and "registration" not in n]
+    return {f"torch.nn.modules.module.{n}": getattr(nn_module, n) for n in sorted(names)}

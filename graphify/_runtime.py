@@ -138,7 +138,7 @@ class Runtime:
         these very arguments; not run again if they are this table's."""
         static, table = self.static_call, self.table
         trusted = static is not None and len(args) == len(static.args) and all(map(is_, args, static.args))
-        table.reads.check_modules(() if trusted else args)  # static_inputs()'s buffers never require grad
+        table.reads.check(() if trusted else args)  # static_inputs()'s buffers never require grad
         learnt = self.plans.get(STATIC_PLAN) if trusted else None
         if learnt is not None:
             plan, mode, n = learnt

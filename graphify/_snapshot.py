@@ -14,7 +14,7 @@ from __future__ import annotations
 import types
 from operator import is_
 
-from ._reach import Reach
+from ._reach import Reach, read_edge, stored_items
 from ._state_types import owned_values, put_owned
 
 __all__ = ["Snapshot", "set_attr"]
@@ -30,7 +30,7 @@ class Snapshot:
     @classmethod
     def take(cls, reach: Reach) -> "Snapshot":
         """Copy what `reach` walked, now (right after the walk, before any run)."""
-        copies = [(c, list(c) if isinstance(c, list) else dict(c)) for c in reach.sized.holders]
+        copies = [(c, list.copy(c) if isinstance(c, list) else dict(stored_items(c))) for c in reach.sized.holders]
         owned = [(obj, st.owns, owned_values(obj, st.owns)) for obj, st, _ in reach.stateful]
         return cls(reach, copies, owned)
 
@@ -45,15 +45,20 @@ class Snapshot:
             if isinstance(container, list):
                 if len(container) != len(snap) or not all(map(is_, container, snap)):
                     container[:] = snap
-            elif len(container) != len(snap) or any(k not in container or container[k] is not v for k, v in snap.items()):
+            elif len(container) != len(snap) or any(k not in container or read_edge(container, k, False) is not v
+                                                    for k, v in snap.items()):
                 container.clear()
                 container.update(snap)
         for edges in self.reach.all_edges():
             for holder, key, value, _ in edges:
                 if edges.attr:
                     _put_back(holder, key, value)
-                elif isinstance(holder, dict) and (key not in holder or holder[key] is not value):
-                    holder[key] = value  # items of globals dicts (not snapshotted)
+                elif isinstance(holder, dict) and (key not in holder or read_edge(holder, key, False) is not value):
+                    owner = self.reach.classes.get(id(holder))
+                    if owner is not None:  # a class's dict: through the class, so its method cache hears of it
+                        setattr(owner, key, value)
+                    else:
+                        holder[key] = value  # items of globals dicts (not snapshotted)
 
 
 def _put_back(holder, key: str, value) -> None:

@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass, is_traceable_wrapper_subclass_type
 
 from ._guard import CaptureGuard
+from ._ran import recording_now
 from ._state_types import capture_contexts, put_owned
 
 __all__ = ["StateKeeper", "schema_facts", "UNANNOTATED_VIEWS", "UNANNOTATED_WRITES"]
@@ -197,8 +198,9 @@ class StateKeeper:
 
 
 def _first_run(fn: Callable, guard, *args):
-    """`fn(*args)`, or its eager twin `guard(*args)`, under the op guard when `guard` is set."""
-    with CaptureGuard() if guard else contextlib.nullcontext():
+    """`fn(*args)`, or its eager twin `guard(*args)`, under the op guard when `guard` is set
+    (and then the Python code it runs recorded: `graphify._ran`)."""
+    with (CaptureGuard() if guard else contextlib.nullcontext()), (recording_now() if guard else contextlib.nullcontext()):
         return (guard if callable(guard) else fn)(*args)
 
 

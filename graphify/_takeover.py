@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+from ._alias import held_count
 from ._reach import Reach, has_address, read_edge
 from ._snapshot import set_attr
 
@@ -79,5 +80,7 @@ def take_over(home: Reach, new: Reach) -> None:
 
 def _sole_storage(t: torch.Tensor) -> bool:
     """No other tensor (a view) shares `t`'s memory: one tensor impl, plus the temporary
-    storage object this check makes."""
-    return _storage_use_count(t.untyped_storage()._cdata) == 2
+    storage object this check makes (and the views a simulated graph holds, as a device
+    graph holds the address)."""
+    storage = t.untyped_storage()
+    return _storage_use_count(storage._cdata) == 2 + held_count(storage.data_ptr())

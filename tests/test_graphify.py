@@ -166,7 +166,8 @@ def test_capture_is_largest_first_with_gc_frozen(backend):
         return x + 1
 
     assert gc.isenabled()
-    graphify(spy, mode="FULL", sizes=SIZES, options=Options(backend=name)).capture(torch.randn(2, 3, device=device))
+    graphify(spy, mode="FULL", sizes=SIZES, options=Options(backend=name, side_effects="at_capture")).capture(
+        torch.randn(2, 3, device=device))  # `seen` logs the capture's runs
     sizes = [s for s, _ in seen]
     assert sizes == sorted(sizes, reverse=True) and set(sizes) == set(SIZES)
     assert not any(enabled for _, enabled in seen) and gc.isenabled()
@@ -325,7 +326,8 @@ def test_compiled_functions_get_an_unguarded_warmup_before_full_capture():
         return x * 3
 
     fn._torchdynamo_orig_callable = twin  # what torch.compile's wrapper carries
-    g = graphify(fn, mode="FULL", sizes=(4,), options=Options(backend="sim")).capture(torch.randn(2, 3))
+    g = graphify(fn, mode="FULL", sizes=(4,), options=Options(backend="sim", side_effects="at_capture")).capture(
+        torch.randn(2, 3))  # `calls` and `twin_calls` log the capture's runs
     # the eager twin runs under the op guard, never the compiled code; the simulation then
     # tapes the twin's ops (compiled kernels are invisible to its dispatch-level tape)
     assert twin_calls == [4, 4]

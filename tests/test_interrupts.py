@@ -52,7 +52,8 @@ def test_ctrl_c_in_the_middle_of_a_capture(backend):
             raise KeyboardInterrupt
         return mlp(x, w)
 
-    g = graphify(interrupted, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()), options=Options(backend=name))
+    g = graphify(interrupted, mode="FULL", sizes=SIZES, axes=(tokens(), persistent()),
+                 options=Options(backend=name, side_effects="at_capture"))  # `buffers` logs the capture's runs
     before = allocated(device)
     with pytest.raises(KeyboardInterrupt):  # not swallowed, not wrapped
         g.capture(torch.randn(3, 16, device=device), w)

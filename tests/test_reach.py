@@ -14,7 +14,6 @@ import torch
 
 from graphify import Options, Mode, StateChangedError, graphify, static, tokens
 from graphify._reach import Reach
-from graphify._roots import function_roots
 
 
 class Box:
@@ -188,7 +187,7 @@ def test_reach_names_the_first_change_through_lists_dicts_slots_and_cells():
         (lambda: root.meta.__setitem__("n", 2), r"cache\.meta\['n'\]: 1 -> 2"),
         (lambda: setattr(inner, "w", torch.randn(3)), r"cache\.meta\['inner'\]\.w: tensor"),
         (lambda: setattr(inner, "n", 5), r"cache\.meta\['inner'\]\.n: 4 -> 5"),
-        (lambda: inner.w.resize_(6), r"in place \(\(3,\) -> \(6,\)\)"),
+        (lambda: inner.w.resize_(6), r"(in place \(\(3,\) -> \(6,\)\)|new storage)"),
     ]
     for change, pattern in cases:
         reach = Reach.walk({"cache": root})
@@ -197,15 +196,20 @@ def test_reach_names_the_first_change_through_lists_dicts_slots_and_cells():
         assert pytest.importorskip("re").search(pattern, reach.describe()), reach.describe()
 
 
-def test_function_roots_follow_closures_partials_bound_objects_and_plain_globals():
+def test_a_deep_walk_follows_closures_partials_bound_objects_modules_and_globals():
     import functools
 
     t = torch.randn(2)
     fn = closure_over(t, 3.0)
-    roots = function_roots(functools.partial(fn), "f")
-    assert {"f closure 't'", "f closure 'scale'"} <= set(roots)
+    paths = {path for edges in Reach.walk({"f": functools.partial(fn)}, deep=True).all_edges() for path in edges.paths}
+    assert {"f.func closure 't'", "f.func closure 'scale'"} <= paths
     holder = Box(t)
     bound = types.MethodType(lambda self, x: x + self.t, holder)
-    assert function_roots(bound, "m")["m.__self__"] is holder
+    paths = {path for edges in Reach.walk({"m": bound}, deep=True).all_edges() for path in edges.paths}
+    assert "m.__self__.t" in paths
     module = torch.nn.Linear(2, 2)
-    assert function_roots(module.forward, "lin") == {}  # modules are ModuleWatch's
+    reach = Reach.walk({"lin": module.forward}, deep=True)
+    assert any(t is module.weight for t in reach.tensors)  # a module's parameters are read through its dict
+    assert any(p.endswith("._parameters['weight']") for edges in reach.all_edges() for p in edges.paths)
+    shallow = Reach.walk({"lin": module.forward})
+    assert not shallow.tensors and shallow.handoff == [("lin", module.forward)]  # left to the deep walk

@@ -4,11 +4,13 @@ Capture runs the function once under the op guard (`graphify._guard`), which rej
 CUDA graph cannot hold (host reads of device values, data-dependent output shapes), and
 once more under a *tape*: a dispatch mode that records every ATen op with its arguments.
 Replay re-executes the tape: the tensors that existed before the capture run (static
-input buffers, weights, a cache's tensors, a closure's tensors) are read as the very
-objects captured, numbers are baked in as captured, and tensors the run made are made
+input buffers, weights, a cache's tensors, a closure's tensors) are read through aliases of
+the memory they had at capture (`detach()`: the same storage, whatever later becomes of the
+tensor object), numbers are baked in as captured, and tensors the run made are made
 afresh. So, as on a GPU, a tensor replaced in a cache after capture, a closure rebound to
-a new tensor or a closure's number changed is *not* seen by a replay: what CPU tests see is
-what a CUDA graph would do (graphify checks those before replaying; see `graphify._reach`).
+a new tensor, a closure's number changed, or new storage put under a parameter (`.data =`,
+`set_`, `swap_tensors`, `.to()` and back) is *not* seen by a replay: what CPU tests see is
+what a CUDA graph would do (graphify checks those before replaying; see `graphify._watch`).
 
 Outputs are written in place on every replay into the tensors recorded at capture,
 exactly as with a real graph.
@@ -33,7 +35,9 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
+from .._alias import held_alias
 from .._errors import CaptureError
+from .._reach import has_address
 from .._guard import UNCAPTURABLE_OPS, CaptureGuard
 from .._state import eager_runs
 from ._base import Captured
@@ -64,6 +68,10 @@ class _Slot:
         self.index = index
 
 
+def _has_slot(template) -> bool:
+    return isinstance(template, _Slot) or (isinstance(template, (list, tuple)) and any(isinstance(x, _Slot) for x in template))
+
+
 def _resolve(template, values: list):
     """`template` with each `_Slot` replaced by its replay value (one level of lists)."""
     if isinstance(template, _Slot):
@@ -81,6 +89,7 @@ class Tape(TorchDispatchMode):
         self.ops: list = []  # (op, args, kwargs, slots of the flat outputs, substituted arg positions)
         self.made: dict[int, int] = {}  # id(tensor made by the run) -> slot
         self.keep: list = []  # the made tensors, alive while recording (ids must stay unique)
+        self.aliases: dict[int, tuple] = {}  # id(outside tensor) -> (it, an alias of its memory now)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(t is not torch.Tensor and is_traceable_wrapper_subclass_type(t) for t in types):
@@ -89,8 +98,8 @@ class Tape(TorchDispatchMode):
         out = func(*args, **kwargs)
         targs = tuple(self._template(a) for a in args)
         tkwargs = {k: self._template(v) for k, v in kwargs.items()}
-        subs = tuple(i for i, (a, t) in enumerate(zip(args, targs)) if t is not a)
-        ksubs = tuple(k for k in kwargs if tkwargs[k] is not kwargs[k])
+        subs = tuple(i for i, t in enumerate(targs) if _has_slot(t))
+        ksubs = tuple(k for k, t in tkwargs.items() if _has_slot(t))
         slots = []
         for t in pytree.tree_leaves(out):
             if not isinstance(t, torch.Tensor):
@@ -109,19 +118,27 @@ class Tape(TorchDispatchMode):
     def _template(self, a):
         if isinstance(a, torch.Tensor):
             slot = self.made.get(id(a))
-            return _Slot(slot) if slot is not None else a
-        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) and id(x) in self.made for x in a):
+            return _Slot(slot) if slot is not None else self._alias(a)
+        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
             return type(a)(self._template(x) for x in a)
         return a
 
+    def _alias(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor outside the run, as the memory it has now: what a graph reads, whatever
+        later becomes of the object (new storage under a parameter, `set_`, a swap)."""
+        held = self.aliases.get(id(t))
+        if held is None:
+            held = self.aliases[id(t)] = (t, held_alias(t) if has_address(t) else t)
+        return held[1]
+
     def sources(self, out) -> list:
         """Per tensor in `out`'s leaves: the `_Slot` of a tensor the run made, or the outside
-        tensor itself (a function may return an argument or a cache tensor as it is)."""
+        tensor's memory (a function may return an argument or a cache tensor as it is)."""
         found = []
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 slot = self.made.get(id(t))
-                found.append(_Slot(slot) if slot is not None else t)
+                found.append(_Slot(slot) if slot is not None else self._alias(t))
         return found
 
     def finish(self) -> int:
@@ -129,6 +146,7 @@ class Tape(TorchDispatchMode):
         count = len(self.keep)
         self.keep = []
         self.made = {}
+        self.aliases = {}
         return count
 
     def replay(self, values: list) -> None:

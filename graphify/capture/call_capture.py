@@ -87,7 +87,7 @@ class CallCapture:
     @property
     def layout(self):
         """How calls bind to the argument slots (`graphify._layout.CallLayout`)."""
-        return self.session.table_fields[1]
+        return self.session.table_fields[0]
 
     def capture_args(self, pair: tuple, args: Sequence[Any]) -> tuple:
         """The arguments a capture of `pair` calls the function with (the static buffers at

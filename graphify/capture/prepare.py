@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
+import torch
 
 from .._axes import ArgSpec, layout_for, specs_for
 from .._function import FunctionSpec
@@ -68,6 +69,9 @@ def eager_twin(fn: Callable) -> Callable | None:
     split = as_split(fn)
     if split is not None:
         return split.fn if split.compiled else None
+    module = getattr(getattr(fn, "__wrapped__", fn), "_orig_mod", None)
+    if isinstance(module, torch.nn.Module):  # a compiled module: the module itself, whose forward is looked up
+        return module  # at every call (dynamo's record of it is the bound forward of compile time)
     return getattr(fn, "_torchdynamo_orig_callable", None)
 
 

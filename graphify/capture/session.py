@@ -35,16 +35,17 @@ from .._keepalive import LibraryHold, holding
 from .._keys import KeySet, specialised_sizes
 from .._layout import fn_name, module_of
 from .._mode import Mode
-from .._params import ModuleWatch
 from .._pool import Pool
 from .._reach import Reach
+from .._ran import CodeRan
 from .._reads import Reads
-from .._roots import function_roots
+from .._rng import RandomStates
 from .._snapshot import Snapshot
 from .._structures import static_objects
 from .._state import StateKeeper
 from .._table import CaptureReport, Entry, GraphTable, Holdings, StaticBuffers
 from .capturers import CaptureSettings, KeyCapture, mode_capturers
+from .function_reads import FunctionReads
 from .context import device_of, device_scope, freeze_gc, progress
 from .errors import as_capture_error
 from .outputs import consistent_out_axes, infer_out_axes
@@ -97,6 +98,7 @@ class CaptureSession:
             self.static = StaticBuffers.allocate(specs, example, rows, backend.empty)
             self.keeper = StateKeeper(spec.options.restore_state, exclude=self.static.storages())
             self.setup = _setup(spec, prepared, keys, lockstep, device, self.pool.handle_for(backend, device, label))
+        self.function = FunctionReads(label, self.setup.fn_roots, self.setup.effects_at_capture)
 
     def objects(self, args: Sequence[Any]) -> dict:
         """The static objects of a call: roots of the Python state a graph cannot follow."""
@@ -123,16 +125,26 @@ class CaptureSession:
             with device_scope(self.setup.device), torch.no_grad(), \
                     holding(self.hold, self.setup.device, uses_fft=self.setup.uses_fft):
                 objects = self.objects(example)
-                reach = (Reach.walk(objects), Reach.walk(self.setup.fn_roots, lengths=False,
-                                                         plains_are_effects=self.setup.effects_at_capture))
+                shallow = Reach.walk(objects)
+                deep = self.function.walk(shallow, objects)
+                reach = (shallow, deep)
+                _within_limits(self.label, reach)
                 snapshots = tuple(map(Snapshot.take, reach))
                 self.keeper.owned = [entry for s in snapshots for entry in s.owned]
-                with freeze_gc(collect=collect):
-                    for mode, key in progress(pairs, self.label, loaded is None):
-                        sibling = self.entries.get((Mode.PIECEWISE, key.relaxed())) or new.get((Mode.PIECEWISE, key.relaxed()))
-                        new[mode, key] = self.capture_key(mode, key, example, sibling, loaded, quick, plain)
-                        self.seen.add(mode)
-                        _unchanged(self.label, reach, snapshots)
+                rng = RandomStates.take(self.setup.device, _generators(reach))
+                ran = CodeRan()  # what this capture's runs execute
+                try:
+                    with freeze_gc(collect=collect), ran.collecting():
+                        for mode, key in progress(pairs, self.label, loaded is None):
+                            sibling = self.entries.get((Mode.PIECEWISE, key.relaxed())) or new.get((Mode.PIECEWISE, key.relaxed()))
+                            new[mode, key] = self.capture_key(mode, key, example, sibling, loaded, quick, plain)
+                            self.seen.add(mode)
+                            _unchanged(self.label, reach, snapshots)
+                finally:  # the runs drew random numbers; the call's replay draws what eager would
+                    rng.restore()
+                deep = self.function.after(ran, shallow, objects) or deep  # what code that ran first reads
+                reach = (shallow, deep)
+                _within_limits(self.label, reach)
             self.keeper.owned = []
             entries = {**self.entries, **new}
             if self.setup.out_axes is None:
@@ -147,6 +159,7 @@ class CaptureSession:
         for entry in entries.values():
             self.pool.track(entry, f"{self.label} {entry.label}", entry.nbytes)
         self.reach = reach
+        self.function.watching(deep)
         self.seconds += time.perf_counter() - start
         return self.table()
 
@@ -208,12 +221,12 @@ class CaptureSession:
         """The table of every entry captured so far (a new immutable value). Its `release()`
         drops its own references; the session's go with the session (or `abort()`)."""
         own = dict(self.entries)
-        watch, layout, examples, library = self.table_fields
+        layout, examples, library = self.table_fields
         setup = self.setup
         return GraphTable(
             types.MappingProxyType(own), _captured_keys(own, self.keys), self.specs, self.static, setup.backend,
             self.pool, setup.device, library=library, layout=layout, examples=examples,
-            reads=Reads(watch, tuple(r for r in self.reach if r)),
+            reads=Reads(self.function.watch, tuple(r for r in self.reach[:1] if r)),
             report=CaptureReport(self.seconds, len(self.keeper.restored), self.keeper.peak_bytes),
             holdings=Holdings(own, self.hold),
         )
@@ -268,14 +281,36 @@ def _unchanged(label: str, reach: tuple[Reach, ...], snapshots: tuple[Snapshot, 
 
 
 def _table_fields(spec: FunctionSpec, prepared: Prepared) -> tuple:
-    """(module watch, call layout, per-argument examples, array library) every table of a
-    session carries."""
+    """(call layout, per-argument examples, array library) every table of a session carries."""
     specs, example = prepared.specs, prepared.args
-    modules = [m for m in [module_of(spec.fn)] if m is not None]
-    modules += [a for a, s in zip(example, specs) if s.axis.kind is Kind.STATIC and isinstance(a, torch.nn.Module)]
     examples = tuple(a.detach().clone() if s.axis.kind is Kind.TOKENS else None for a, s in zip(example, specs))
-    watch = ModuleWatch(spec.label, modules)
-    return watch, prepared.layout, examples, prepared.library
+    return prepared.layout, examples, prepared.library
+
+
+def _generators(reach: tuple[Reach, ...]) -> list:
+    """The random generators the function reaches (besides the default ones)."""
+    return [v for r in reach for edges in r.objects for v in edges.values if isinstance(v, torch.Generator)]
+
+
+def _within_limits(label: str, reach: tuple[Reach, ...]) -> None:
+    """Refuse graphs over state a walk could not record whole: a change past its limit
+    would go unseen, and a replay could be wrong."""
+    for r in reach:
+        if r.truncated is not None:
+            raise CaptureError(
+                f"{label}: what the call reads is larger than graphify records ({r.truncated}); a change there "
+                "could not be seen before a replay, so these calls are not captured. Keep large Python containers "
+                "out of what the function reaches (tensors are fine at any size), or leave it ungraphified"
+            )
+
+
+def _function_roots(spec: FunctionSpec) -> dict:
+    """What the deep walk starts from: the function (for a split function, whose pieces baked
+    in what its closure held, only the module it belongs to)."""
+    if spec.split is None:
+        return {fn_name(spec.fn): spec.fn}
+    module = module_of(spec.fn)
+    return {} if module is None else {type(module).__name__: module}
 
 
 def _setup(spec: FunctionSpec, prepared: Prepared, keys: KeySet, lockstep, device, handle) -> CaptureSetup:
@@ -292,8 +327,9 @@ def _setup(spec: FunctionSpec, prepared: Prepared, keys: KeySet, lockstep, devic
                                  backend.new_stream(device)),
         probe=prepared.layout.caller(split.fn) if split is not None else None,
         uses_fft=split is not None and any(name.startswith("aten::_fft_") for name in split.op_names),
-        # a split function's pieces are traced ATen graphs, so what its closure held is baked in
-        fn_roots={} if split is not None else function_roots(spec.fn, fn_name(spec.fn)),
+        # a split function's pieces are traced ATen graphs, so what its closure held is baked in; its module's
+        # tensors are still read
+        fn_roots=_function_roots(spec),
         effects_at_capture=options.side_effects == "at_capture",
         out_axes=out_axes, out_rule=infer_out_axes(prepared.fn, prepared.specs, prepared.args, out_axes),
     )

@@ -1,0 +1,99 @@
+"""Which Python code a capture's runs executed: the code whose reads a replay relies on.
+
+A graph stands in for the Python that ran when it was captured, so what a replay relies on
+is what that Python read: the globals each executed function looked up, the closure cells
+and defaults of executed functions, the methods that ran on each object. Names alone are a
+poor guide (a model's code names `from_pretrained` and `get_config_dict`, which never run in
+a forward); recording the runs is exact, as dynamo's tracing is. `CodeRan.recording()`
+notes each Python code object the current thread starts, with the globals it runs against,
+through `sys.setprofile` (chained to a profiler already set). A capture makes its recorder
+current (`collecting()`) and the first run of each capture, the one under the op guard,
+records (`recording_now()`): it runs the function as written (a compiled function's eager
+original), so what it calls is seen, and compiled code never runs under the profiler
+(dynamo then kept its compiled graphs alive past `torch._dynamo.reset()`).
+
+Code of torch, graphify and Python's standard library is left out (read by identity, never
+walked), and code objects are kept by id with the names they look up, never themselves:
+torch.compile hangs its compiled graphs on the code objects it traced, and holding those
+would keep them alive past `torch._dynamo.reset()`. (An id reused by new code only makes
+the walk read a little more.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+from ._roots import code_names, library_module
+
+__all__ = ["CodeRan", "recording_now"]
+
+_local = threading.local()
+
+
+class CodeRan:
+    """The code seen starting: id(code) -> (its qualified name, the names it looks up, its
+    globals dict), for code outside torch, graphify and the standard library."""
+
+    def __init__(self):
+        self.codes: dict[int, tuple] = {}
+
+    def __contains__(self, code) -> bool:
+        return id(code) in self.codes
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def update(self, other: "CodeRan") -> None:
+        self.codes.update(other.codes)
+
+    def new_in(self, other: "CodeRan") -> bool:
+        """Whether `other` saw code this one did not."""
+        return any(key not in self.codes for key in other.codes)
+
+    def note(self, code, g: dict) -> None:
+        if id(code) not in self.codes and not library_module(g.get("__name__")):
+            self.codes[id(code)] = (getattr(code, "co_qualname", code.co_name), code_names(code), g)
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Note the code every Python call on this thread starts, while inside."""
+        codes, note = self.codes, self.note
+        previous = sys.getprofile()
+        chained = previous if callable(previous) else None  # a C profiler has its events back afterwards
+        skipped: set[int] = set()  # globals of library code, not looked at again
+
+        def profile(frame, event, arg):
+            if event == "call":
+                code = frame.f_code
+                if id(code) not in codes:
+                    g = frame.f_globals
+                    if id(g) not in skipped:
+                        note(code, g)
+                        if id(code) not in codes:
+                            skipped.add(id(g))
+            if chained is not None:
+                chained(frame, event, arg)
+
+        sys.setprofile(profile)
+        try:
+            yield self
+        finally:
+            sys.setprofile(previous)
+
+    @contextlib.contextmanager
+    def collecting(self):
+        """Make this the recorder `recording_now()` records into, on this thread, while inside."""
+        before = getattr(_local, "ran", None)
+        _local.ran = self
+        try:
+            yield self
+        finally:
+            _local.ran = before
+
+
+def recording_now():
+    """Record into the current recorder (`CodeRan.collecting`), if any, while inside."""
+    ran = getattr(_local, "ran", None)
+    return ran.recording() if ran is not None else contextlib.nullcontext()
