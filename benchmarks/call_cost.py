@@ -119,38 +119,60 @@ def _step_over(step):
     return step_held
 
 
-def weights_check_rows(device: str, tensors: int = 291) -> list[dict]:
-    """Host µs a call spends checking a graphified model's weights (`ModuleWatch.check`: the
-    weights generation and the buffers' storage) beside the alternatives: every tensor's
-    storage (torch's C++ comparison where the build has it, else Python) and the first and
-    last parameter's alone (graphify's check before), over `tensors` parameters (an 8B
-    Llama has 291) and one buffer."""
-    from graphify._params import ModuleWatch
+def weights_check_rows(device: str) -> list[dict]:
+    """Host µs a call spends checking what its graphs read beyond the arguments, at the
+    Llama-3-8B structure (32 layers: 291 parameters, 355 modules; small widths, since the
+    check's cost follows the structure, not the sizes): graphify's check (`Watch.check`
+    over the deep walk of the model's forward and the code one recorded forward ran),
+    beside the check graphify made before it watched more than the parameters (a weights
+    generation and the buffers' storage), and every tensor's storage compared (torch's C++
+    comparison where the build has it, else Python)."""
+    from graphify._params import generation
+    from graphify._ran import CodeRan
+    from graphify._reach import Reach
+    from graphify._roots import global_hook_dicts
+    from graphify._versions import WATCHERS
+    from graphify._watch import Watch
 
-    model = torch.nn.Module()
-    model.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.empty(1, device=device)) for _ in range(tensors))
-    model.register_buffer("inv_freq", torch.empty(1, device=device))
-    watch = ModuleWatch("bench", [model])
-    flat = [t for _, t in watch.tensors]
-    ptrs, indices = [t.data_ptr() for t in flat], list(range(len(flat)))
+    model = _llama_8b_structure(device)
+    ran = CodeRan()
+    with ran.collecting(), ran.recording(), torch.no_grad():  # the code a capture's warm-up would see run
+        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device))
+    watch = Watch("bench", Reach.walk({"forward": model.forward, **global_hook_dicts()}, deep=True, ran=ran))
+    tensors = list(model.parameters()) + list(model.buffers())
+    ptrs, indices = [t.data_ptr() for t in tensors], list(range(len(tensors)))
+    buffers = list(model.buffers())
+    buffer_ptrs = [t.data_ptr() for t in buffers]
+    mark = generation()
     every = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
     if every is None:
         def every(ts, ps, _):
             return list(map(torch.Tensor.data_ptr, ts)) == ps
-    ends = (flat[0], flat[-2])
 
-    def ends_only(i):
-        for t, p in zip(ends, (ptrs[0], ptrs[-2])):
-            if t.data_ptr() != p:
-                raise AssertionError
+    def before(i):  # the weights generation and the buffers' storage: what graphify checked until it watched more
+        if generation() != mark or list(map(torch.Tensor.data_ptr, buffers)) != buffer_ptrs:
+            raise AssertionError
 
     costs = host_costs_us({
-        "graphify's check (generation + buffers)": lambda i: watch.check(),
-        "every tensor's storage": lambda i: every(flat, ptrs, indices),
-        "first and last parameter": ends_only,
+        "graphify's check (Watch.check)": lambda i: watch.check(),
+        "graphify's check before (parameters' generation + buffers)": before,
+        "every tensor's storage": lambda i: every(tensors, ptrs, indices),
     }, reps=2000)
-    return [{"batch": 0, "what": f"weights check alone, {tensors} parameters: {what}", "us": us,
-             "vs_replay": float("nan")} for what, us in costs.items()]
+    held = watch.held
+    shape = (f"{len(list(model.parameters()))} parameters, {len(watch.marks.dicts)} dicts watched, "
+             f"{len(held[0])} cells, {len(held[1])} lists, {len(held[2])} functions, {watch.reach.edges()} edges, "
+             f"dict watchers: {WATCHERS}")
+    return [{"batch": 0, "what": f"check alone, 8B structure: {what}", "us": us, "vs_replay": float("nan"),
+             "structure": shape} for what, us in costs.items()]
+
+
+def _llama_8b_structure(device: str):
+    """A transformers Llama with Llama-3-8B's layers and modules at tiny widths."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=32, num_attention_heads=8,
+                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg).to(device).eval()
 
 
 def reach_check_us() -> float | None:

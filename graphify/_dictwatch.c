@@ -11,6 +11,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 
 static unsigned long long epoch = 0;
 
@@ -108,27 +109,51 @@ static PyObject *versions(PyObject *self, PyObject *dicts)
     return out;
 }
 
-/* same_versions(dicts, versions): whether no dict's version moved (one pass, no allocation) */
-static PyObject *same_versions(PyObject *self, PyObject *args)
+/* packed_versions(dicts): every dict's version tag, packed as native uint64s in a bytes
+ * object: what same_versions compares against without unboxing an int per dict */
+static PyObject *packed_versions(PyObject *self, PyObject *dicts)
 {
-    PyObject *dicts, *tags;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &dicts, &PyTuple_Type, &tags))
-        return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(dicts);
-    if (PyTuple_GET_SIZE(tags) != n) {
-        PyErr_SetString(PyExc_ValueError, "same_versions() takes tuples of one length");
+    if (!PyTuple_Check(dicts)) {
+        PyErr_SetString(PyExc_TypeError, "packed_versions() takes a tuple of dicts");
         return NULL;
     }
+    Py_ssize_t n = PyTuple_GET_SIZE(dicts);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint64_t));
+    if (out == NULL)
+        return NULL;
+    uint64_t *tags = (uint64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyTuple_GET_ITEM(dicts, i);
+        if (!PyDict_Check(d)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "packed_versions() takes dicts");
+            return NULL;
+        }
+        tags[i] = (uint64_t)DICT_VERSION(d);
+    }
+    return out;
+}
+
+/* same_versions(dicts, packed): whether no dict's version moved since packed_versions (one
+ * pass, no allocation) */
+static PyObject *same_versions(PyObject *self, PyObject *args)
+{
+    PyObject *dicts, *packed;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &dicts, &PyBytes_Type, &packed))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(dicts);
+    if (PyBytes_GET_SIZE(packed) != n * (Py_ssize_t)sizeof(uint64_t)) {
+        PyErr_SetString(PyExc_ValueError, "same_versions() takes the dicts packed_versions() packed");
+        return NULL;
+    }
+    const uint64_t *tags = (const uint64_t *)PyBytes_AS_STRING(packed);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *d = PyTuple_GET_ITEM(dicts, i);
         if (!PyDict_Check(d)) {
             PyErr_SetString(PyExc_TypeError, "same_versions() takes dicts");
             return NULL;
         }
-        unsigned long long want = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(tags, i));
-        if (want == (unsigned long long)-1 && PyErr_Occurred())
-            return NULL;
-        if ((unsigned long long)DICT_VERSION(d) != want)
+        if ((uint64_t)DICT_VERSION(d) != tags[i])
             Py_RETURN_FALSE;
     }
     Py_RETURN_TRUE;
@@ -218,7 +243,8 @@ static PyMethodDef methods[] = {
     {"epoch", get_epoch, METH_NOARGS, "epoch(): how many changes watched dicts have seen."},
 #if HAVE_VERSIONS
     {"versions", versions, METH_O, "versions(dicts): each dict's version tag (moves on every change)."},
-    {"same_versions", same_versions, METH_VARARGS, "same_versions(dicts, versions): no dict's tag moved."},
+    {"packed_versions", packed_versions, METH_O, "packed_versions(dicts): the tags, packed for same_versions."},
+    {"same_versions", same_versions, METH_VARARGS, "same_versions(dicts, packed): no dict's tag moved."},
 #endif
     {"same_cells", same_cells, METH_VARARGS, "same_cells(cells, values): each cell holds its value, by identity."},
     {"same_lists", same_lists, METH_VARARGS, "same_lists(lists, contents): each list holds its tuple's items."},

@@ -47,12 +47,12 @@ def _python_versions():
 
 if HELPER and _c.HAVE_VERSIONS:
     versions = _c.versions
+    _packed = _c.packed_versions
     _same_versions = _c.same_versions
 elif HELPER:  # Python 3.14+: no version tags; watchers alone say that something moved
-    versions = None
-    _same_versions = None
+    versions = _packed = _same_versions = None
 else:
-    versions = _python_versions()
+    versions = _packed = _python_versions()
 
     def _same_versions(dicts, tags):
         return versions(dicts) == tags
@@ -78,13 +78,13 @@ class DictMarks:
     """Some dicts as they are now; `moved()` says whether any changed since (or since the
     last `settle()`), `which()` which ones (where version tags exist)."""
 
-    __slots__ = ("dicts", "mark", "tags")
+    __slots__ = ("dicts", "mark", "tags", "packed")
 
     def __init__(self, dicts: Sequence[dict]):
         self.dicts = tuple(dicts)
         if WATCHERS:
             _c.watch(self.dicts)
-        self.mark = self.tags = None
+        self.mark = self.tags = self.packed = None
         self.settle()
 
     def settle(self) -> None:
@@ -93,13 +93,14 @@ class DictMarks:
             self.mark = _c.epoch()
         if versions is not None:
             self.tags = versions(self.dicts)
+            self.packed = _packed(self.dicts)
 
     def moved(self) -> bool:
         """Whether any dict may have changed since the mark (with watchers, a change to any
         watched dict anywhere counts: `which()` tells)."""
         if WATCHERS:
             return _c.epoch() != self.mark
-        return not _same_versions(self.dicts, self.tags)
+        return not _same_versions(self.dicts, self.packed)
 
     def which(self) -> list[int] | None:
         """Indices of the dicts changed since the mark; None where Python keeps no version
