@@ -10,6 +10,7 @@ so as long as its graphs.
 from __future__ import annotations
 
 import functools
+import types
 import weakref
 from collections.abc import Callable
 
@@ -18,7 +19,7 @@ import torch
 from ._gqa_fold import fold_grouped_query_decode
 from .extend import as_split
 
-__all__ = ["compile_for_captures", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend"]
+__all__ = ["compile_for_captures", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend", "forget_compiled"]
 
 # Dynamo settings while the function compiles. With dynamic shapes dynamo makes every float
 # it meets a symbol (a module's `eps`, attention `scaling`); AOTAutograd's pass that turns
@@ -31,7 +32,11 @@ __all__ = ["compile_for_captures", "KeptCompiles", "DYNAMO_CONFIG", "shared_back
 # share one (its `deprecate_kwarg` wrapper): a process with several model classes, batch 1
 # and larger batches reaches the default limit (8) of compiles, after which the frame runs
 # eagerly. Within graphify's own compiles the limit is higher.
-DYNAMO_CONFIG = {"specialize_float": True, "recompile_limit": 64}
+#
+# Dynamo skips guards on module hooks by default (`skip_nnmodule_hook_guards`): code compiled
+# for a module without hooks ran for one with them, and a hook added after a compile was
+# never called (wrong graphs, seen on the H100). Here hooks are guarded.
+DYNAMO_CONFIG = {"specialize_float": True, "recompile_limit": 64, "skip_nnmodule_hook_guards": False}
 
 
 class KeptCompiles:
@@ -126,3 +131,30 @@ def _with_dynamo_config(compiled: Callable, config: dict) -> Callable:
             return compiled(*args, **kwargs)
 
     return configured
+
+
+def forget_compiled(fn: Callable) -> None:
+    """Drop dynamo's compiled entries for `fn`'s code, so its next compile traces the Python
+    state as it is now. After graphify saw that state change, a compiled entry whose own
+    guards missed it (torch 2.11 kept one over a helper's new `__defaults__`) must not be
+    captured again. For a module, its class's `forward` and the module call path dynamo
+    compiles, `Module._wrapped_call_impl` (other modules compiled the same way compile
+    again on their next call)."""
+    reset = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    reset = getattr(reset, "reset_code", None)
+    if reset is None:
+        return
+    target = getattr(fn, "_orig_mod", fn)
+    codes = []
+    if isinstance(target, torch.nn.Module):
+        forward = getattr(type(target), "forward", None)
+        codes += [getattr(forward, "__code__", None), torch.nn.Module._wrapped_call_impl.__code__,
+                  torch.nn.Module._call_impl.__code__]
+    for _ in range(8):  # through bound methods and partials to the function
+        target = getattr(target, "__func__", None) or getattr(target, "func", None) or target
+        if isinstance(target, types.FunctionType):
+            codes.append(target.__code__)
+            break
+    for code in codes:
+        if code is not None:
+            reset(code)

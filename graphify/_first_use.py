@@ -44,6 +44,7 @@ from . import _call_paths
 from ._capture_failures import CaptureFailures
 from ._call_structure import Branch, CallStructure, branch_of, fitting, take_over_idle
 from ._compile_jobs import CompileJobs, capture_with
+from ._compiled import forget_compiled
 from ._errors import (
     CaptureError, GraphifyError, InputMismatchError, PersistentSwapError, StateChangedError, StateReplacedError,
 )
@@ -348,6 +349,8 @@ class FirstUse:
         start over; a kind that keeps changing (`MAX_STALE` times) runs eagerly from then on."""
         count = self.stale[structure.family] = self.stale.get(structure.family, 0) + 1
         self._drop(structure)
+        if self.spec.compiled is not None:  # dynamo's entries were traced over the old state
+            forget_compiled(self.spec.fn)
         if self.jobs is not None:  # the worker's copy of the function may read the old weights
             self.jobs.start_over()
         if count >= MAX_STALE:

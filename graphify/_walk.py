@@ -181,8 +181,12 @@ class Walk:
     def _function(self, f: types.FunctionType, path: str, level: int) -> None:
         """A function that ran (or a root): its closure cells, defaults, attributes and the
         globals (and module attributes reached from them) its bytecode names. Others are
-        read by identity only, as are torch's, graphify's and Python's own."""
-        if library_code(f):
+        read by identity only, as are torch's, graphify's and Python's own (by where the
+        code was defined: a wrapper's `__module__` may be copied from what it wraps)."""
+        original = getattr(f, "_torchdynamo_orig_callable", None)
+        if original is not None:  # torch.compile's wrapper: its closure is dynamo's; what it runs is the original
+            return self._visit(original, path, level + 1)
+        if library_module(f.__globals__.get("__name__")):
             return
         code = f.__code__
         if id(code) not in self.reach.ran:
@@ -213,14 +217,17 @@ class Walk:
             if not library_module(g.get("__name__")):
                 self._globals_of(names, g, qualname, 1)
 
-    def _global(self, g: dict, name: str, names: frozenset, path: str, level: int, hops: int) -> None:
+    def _global(self, g: dict, name: str, names: frozenset, path: str, level: int, hops: int,
+                walk: bool = True) -> None:
         value = g[name]
-        self._edge(g, name, value, path, level, attr=False)
+        self._edge(g, name, value, path, level, attr=False, walk=walk)
         if isinstance(value, types.ModuleType) and hops > 1:  # `F.silu`, `torch.nn.functional.silu`
             d = value.__dict__
+            # what a library module holds (`sys.meta_path`, torch's state) is read by identity, not walked
+            inner = walk and not library_module(value.__name__)
             for attribute in sorted(names):
                 if attribute in d:
-                    self._global(d, attribute, names, f"{path}.{attribute}", level + 1, hops - 1)
+                    self._global(d, attribute, names, f"{path}.{attribute}", level + 1, hops - 1, inner)
 
     def _class(self, cls: type, path: str, level: int) -> None:
         """A class and its bases: every entry of their dicts by identity (a method replaced on

@@ -10,6 +10,8 @@ Controls change tensors in place: their graphs must keep replaying.
 from __future__ import annotations
 
 import functools
+import itertools
+import sys
 import types
 from collections.abc import Callable
 
@@ -49,9 +51,16 @@ def reload(m: torch.nn.Module) -> None:
     m.load_state_dict({k: torch.randn_like(v) for k, v in m.state_dict().items()}, assign=True)
 
 
+_modules = itertools.count()
+
+
 def namespace(source: str, **values) -> dict:
-    """A module's globals: `source` executed in a fresh namespace holding `values`."""
-    ns = {"__name__": "watch_case_globals", "torch": torch, **values}
+    """A module's globals: `source` executed in a fresh module holding `values` (registered
+    in sys.modules, as torch.compile imports a function's module by name)."""
+    module = types.ModuleType(f"watch_case_globals_{next(_modules)}")
+    sys.modules[module.__name__] = module
+    ns = module.__dict__
+    ns.update(torch=torch, **values)
     exec(source, ns)  # noqa: S102 - test code
     return ns
 
