@@ -133,8 +133,9 @@ def _with_dynamo_config(compiled: Callable, config: dict) -> Callable:
     return configured
 
 
-def forget_compiled(fn: Callable) -> None:
-    """Drop dynamo's compiled entries for `fn`'s code, so its next compile traces the Python
+def forget_compiled(spec) -> None:
+    """Drop dynamo's compiled entries for the code of `spec`'s function (a `FunctionSpec`),
+    where it is compiled (`Options(compile=...)`), so its next compile traces the Python
     state as it is now. After graphify saw that state change, a compiled entry whose own
     guards missed it (torch 2.11 kept one over a helper's new `__defaults__`) must not be
     captured again. For a module, its class's `forward` and the module call path dynamo
@@ -142,9 +143,9 @@ def forget_compiled(fn: Callable) -> None:
     again on their next call)."""
     reset = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
     reset = getattr(reset, "reset_code", None)
-    if reset is None:
+    if reset is None or spec.compiled is None:
         return
-    target = getattr(fn, "_orig_mod", fn)
+    target = getattr(spec.fn, "_orig_mod", spec.fn)
     codes = []
     if isinstance(target, torch.nn.Module):
         forward = getattr(type(target), "forward", None)

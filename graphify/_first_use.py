@@ -15,27 +15,27 @@ again. Nothing below calls back up here. The policy:
   layer's counter) splits a structure into *branches*, a table each; the state is advanced
   after each replay as the type predicts, and checked against each eager run.
 - Under `Options(compile="background")` captures record the function as written until a
-  worker process has compiled their kind of call (`graphify._compile_jobs`); then the
-  structures holding such graphs are dropped and their calls capture again, compiled.
+  worker has compiled their kind of call (`graphify._compile_jobs`); then they capture again.
 - What cannot be graphed runs eagerly with one warning naming the cause and the fix (an op
   that reads a device value on the host, Python state that changes every call); other
   sizes and branches keep their graphs. `Options(first_use="strict")` raises instead.
-- What graphs read without copying it in is checked before every replay: a structure whose
-  objects, closure, weights or persistent arguments moved is dropped and its calls start
-  over; a kind that keeps moving (`MAX_STALE`) runs eagerly. A call that replaces such a
-  tensor (a DynamicCache's torch.cat) runs eagerly, with one warning.
+- What a call reads beyond its arguments is checked before every replay: a structure over
+  anything that changed is dropped and its calls start over (`MAX_STALE` times a kind, then
+  eagerly); a call replacing a tensor it reads (DynamicCache's cat) runs eagerly, warned once.
 - New objects of known shapes (a new StaticCache every `generate()`): an idle structure
   whose objects are gone (at most `MAX_IDLE`) is taken over by a new object of the same
   skeleton (`graphify._takeover`: one copy of the cache, no capture); a structure *kin* to
   one captured before (a cache of another length) captures without warm-up. Where the
   caller keeps the old objects and `MAX_STRUCTURES` are taken, the kind's least recently
   used structure makes room (`graphify._room`).
-Tables stay immutable values, swapped in under the runtime's lock. A capture costs the call
-that makes it about two eager runs; `capture(*example)` captures every size ahead of time.
+Tables stay immutable values, swapped in under the runtime's lock. A capture costs its call
+about two eager runs (`capture(*example)` captures ahead); structures share one walk of
+what the function reaches (`graphify.capture.FunctionReads`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import warnings
@@ -55,7 +55,7 @@ from ._stats import Stats
 from ._reach import stateful_in
 from ._room import Room
 from ._structures import Pending, family_of, fits, likeness_of, static_objects
-from .capture import CallCapture, Prepared, prepare
+from .capture import CallCapture, FunctionReads, Prepared, prepare
 
 __all__ = ["FirstUse", "MAX_STRUCTURES", "MAX_EXACT_GRAPHS", "EXACT_MAX_TOKENS", "MAX_IDLE"]
 
@@ -74,7 +74,8 @@ class FirstUse:
     what holds a structure's capture open (`CallCapture`; tests pass a recording one)."""
 
     def __init__(self, spec: FunctionSpec, stats: Stats, open_capture=CallCapture):
-        self.spec, self.stats, self.open_capture = spec, stats, open_capture
+        self.spec, self.stats = spec, stats  # (its structures share one walk of what the function reaches)
+        self.open_capture = functools.partial(open_capture, function=FunctionReads.for_spec(spec))
         self.lock = threading.Lock()
         self.structures: list[CallStructure] = []  # most recently used first
         self.pending: Pending | None = None  # the previous call, which ran eagerly
@@ -344,22 +345,20 @@ class FirstUse:
         structure.release()
 
     def _stale(self, structure: CallStructure) -> None:
-        """A structure whose graphs read what moved (a static object's or the closure's
-        tensors or values, a module's weights, a persistent argument): dropped, its calls
-        start over; a kind that keeps changing (`MAX_STALE` times) runs eagerly from then on."""
-        count = self.stale[structure.family] = self.stale.get(structure.family, 0) + 1
+        """A structure over what changed (anything a call reads): dropped, its calls start
+        over; a kind that changes again before its graphs replay `MAX_STALE` times, that many
+        times in a row, runs eagerly from then on (a research loop changing a hook now and
+        then keeps its graphs)."""
+        thrash = sum(b.runtime.replayed for b in structure.branches.values()) < MAX_STALE
+        count = self.stale[structure.family] = self.stale.get(structure.family, 0) + 1 if thrash else 1
         self._drop(structure)
-        if self.spec.compiled is not None:  # dynamo's entries were traced over the old state
-            forget_compiled(self.spec.fn)
+        forget_compiled(self.spec)  # dynamo's entries (Options.compile) were traced over the old state
         if self.jobs is not None:  # the worker's copy of the function may read the old weights
             self.jobs.start_over()
         if count >= MAX_STALE:
             self.refused_families.append(structure.family)
-            log.warning(
-                "%s: what the graphs read (a static argument's or the closure's tensors and values, the module's "
-                "weights, a persistent argument) changed between calls %d times; these calls run eagerly from now on",
-                self.spec.label, count,
-            )
+            log.warning("%s: what the graphs read changed before they could replay, %d times in a row; these calls "
+                        "run eagerly from now on", self.spec.label, count)
 
     def _refuse(self, structure: CallStructure, exc: StateReplacedError, args: tuple, kwargs: dict):
         """Calls of this kind replace what their graphs would read: they run eagerly from

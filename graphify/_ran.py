@@ -33,11 +33,14 @@ _local = threading.local()
 
 
 class CodeRan:
-    """The code seen starting: id(code) -> (its qualified name, the names it looks up, its
-    globals dict), for code outside torch, graphify and the standard library."""
+    """The code seen starting: `codes`, id(code) -> (its qualified name, the names it looks
+    up, its globals dict), for code outside torch, graphify and the standard library; and
+    `names`, every name any code seen looks up (which attributes of an object a call can read)."""
 
     def __init__(self):
         self.codes: dict[int, tuple] = {}
+        self.names: set[str] = set()  # every name any code that ran (torch's too) looks up
+        self.named: set[int] = set()  # ids of the code whose names are in `names`
 
     def __contains__(self, code) -> bool:
         return id(code) in self.codes
@@ -47,32 +50,34 @@ class CodeRan:
 
     def update(self, other: "CodeRan") -> None:
         self.codes.update(other.codes)
+        self.names |= other.names
+        self.named |= other.named
 
     def new_in(self, other: "CodeRan") -> bool:
         """Whether `other` saw code this one did not."""
-        return any(key not in self.codes for key in other.codes)
+        return any(key not in self.named for key in other.named)
 
     def note(self, code, g: dict) -> None:
-        if id(code) not in self.codes and not library_module(g.get("__name__")):
-            self.codes[id(code)] = (getattr(code, "co_qualname", code.co_name), code_names(code), g)
+        if id(code) in self.named:
+            return
+        self.named.add(id(code))
+        names = code_names(code)
+        self.names |= names
+        if not library_module(g.get("__name__")):
+            self.codes[id(code)] = (getattr(code, "co_qualname", code.co_name), names, g)
 
     @contextlib.contextmanager
     def recording(self):
         """Note the code every Python call on this thread starts, while inside."""
-        codes, note = self.codes, self.note
+        named, note = self.named, self.note
         previous = sys.getprofile()
         chained = previous if callable(previous) else None  # a C profiler has its events back afterwards
-        skipped: set[int] = set()  # globals of library code, not looked at again
 
         def profile(frame, event, arg):
             if event == "call":
                 code = frame.f_code
-                if id(code) not in codes:
-                    g = frame.f_globals
-                    if id(g) not in skipped:
-                        note(code, g)
-                        if id(code) not in codes:
-                            skipped.add(id(g))
+                if id(code) not in named:
+                    note(code, frame.f_globals)
             if chained is not None:
                 chained(frame, event, arg)
 

@@ -101,8 +101,8 @@ class Reach:
         self.tensors: tuple = ()  # every tensor, in `tensor_edges()` order
         # (tensors with an address that means something, their addresses, every tensor's shape)
         self._where: tuple = ((), (), [])
-        self.roots: dict = {}  # what a deep walk started from (`graphify.capture.function_reads`)
-        self.ran: dict = {}  # code -> globals of the code seen running (deep walks)
+        self._index: dict = {}  # id(edge list) -> {id(holder): edge indices}, for `describe(within=...)`
+        self.walker = None  # the `Walk` that recorded it, to go on with (`extend`)
 
     # -- recording ------------------------------------------------------------------------
     @classmethod
@@ -117,14 +117,31 @@ class Reach:
         functions met whose code ran, and the root functions, are walked, and every global
         the code that ran looks up is an edge."""
         reach = cls(lengths, plains_are_effects)
-        Walk(reach, deep, ran, skip).run(roots)
-        reach.tensors = tuple(t for edges in reach.tensor_items for t in edges.values)
+        walker = Walk(reach, deep, ran, skip)
+        walker.run(roots)
+        walker.reach = None  # no cycle: a reach of a cache must go when its last reference does
+        reach.walker = walker if deep else None
+        reach._recorded()
+        return reach
+
+    def extend(self, ran) -> None:
+        """Record what code seen running since the walk reads (`Walk.extend`), in place."""
+        self.walker.reach = self
+        try:
+            self.walker.extend(ran)
+        finally:
+            self.walker.reach = None
+        self._index = {}
+        self._recorded()
+
+    def _recorded(self) -> None:
+        """What the checks compare tensors against, from the edges recorded."""
+        self.tensors = tuple(t for edges in self.tensor_items for t in edges.values)
         # addresses of strided tensors with storage (sparse tensors and DTensors have none: their
         # identity and shape are checked)
-        addressed = tuple(t for t in reach.tensors if has_address(t))
+        addressed = tuple(t for t in self.tensors if has_address(t))
         shapes: dict = {}  # one object per distinct shape: fewer objects for the per-call check to read
-        reach._where = (addressed, tuple(map(_data_ptr, addressed)), [shapes.setdefault(s, s) for s in map(_shape, reach.tensors)])
-        return reach
+        self._where = (addressed, tuple(map(_data_ptr, addressed)), [shapes.setdefault(s, s) for s in map(_shape, self.tensors)])
 
     def edges(self) -> int:
         return sum(len(e) for group in (self.objects, self.plains, self.tensor_items) for e in group)
@@ -173,20 +190,33 @@ class Reach:
         addressed, ptrs, shapes = self._where
         return tuple(map(_data_ptr, addressed)) != ptrs or list(map(_shape, self.tensors)) != shapes
 
-    def describe(self) -> str | None:
-        """The first path that differs from the record, as 'path: what changed'; None if none."""
-        checks = [(e, is_) for e in self.objects + self.tensor_items] + [(e, _equal) for e in self.plains]
+    def describe(self, within: set | None = None, plains: bool = True) -> str | None:
+        """The first path that differs from the record, as 'path: what changed'; None if none.
+        `within`: only the edges and lengths of these holders (ids), tensors' addresses left
+        out; `plains`: whether plain values count."""
+        checks = [(e, is_) for e in self.objects + self.tensor_items] + [(e, _equal) for e in self.plains if plains]
+        names = self.walker.names if self.walker is not None else None
+        attribute_dicts = {id(h) for h, kind in zip(self.sized.holders, self.sized.keys) if kind == "__dict__"} \
+            if names is not None else set()
         for edges, same in checks:
-            for holder, key, value, path in edges:
+            for holder, key, value, path in (edges if within is None else self._edges_of(edges, within)):
+                if id(holder) in attribute_dicts and key not in names:
+                    continue  # an attribute no code that ran names (transformers' generate() sets some on the model)
                 try:
                     now = read_edge(holder, key, edges.attr)
                 except Exception:
                     return f"{path}: gone (was {_show(value)})"
                 if not same(now, value):
                     return f"{path}: {_show(value)} -> {_show(now)}"
-        for container, _, n, path in self.sized:
+        for container, kind, n, path in (self.sized if within is None else self._edges_of(self.sized, within)):
             if len(container) != n:
-                return f"{path}: {n} entries -> {len(container)}{self._added(container)}"
+                added = self._added_keys(container)
+                if id(container) in attribute_dicts and not any(k in names for k in added):
+                    continue  # attributes added that no code that ran names
+                shown = f" (added: {', '.join(map(repr, added[:3]))})" if added else ""
+                return f"{path}: {n} entries -> {len(container)}{shown}"
+        if within is not None:
+            return None
         addressed, addresses, shapes = self._where
         ptrs = dict(zip(map(id, addressed), addresses))
         for t, shape, (_, _, _, path) in zip(self.tensors, shapes, self.tensor_edges()):
@@ -196,14 +226,24 @@ class Reach:
                 return f"{path}: shape changed in place ({tuple(shape)} -> {tuple(t.shape)})"
         return None
 
-    def _added(self, container) -> str:
-        """The keys a dict gained, as ' (added: ...)' (for errors; '' if none is known)."""
+    def _edges_of(self, edges: Edges, within: set) -> list:
+        """`edges`' (holder, key, value, path) for holders whose id is in `within`, through an
+        index by holder made on first use."""
+        index = self._index.get(id(edges))
+        if index is None:
+            index = self._index[id(edges)] = {}
+            for i, holder in enumerate(edges.holders):
+                index.setdefault(id(holder), []).append(i)
+        return [(edges.holders[i], edges.keys[i], edges.values[i], edges.paths[i])
+                for h in within for i in index.get(h, ())]
+
+    def _added_keys(self, container) -> list:
+        """The keys a dict gained since the walk ([] for a list)."""
         if not isinstance(container, dict):
-            return ""
+            return []
         known = {k for edges in self.all_edges() if not edges.attr for h, k in zip(edges.holders, edges.keys)
                  if h is container}
-        added = [k for k in container if k not in known and not (isinstance(k, str) and k.startswith("__"))]
-        return f" (added: {', '.join(map(repr, added[:3]))})" if added else ""
+        return [k for k in container if k not in known and not (isinstance(k, str) and k.startswith("__"))]
 
     def first_change(self) -> tuple[str, bool] | None:
         """(description, whether a tensor was replaced) of what differs now, or None.

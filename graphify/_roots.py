@@ -34,14 +34,16 @@ _names: "weakref.WeakKeyDictionary[types.CodeType, frozenset]" = weakref.WeakKey
 
 def code_names(code: types.CodeType) -> frozenset:
     """Every name `code` and the code nested in it (comprehensions, inner functions, lambdas)
-    look up as a global or an attribute. (Cached weakly: torch.compile hangs compiled graphs
-    on code objects.)"""
+    look up as a global or an attribute, and the identifier-like strings it holds (names
+    read with `getattr`). (Cached weakly: torch.compile hangs compiled graphs on code objects.)"""
     found = _names.get(code)
     if found is None:
         names = set(code.co_names)
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
                 names |= code_names(const)
+            elif isinstance(const, str) and const.isidentifier():  # getattr(config, "sliding_window", None)
+                names.add(const)
         found = _names[code] = frozenset(names)
     return found
 

@@ -78,17 +78,30 @@ class Walk:
         self.seen: set[int] = set(map(id, skip))
         self.read_globals: set = set()  # (id(globals dict), name) recorded
         self.count = 0  # edges recorded
-        reach.ran = dict(ran.codes) if ran is not None else {}
+        self.pending: list = []  # (function, path, level) met whose code was not seen running
+        self.ran: dict = dict(ran.codes) if ran is not None else {}  # id(code) -> (name, names, globals) that ran
+        # every name code that ran looks up (None: no run recorded, every attribute counts)
+        self.names: set | None = set(ran.names) if ran is not None and ran.names else None
 
     def run(self, roots: dict[str, Any]) -> None:
         if self.deep:  # the roots' own functions are read whether or not a run was recorded
             for f in map(_function_under, roots.values()):
                 if f is not None:
-                    self.reach.ran[id(f.__code__)] = (f.__qualname__, code_names(f.__code__), f.__globals__)
+                    self.ran[id(f.__code__)] = (f.__qualname__, code_names(f.__code__), f.__globals__)
         for name, obj in roots.items():
             self._visit(obj, name, 0)
         if self.deep:
             self._executed_globals()
+
+    def extend(self, ran) -> None:
+        """Go on after more code was seen running (`ran`, a `graphify._ran.CodeRan`): the
+        functions met before whose code ran now, and the globals of all code that ran."""
+        self.ran.update(ran.codes)
+        self.names = set(ran.names) if self.names is None else self.names | ran.names
+        waiting, self.pending = self.pending, []
+        for f, path, level in waiting:
+            self._function(f, path, level)
+        self._executed_globals()
 
     def _truncate(self, path: str, why: str) -> None:
         if self.reach.truncated is None:
@@ -144,7 +157,7 @@ class Walk:
         if isinstance(d, dict):
             if len(d) > MAX_ITEMS:
                 return self._truncate(path, f"{len(d)} attributes, more than the {MAX_ITEMS} a walk records")
-            self._container(d, path + ".__dict__")
+            self._container(d, path + ".__dict__", attributes=True)
             for k, x in stored_items(d):
                 if not (isinstance(k, str) and k.startswith("__")) and k not in owned:
                     self._edge(d, k, x, f"{path}.{k}", level, attr=False)
@@ -189,7 +202,8 @@ class Walk:
         if library_module(f.__globals__.get("__name__")):
             return
         code = f.__code__
-        if id(code) not in self.reach.ran:
+        if id(code) not in self.ran:
+            self.pending.append((f, path, level))
             return
         self.reach.functions.append((f, path))
         for var, cell in zip(code.co_freevars, f.__closure__ or ()):
@@ -213,7 +227,7 @@ class Walk:
     def _executed_globals(self) -> None:
         """The globals of the code that ran but was not met as a function object (a helper
         reached through a library, a method of a static object's class)."""
-        for qualname, names, g in list(self.reach.ran.values()):
+        for qualname, names, g in list(self.ran.values()):
             if not library_module(g.get("__name__")):
                 self._globals_of(names, g, qualname, 1)
 
@@ -254,9 +268,12 @@ class Walk:
                     for f in _functions_of(value):
                         self._visit(f, f"{where}.{name}", level + 1)
 
-    def _container(self, container, path: str) -> None:
+    def _container(self, container, path: str, attributes: bool = False) -> None:
+        """A list or dict walked, its length recorded; an object's `__dict__` (`attributes`)
+        is marked so, with the key "__dict__": its entries count only where code that ran
+        names them (`Reach.describe`)."""
         if self.reach.lengths:
-            self.reach.sized.add(container, None, len(container), path)
+            self.reach.sized.add(container, "__dict__" if attributes else None, len(container), path)
 
     def _edge(self, holder, key, value, path: str, level: int, *, attr: bool, walk: bool = True) -> None:
         self.count += 1

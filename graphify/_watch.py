@@ -96,12 +96,16 @@ class Watch:
     def unchanged(self) -> bool:
         """The fast check: True if nothing recorded can have changed since capture (or the
         last settled move)."""
+        return not self.marks.moved() and self._held_same()
+
+    def _held_same(self) -> bool:
+        """Everything but the watched dicts as expected: the generation, what no dict holds,
+        the plain tensors' addresses and shapes."""
         generation, cell_values, list_items, function_states, slot_values = self.expected
         cells, lists, functions, slots = self.held
         tensors, ptrs, shapes = self.plain
         return (
             _params.generation() == generation
-            and not self.marks.moved()
             and same_cells(cells, cell_values)
             and same_lists(lists, list_items)
             and (WATCHERS or same_functions(functions, function_states))
@@ -126,10 +130,14 @@ class Watch:
         else the first change as 'path: what'."""
         self.verified += 1
         reach = self.reach
-        if reach.changed():
-            what = reach.describe()
-            if what is not None:
-                return what
+        which = self.marks.which() if self._held_same() else None
+        if which is not None:  # only watched dicts moved (with watchers, maybe none of these): compare their edges
+            within = {id(self.marks.dicts[i]) for i in which}
+            what = reach.describe(within, plains=not reach.plains_are_effects) if within else None
+        else:
+            what = reach.describe() if reach.changed() else None
+        if what is not None:
+            return what
         self.marks.settle()
         self._take()
         return None

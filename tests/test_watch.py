@@ -174,3 +174,41 @@ def test_the_simulation_replays_the_memory_captured_as_a_device_does(backend):
         entry.replay()
         same(entry.flat_outputs[0], before, "a replay past the check")
     del old
+
+
+def test_a_change_now_and_then_keeps_graphs_and_a_change_every_call_goes_eager(backend):
+    """A research loop that changes a hook between experiments goes back to graphs after
+    each change; a function whose state changes before its graphs could replay, three
+    times in a row, runs eagerly from then on."""
+    name, device = backend
+    model = mlp(device)
+    g = graphify(model, sizes=SIZES, options=Options(backend=name))
+    with torch.no_grad():
+        for experiment in range(5):  # more changes than MAX_STALE, each followed by several calls
+            model[0].register_forward_hook(lambda m, args, out, k=experiment: out + k)
+            before = full_calls(g)
+            for _ in range(6):
+                x = torch.randn(3, D, device=device)
+                same(g(x), model(x), f"experiment {experiment}")
+            assert full_calls(g) >= before + 3, f"experiment {experiment} went back to graphs"
+        calls = full_calls(g)
+        for i in range(8):  # a change before every call
+            model[2].bias.data = torch.randn(D, device=device)
+            x = torch.randn(3, D, device=device)
+            same(g(x), model(x), f"call {i}")
+    assert full_calls(g) - calls <= 3 and not g._first_use.structures
+
+
+def test_an_attribute_no_code_reads_changes_without_a_capture(backend):
+    """transformers' generate() sets `_previous_max_cache_length` on the model on every new
+    length; nothing the forward runs reads it, so the graphs keep replaying."""
+    name, device = backend
+    model = mlp(device)
+    g = graphify(model, sizes=SIZES, options=Options(backend=name))
+    with torch.no_grad():
+        for i in range(8):
+            model._previous_max_cache_length = 16 + i  # a plain attribute of the graphified module itself
+            model[1].experiment_label = f"seen {i}"  # and of a submodule, added after capture
+            x = torch.randn(3, D, device=device)
+            same(g(x), model(x), f"call {i}")
+    assert calls_by_mode(g)[Mode.NONE] == 1 and full_calls(g) == 7

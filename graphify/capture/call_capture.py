@@ -39,8 +39,8 @@ log = logging.getLogger("graphify")
 class CallCapture:
     """A session for one call structure; see the module docstring."""
 
-    def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet):
-        session = self.session = CaptureSession(spec, prepared, keys)
+    def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, function=None):
+        session = self.session = CaptureSession(spec, prepared, keys, function=function)
         session.specs = tuple(
             attrs.evolve(s, value=weaken(s.value)) if s.axis.kind is Kind.STATIC else s for s in session.specs
         )

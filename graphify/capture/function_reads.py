@@ -9,8 +9,11 @@ captured read. Where nothing recorded moved and no new code ran, the last walk s
 
 from __future__ import annotations
 
+import threading
 from operator import is_
 
+from .._function import FunctionSpec
+from .._layout import fn_name, module_of
 from .._ran import CodeRan
 from .._reach import Reach
 from .._roots import global_hook_dicts
@@ -20,7 +23,9 @@ __all__ = ["FunctionReads"]
 
 
 class FunctionReads:
-    """The deep walk and per-call check of one session's function."""
+    """The deep walk and per-call check of one callable's function, shared by its sessions
+    (each structure of first use captures in a session of its own: a new cache, a new
+    length), so a walk serves every capture until something it recorded moves."""
 
     def __init__(self, label: str, roots: dict, effects: bool):
         self.label = label
@@ -28,32 +33,59 @@ class FunctionReads:
         self.effects = effects  # its plain values are side effects (`Options.side_effects`)
         self.ran = CodeRan()  # the Python code its captures' runs executed
         self.watch: Watch | None = None
+        self.walked: tuple = (None, {}, 0)  # the last deep walk, its roots, and how much code had run then
+        self.lock = threading.Lock()
+
+    @classmethod
+    def for_spec(cls, spec: FunctionSpec) -> "FunctionReads":
+        """For the function `spec` describes: the walk starts from the function (for a split
+        function, whose pieces baked in what its closure held, from its module alone)."""
+        if spec.split is None:
+            roots = {fn_name(spec.fn): spec.fn}
+        else:
+            module = module_of(spec.fn)
+            roots = {} if module is None else {type(module).__name__: module}
+        return cls(spec.label, roots, spec.options.side_effects == "at_capture")
 
     def walk(self, shallow: Reach, objects: dict) -> Reach:
         """The deep walk for a capture over `objects` (whose shallow walk is `shallow`): the
         function, the modules, code and classes the static objects hold (`handoff`), the
         global hook dicts. The last one, where nothing it recorded changed since."""
         roots = {**self.roots, **{f"static {path}": obj for path, obj in shallow.handoff}, **global_hook_dicts()}
-        watch = self.watch
-        if watch is not None and watch.reach.roots.keys() == roots.keys() \
-                and all(map(is_, watch.reach.roots.values(), roots.values())) \
-                and watch.reach.ran_count == len(self.ran) and watch.unchanged():
-            return watch.reach
+        with self.lock:
+            return self._walk(roots, objects)
+
+    def _walk(self, roots: dict, objects: dict) -> Reach:
+        watch, (last, last_roots, ran_then) = self.watch, self.walked
+        if watch is not None and watch.reach is last and last_roots.keys() == roots.keys() \
+                and all(map(is_, last_roots.values(), roots.values())) and ran_then == len(self.ran) \
+                and (watch.unchanged() or watch.verify() is None):  # (nothing it recorded changed, or nothing read)
+            return last
         deep = Reach.walk(roots, deep=True, lengths=not self.effects, plains_are_effects=self.effects,
                           skip=tuple(objects.values()), ran=self.ran)
-        deep.roots, deep.ran_count = roots, len(self.ran)
+        self.walked = (deep, roots, len(self.ran))
         return deep
 
-    def after(self, ran: CodeRan, shallow: Reach, objects: dict) -> Reach | None:
-        """After a capture's runs (`ran`): the walk again if code ran that no capture ran
-        before (what it reads is read from now on), else None."""
-        if not self.ran.new_in(ran):
-            return None
-        self.ran.update(ran)
-        return self.walk(shallow, objects)
+    def after(self, ran: CodeRan, deep: Reach) -> None:
+        """After a capture's runs (`ran`): if code ran that no capture ran before, what it
+        reads joins `deep` (the walk goes on from where it stopped)."""
+        with self.lock:
+            if not self.ran.new_in(ran):
+                return
+            self.ran.update(ran)
+            deep.extend(self.ran)
+            if self.walked[0] is deep:
+                self.walked = (deep, self.walked[1], len(self.ran))
+            if self.watch is not None and self.watch.reach is deep:
+                self.watch = None  # made again over the edges added
 
     def watching(self, deep: Reach) -> Watch:
-        """The per-call check of `deep` (the one already made, where it is that walk's)."""
-        if self.watch is None or self.watch.reach is not deep:
-            self.watch = Watch(self.label, deep)
-        return self.watch
+        """The per-call check of `deep`: the one kept for the last walk where `deep` is it,
+        else a new one (a session whose walk another session's walk has since replaced)."""
+        with self.lock:
+            if self.watch is not None and self.watch.reach is deep:
+                return self.watch
+            watch = Watch(self.label, deep)
+            if deep is self.walked[0]:
+                self.watch = watch
+            return watch

@@ -33,7 +33,7 @@ from .._errors import CaptureError, StateReplacedError
 from .._function import FunctionSpec
 from .._keepalive import LibraryHold, holding
 from .._keys import KeySet, specialised_sizes
-from .._layout import fn_name, module_of
+from .._layout import fn_name
 from .._mode import Mode
 from .._pool import Pool
 from .._reach import Reach
@@ -66,8 +66,6 @@ class CaptureSetup:
     settings: CaptureSettings  # pool handle, warm-ups, weak outputs, stream
     probe: Callable | None  # the split function as calls bind it: what the state keeper records
     uses_fft: bool  # the graphs may launch torch's cuFFT plans (kept alive with them)
-    fn_roots: dict  # what the function reads beyond its arguments
-    effects_at_capture: bool  # its closure's plain values are side effects (`Options.side_effects`)
     out_axes: Any  # as given (`Options.out_axes`, a split function's), or None: inferred
     out_rule: Callable  # (tokens, reqs, flat outputs) -> each output's axis
 
@@ -76,9 +74,11 @@ class CaptureSession:
     """Captures keys of one table for the function `spec` describes, called as `prepared`
     binds it; see the module docstring. `keys`: what may be captured (ahead of time every
     planned key; first use a structure's). `lockstep` (tensor parallelism): the ranks'
-    agreement, recorded into each FULL graph under its "graph" policy."""
+    agreement, recorded into each FULL graph under its "graph" policy. `function`: what the
+    function reaches, shared by the sessions of one callable (first use: its structures)."""
 
-    def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, *, lockstep=None):
+    def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, *, lockstep=None,
+                 function: FunctionReads | None = None):
         label, specs, example, backend = spec.label, prepared.specs, prepared.args, prepared.backend
         try:
             device = device_of(specs)
@@ -98,7 +98,7 @@ class CaptureSession:
             self.static = StaticBuffers.allocate(specs, example, rows, backend.empty)
             self.keeper = StateKeeper(spec.options.restore_state, exclude=self.static.storages())
             self.setup = _setup(spec, prepared, keys, lockstep, device, self.pool.handle_for(backend, device, label))
-        self.function = FunctionReads(label, self.setup.fn_roots, self.setup.effects_at_capture)
+        self.function = function if function is not None else FunctionReads.for_spec(spec)
 
     def objects(self, args: Sequence[Any]) -> dict:
         """The static objects of a call: roots of the Python state a graph cannot follow."""
@@ -142,8 +142,7 @@ class CaptureSession:
                             _unchanged(self.label, reach, snapshots)
                 finally:  # the runs drew random numbers; the call's replay draws what eager would
                     rng.restore()
-                deep = self.function.after(ran, shallow, objects) or deep  # what code that ran first reads
-                reach = (shallow, deep)
+                self.function.after(ran, deep)  # what code that ran for the first time reads
                 _within_limits(self.label, reach)
             self.keeper.owned = []
             entries = {**self.entries, **new}
@@ -159,7 +158,6 @@ class CaptureSession:
         for entry in entries.values():
             self.pool.track(entry, f"{self.label} {entry.label}", entry.nbytes)
         self.reach = reach
-        self.function.watching(deep)
         self.seconds += time.perf_counter() - start
         return self.table()
 
@@ -226,7 +224,7 @@ class CaptureSession:
         return GraphTable(
             types.MappingProxyType(own), _captured_keys(own, self.keys), self.specs, self.static, setup.backend,
             self.pool, setup.device, library=library, layout=layout, examples=examples,
-            reads=Reads(self.function.watch, tuple(r for r in self.reach[:1] if r)),
+            reads=Reads(self.function.watching(self.reach[1]) if self.reach else None, tuple(r for r in self.reach[:1] if r)),
             report=CaptureReport(self.seconds, len(self.keeper.restored), self.keeper.peak_bytes),
             holdings=Holdings(own, self.hold),
         )
@@ -304,15 +302,6 @@ def _within_limits(label: str, reach: tuple[Reach, ...]) -> None:
             )
 
 
-def _function_roots(spec: FunctionSpec) -> dict:
-    """What the deep walk starts from: the function (for a split function, whose pieces baked
-    in what its closure held, only the module it belongs to)."""
-    if spec.split is None:
-        return {fn_name(spec.fn): spec.fn}
-    module = module_of(spec.fn)
-    return {} if module is None else {type(module).__name__: module}
-
-
 def _setup(spec: FunctionSpec, prepared: Prepared, keys: KeySet, lockstep, device, handle) -> CaptureSetup:
     """The session's fixed capture settings (device current, no grad)."""
     split, options, backend = spec.split, spec.options, prepared.backend
@@ -327,10 +316,6 @@ def _setup(spec: FunctionSpec, prepared: Prepared, keys: KeySet, lockstep, devic
                                  backend.new_stream(device)),
         probe=prepared.layout.caller(split.fn) if split is not None else None,
         uses_fft=split is not None and any(name.startswith("aten::_fft_") for name in split.op_names),
-        # a split function's pieces are traced ATen graphs, so what its closure held is baked in; its module's
-        # tensors are still read
-        fn_roots=_function_roots(spec),
-        effects_at_capture=options.side_effects == "at_capture",
         out_axes=out_axes, out_rule=infer_out_axes(prepared.fn, prepared.specs, prepared.args, out_axes),
     )
 
