@@ -18,7 +18,7 @@ import types
 import weakref
 from typing import Any
 
-__all__ = ["code_names", "class_dict", "library_code", "library_module", "own_module", "global_hook_dicts", "NOT_CALLED"]
+__all__ = ["code_names", "class_dict", "global_hooks_set", "library_code", "library_module", "own_module", "global_hook_dicts", "NOT_CALLED"]
 
 # Special methods that make, copy or show objects: not what a call over existing ones runs
 # (torch.compile patches `Module.__init__` once, mid-capture at times)
@@ -113,3 +113,8 @@ def global_hook_dicts() -> dict:
     names = [n for n in vars(nn_module) if n.startswith("_global_") and "hooks" in n
              and isinstance(getattr(nn_module, n), dict) and "registration" not in n]
     return {f"torch.nn.modules.module.{n}": getattr(nn_module, n) for n in sorted(names)}
+
+
+def global_hooks_set() -> bool:
+    """Whether any global module hook is registered now."""
+    return any(global_hook_dicts().values())

@@ -96,11 +96,12 @@ class Watch:
     def unchanged(self) -> bool:
         """The fast check: True if nothing recorded can have changed since capture (or the
         last settled move)."""
-        return not self.marks.moved() and self._held_same()
+        return not self.marks.moved() and self._held_same(functions=not WATCHERS)
 
-    def _held_same(self) -> bool:
+    def _held_same(self, functions: bool = True) -> bool:
         """Everything but the watched dicts as expected: the generation, what no dict holds,
-        the plain tensors' addresses and shapes."""
+        the plain tensors' addresses and shapes. `functions`: the functions' code and
+        defaults too (with watchers, their changes move the counter instead)."""
         generation, cell_values, list_items, function_states, slot_values = self.expected
         cells, lists, functions, slots = self.held
         tensors, ptrs, shapes = self.plain
@@ -108,7 +109,7 @@ class Watch:
             _params.generation() == generation
             and same_cells(cells, cell_values)
             and same_lists(lists, list_items)
-            and (WATCHERS or same_functions(functions, function_states))
+            and (not functions or same_functions(functions, function_states))
             and (not slots or all(getattr(h, k) is v for (h, k), v in zip(slots, slot_values)))
             and tuple(map(_data_ptr, tensors)) == ptrs
             and list(map(_shape, tensors)) == shapes

@@ -47,6 +47,7 @@ from typing import Any
 import attrs
 
 from .._mode import Mode
+from .._roots import global_hooks_set
 from ..backends._base import CompiledCode
 
 __all__ = ["CaptureSettings", "KeyCapture", "mode_capturers"]
@@ -124,7 +125,9 @@ class _Capturers:
 
     def full(self, args, step: KeyCapture, settings: CaptureSettings):
         fn, twin = self.full_for(step.key) if self.full_for is not None else (self.fn, self.twin)
-        if step.plain and twin is not None:
+        if twin is not None and (step.plain or global_hooks_set()):
+            # as written: while the compile is made elsewhere, or where global module hooks are
+            # set (torch 2.11's dynamo left them out of its traces: wrong graphs on the H100)
             fn, twin = twin, None
         warmups, guard, through_schedule = self._full_policy(step, twin, settings.warmups)
         keeper = step.keeper
