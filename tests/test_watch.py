@@ -19,6 +19,8 @@ does, by replaying a graph past the check.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -30,12 +32,19 @@ LINES = {"plain": {}, "compiled": {"compile": {"backend": "eager"}}}
 SIZES = (4,)
 
 
+@contextlib.contextmanager
 def worlds(case, device):
+    """The case's world built twice from one seed (one to graphify, one to run eagerly),
+    cleaned up afterwards."""
     torch.manual_seed(0)
     a = case.build(device)
     torch.manual_seed(0)
     b = case.build(device)
-    return a, b
+    try:
+        yield a, b
+    finally:
+        a.cleanup()
+        b.cleanup()
 
 
 def change_both(a, b) -> None:
@@ -67,47 +76,37 @@ def graphified(world, name: str, line: str):
 @pytest.mark.parametrize("case", CHANGES, ids=lambda c: c.name)
 def test_first_use_answers_as_eager_after_the_change_then_replays_again(backend, case, line):
     name, device = backend
-    a, b = worlds(case, device)
-    try:
+    with worlds(case, device) as (a, b), torch.no_grad():
         g = graphified(a, name, line)
-        with torch.no_grad():
-            for i in range(3):  # a warm-up, a capture, a replay
-                x = torch.randn(3, D, device=device)
-                same(answer(a, g, x, case, i), answer(b, b.fn, x, case, i), f"call {i}")
-            before = full_calls(g)
-            assert before >= (0 if case.too_large else 1)
-            change_both(a, b)
-            for i in range(4):
-                x = torch.randn(3, D, device=device)
-                same(answer(a, g, x, case, 10 + i), answer(b, b.fn, x, case, 10 + i), f"call {i} after the change")
-        if case.replays_after:
-            assert full_calls(g) > before, "calls went back to graphs"
-    finally:
-        a.cleanup()
-        b.cleanup()
+        for i in range(3):  # a warm-up, a capture, a replay
+            x = torch.randn(3, D, device=device)
+            same(answer(a, g, x, case, i), answer(b, b.fn, x, case, i), f"call {i}")
+        before = full_calls(g)
+        assert before >= (0 if case.too_large else 1)
+        change_both(a, b)
+        for i in range(4):
+            x = torch.randn(3, D, device=device)
+            same(answer(a, g, x, case, 10 + i), answer(b, b.fn, x, case, 10 + i), f"call {i} after the change")
+    if case.replays_after:
+        assert full_calls(g) > before, "calls went back to graphs"
 
 
 @pytest.mark.parametrize("line", sorted(LINES))
 @pytest.mark.parametrize("case", CHANGES, ids=lambda c: c.name)
 def test_a_captured_callable_refuses_to_replay_after_the_change_naming_it(backend, case, line):
     name, device = backend
-    a, b = worlds(case, device)
-    try:
-        with torch.no_grad():
-            g = graphified(a, name, line)
-            x = torch.randn(3, D, device=device)
-            if case.too_large:  # what it reads is too large to watch: never captured
-                with pytest.raises(CaptureError, match="larger than graphify records"):
-                    a.call(g.capture, x)
-                return
-            c = a.call(g.capture, x)
-            same(answer(a, c, x, case, 0), answer(b, b.fn, x, case, 0), "before the change")
-            change_both(a, b)
-            with pytest.raises((StateChangedError, PersistentSwapError), match=case.where):
-                answer(a, c, torch.randn(3, D, device=device), case, 1)
-    finally:
-        a.cleanup()
-        b.cleanup()
+    with worlds(case, device) as (a, b), torch.no_grad():
+        g = graphified(a, name, line)
+        x = torch.randn(3, D, device=device)
+        if case.too_large:  # what it reads is too large to watch: never captured
+            with pytest.raises(CaptureError, match="larger than graphify records"):
+                a.call(g.capture, x)
+            return
+        c = a.call(g.capture, x)
+        same(answer(a, c, x, case, 0), answer(b, b.fn, x, case, 0), "before the change")
+        change_both(a, b)
+        with pytest.raises((StateChangedError, PersistentSwapError), match=case.where):
+            answer(a, c, torch.randn(3, D, device=device), case, 1)
 
 
 @pytest.mark.parametrize("stage", ["first use", "capture()"])
@@ -115,8 +114,7 @@ def test_a_captured_callable_refuses_to_replay_after_the_change_naming_it(backen
 @pytest.mark.parametrize("case", CONTROLS, ids=lambda c: c.name)
 def test_in_place_updates_keep_replaying_and_equal_eager(backend, case, line, stage):
     name, device = backend
-    a, b = worlds(case, device)
-    with torch.no_grad():
+    with worlds(case, device) as (a, b), torch.no_grad():
         g = graphified(a, name, line)
         if stage == "capture()":
             g = a.call(g.capture, torch.randn(3, D, device=device))
