@@ -28,8 +28,8 @@ except ImportError:  # built without the C helper
     _c = None
 
 __all__ = [
-    "DictMarks", "WATCHERS", "HELPER", "attach_dict", "function_state", "same_cells", "same_functions", "same_lists",
-    "versions",
+    "DictMarks", "WATCHERS", "HELPER", "attach_dict", "cell_value", "function_state", "same_cells", "same_functions",
+    "same_lists", "versions",
 ]
 
 HELPER = _c is not None
@@ -119,7 +119,8 @@ def function_state(f) -> tuple:
 _EMPTY = object()
 
 
-def _contents(cell):
+def cell_value(cell):
+    """What a closure cell holds (a sentinel for an empty one: never what `same_cells` expects)."""
     try:
         return cell.cell_contents
     except ValueError:  # an empty cell
@@ -132,7 +133,7 @@ if HELPER:
     same_functions = _c.same_functions
 else:
     def same_cells(cells: tuple, values: tuple) -> bool:
-        return all(map(is_, map(_contents, cells), values))
+        return all(map(is_, map(cell_value, cells), values))
 
     def same_lists(lists: tuple, contents: tuple) -> bool:
         return all(len(a) == len(b) and all(map(is_, a, b)) for a, b in zip(lists, contents))

@@ -16,8 +16,8 @@ cost milliseconds at 8B, so `Watch` splits them by what can tell it that they ch
   rebinds it (`.data =`, `set_`, `swap_tensors`, `.to()`); other tensors' addresses and
   shapes are compared every call (they are few: rotary tables, closure tensors).
 
-When any of these moved, `verify` compares every edge (values by equality, tensors by
-identity, address and shape): a real change raises `StateChangedError` naming its path; a
+When any of these moved, `verify` compares the edges of the dicts that moved, or every
+edge (values by equality, tensors by identity, address and shape): a real change raises `StateChangedError` naming its path; a
 move that changed nothing graphs read (an unrelated dict, a number rebound to an equal one)
 settles the marks and the call replays.
 """
@@ -33,7 +33,7 @@ import torch
 from . import _params
 from ._errors import StateChangedError
 from ._reach import Reach, has_address
-from ._versions import WATCHERS, DictMarks, function_state, same_cells, same_functions, same_lists
+from ._versions import WATCHERS, DictMarks, cell_value, function_state, same_cells, same_functions, same_lists
 
 __all__ = ["Watch"]
 
@@ -41,13 +41,6 @@ _data_ptr = torch.Tensor.data_ptr
 _shape = attrgetter("shape")
 # holders whose edges cannot change, or that `same_functions` covers
 _IMMUTABLE_HOLDERS = (tuple, frozenset, types.MethodType, functools.partial, types.FunctionType)
-
-
-def _contents(cell):
-    try:
-        return cell.cell_contents
-    except ValueError:
-        return None
 
 
 class Watch:
@@ -89,7 +82,7 @@ class Watch:
         """What the per-call identity checks compare against: the values now."""
         cells, lists, functions, slots = self.held
         self.expected = (
-            _params.generation(), tuple(map(_contents, cells)), tuple(map(tuple, lists)),
+            _params.generation(), tuple(map(cell_value, cells)), tuple(map(tuple, lists)),
             tuple(map(function_state, functions)), tuple(getattr(h, k) for h, k in slots),
         )
 
@@ -114,6 +107,7 @@ class Watch:
             and tuple(map(_data_ptr, tensors)) == ptrs
             and list(map(_shape, tensors)) == shapes
         )
+
     def check(self) -> None:
         """Raise `StateChangedError` naming what changed, if anything graphs read did."""
         if self.unchanged():
@@ -127,8 +121,9 @@ class Watch:
             )
 
     def verify(self) -> str | None:
-        """Compare every edge; None (and the marks settled) if nothing graphs read changed,
-        else the first change as 'path: what'."""
+        """Compare the edges of what moved (the dicts that moved, where only dicts did and
+        version tags say which; else every edge); None (and the marks settled) if nothing
+        graphs read changed, else the first change as 'path: what'."""
         self.verified += 1
         reach = self.reach
         which = self.marks.which() if self._held_same() else None
