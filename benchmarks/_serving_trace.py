@@ -20,6 +20,11 @@ from .trace import schedule, synthetic_requests
 
 ATTENTION = "unified"
 SPECIALISE_FROM = 256  # tokens: inductor + specialised sizes compile their pieces for these exact sizes
+SERVING_MODELS = {  # name -> (config, label): the trace's model on a GPU; "tiny" on the CPU
+    "0.5b": (lambda: DecoderConfig.qwen2_5_0_5b(max_seq_len=1024), "qwen2.5-0.5b-shape"),
+    "8b": (lambda: DecoderConfig.llama3_8b(max_seq_len=1024), "llama-3-8b-shape"),
+    "tiny": (lambda: DecoderConfig.tiny(max_seq_len=256), "tiny"),
+}
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
@@ -65,11 +70,13 @@ def _percentile(values, q: float) -> float:
 class Setup:
     """The model, its paged cache, the trace as batches, and an example batch for split."""
 
-    def __init__(self, gpu: bool, num_requests: int, seed: int, specialise_from: int = SPECIALISE_FROM):
+    def __init__(self, gpu: bool, num_requests: int, seed: int, specialise_from: int = SPECIALISE_FROM,
+                 model: str = "0.5b"):
         device = "cuda" if gpu else "cpu"
         self.specialise_from = specialise_from
         self.gpu, self.device = gpu, device
-        self.cfg = cfg = DecoderConfig.qwen2_5_0_5b(max_seq_len=1024) if gpu else DecoderConfig.tiny(max_seq_len=256)
+        self.model = model if gpu else "tiny"
+        self.cfg = cfg = SERVING_MODELS[self.model][0]()
         self.block, self.max_blocks = 16, 64
         self.max_tokens = 512 if gpu else 64
         self.requests = synthetic_requests(seed, num_requests, prompt_range=(16, 400) if gpu else (4, 60),

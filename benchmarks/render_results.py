@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import _render_plots
 from ._render_tables import BENCHES, CLAIMS, Bench, Cell, Claim, Table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -309,7 +310,9 @@ def render_index(runs: Sequence[Run]) -> str:
 
 
 def render_results_readme(runs: Sequence[Run], suites: Sequence[Suite]) -> str:
-    body = [INTRO, "\n"] + [render_bench(b, runs) for b in BENCHES if any(r.bench is b for r in runs)]
+    plots = _render_plots.readme_block(_render_plots.series(runs)).replace("](benchmarks/results/", "](")
+    body = [INTRO, "\n## Plots\n\n", plots, "\n"]
+    body += [render_bench(b, runs) for b in BENCHES if any(r.bench is b for r in runs)]
     body.append(SUITES_ABOUT + "\n" + markdown(SUITE_HEADER, map(suite_row, suites)) + "\n\n")
     body.append(render_index(runs))
     return "".join(body)
@@ -389,6 +392,7 @@ def render_gpu_tests(suites: Sequence[Suite]) -> str:
 BLOCKS: dict[str, Callable[[Sequence[Run], Sequence[Suite]], str]] = {
     "results-short": lambda runs, suites: render_short(runs),
     "gpu-tests": lambda runs, suites: render_gpu_tests(suites),
+    "plots": lambda runs, suites: _render_plots.readme_block(_render_plots.series(runs)),
 }
 
 
@@ -408,7 +412,9 @@ def main() -> None:
     runs, suites = load_runs(), load_suites()
     (RESULTS / "README.md").write_text(render_results_readme(runs, suites))
     README.write_text(render_readme(README.read_text(), runs, suites))
-    print(f"rendered {RESULTS / 'README.md'} and README.md's blocks from {len(runs)} runs")
+    drawn = [_render_plots.draw(s, _render_plots.path_of(s)) for s in _render_plots.series(runs)]
+    plots = "no plots (matplotlib is missing)" if None in drawn else f"{len(drawn)} plots"
+    print(f"rendered {RESULTS / 'README.md'}, README.md's blocks and {plots} from {len(runs)} runs")
 
 
 if __name__ == "__main__":

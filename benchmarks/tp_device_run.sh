@@ -1,38 +1,49 @@
 #!/usr/bin/env bash
-# Tensor parallelism on a 2-GPU machine (device kind nvidia-h200-x2), from the repo root:
+# Tensor parallelism on a 2- or 4-GPU machine (device kinds nvidia-h100-x4, nvidia-h200-x2, ...),
+# from the repo root:
 #
 #   bash benchmarks/tp_device_run.sh
 #
-# Steps, in this order, each under its own time limit (at most $BUDGET s in all); STEPS picks
-# some of them (the 10-minute limit of one device command may not hold all four):
-#   tests     the 2-GPU tests: tests/test_distributed.py and tests/test_hf_tensor_parallel.py,
-#             CUDA ones included; summary and failures into benchmarks/results/gpu-tests-<device>-x<N>.txt
-#   tests-hf  the CUDA tests of tests/test_hf_tensor_parallel.py alone, under a longer limit (each
-#             scenario's ranks get 240 s; a rank still running near then dumps its stacks), appended
-#             to the same file
-#   bench     torchrun -m benchmarks.tensor_parallel (0.5B and 8B decode, TP=1 and TP=N, hand floor),
-#             TP=N once per all-reduce kind: nccl and symm_mem (one-shot, NVLink P2P, no multicast)
-#   serving   torchrun -m benchmarks.tensor_parallel --what serving (the main job's trace, F&P), per kind
-#   again     the decode benchmark once more (the targets need two runs): tensor-parallel-again-*
+# First the package is installed (editable, no dependencies: the ranks import graphify.transforms,
+# which only the install maps), then the steps, in this order, each under its own time limit (at
+# most $BUDGET s in all); STEPS picks some of them (the 10-minute limit of one device command
+# does not hold them all):
+#   bench     torchrun -m benchmarks.tensor_parallel over every GPU: decode of $MODELS at TP=1 and
+#             $TP, per lever ($LEVERS) and all-reduce kind ($ALL_REDUCE): tensor-parallel-$TAG
+#   bench70   the 70B shape at TP=4 (sharded on every rank, no TP=1): tensor-parallel-70b-$TAG
+#   tests     the multi-GPU tests: tests/test_distributed.py, tests/test_hf_tensor_parallel.py and
+#             tests/test_hf_tp_benchmark.py, CUDA ones included; summary and failures into
+#             benchmarks/results/gpu-tests-<device>-x<N>.txt
+#   tests-hf  the CUDA tests of tests/test_hf_tensor_parallel.py alone, under a longer limit
+#   hf        torchrun -m benchmarks.hf_tensor_parallel on 2 and on 4 GPUs ($HF_SHAPE shape)
+#   serving   the main job's trace at $SERVING_MODEL on TP=1 and $TP: tensor-parallel-$TAG-serving
+#   again     the decode benchmark once more (the targets need two runs): tensor-parallel-$TAG-again
 #
-#   STEPS=tests bash benchmarks/tp_device_run.sh; STEPS="bench serving again" bash benchmarks/tp_device_run.sh
+#   STEPS="bench bench70 tests" bash benchmarks/tp_device_run.sh; STEPS="hf serving again" bash ...
 # Logs go to $LOGS; after every step they and the tensor-parallel results are packed into
-# $OUT/tp-bundle.tar.gz, so a cut run still reports. $OUT also gets the Markdown results, the
-# test record and summary.txt (7 files at most). A short summary is printed last.
+# $OUT/tp-bundle.tar.gz, so a cut run still reports. $OUT also gets summary.txt. A short summary
+# is printed last.
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast off, always
 export TORCH_SYMMMEM=CUDA  # symmetric memory's own CUDA backend (P2P mappings), not NVSHMEM's or NCCL's
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tp-out}
+MODELS=${MODELS:-8b}
+LEVERS=${LEVERS:-plain pieces}
+TAG=${TAG:-x$(python3 -c "import torch; print(torch.cuda.device_count())")}
+HF_SHAPE=${HF_SHAPE:-8b}
+HF_EXTRA=${HF_EXTRA:-}  # more arguments of benchmarks.hf_tensor_parallel
+SERVING_MODEL=${SERVING_MODEL:-8b}
 LOGS=${LOGS:-/tmp/tp-logs}
 mkdir -p "$OUT" "$LOGS"
 START=$(date +%s)
 BUDGET=${BUDGET:-535}  # seconds for all steps: the run's 10-minute limit less start-up and packing
 GPUS=${GPUS:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
-TESTS=${TESTS:-tests/test_distributed.py tests/test_hf_tensor_parallel.py}
+TESTS=${TESTS:-tests/test_distributed.py tests/test_hf_tensor_parallel.py tests/test_hf_tp_benchmark.py}
+TP=${TP:-$(python3 -c "print(' '.join(str(t) for t in (2, 4) if t <= $GPUS))")}
 EXTRA=${EXTRA:-}  # more benchmark arguments (a dry run on a CPU: EXTRA="--smoke --cpu" GPUS=2)
-STEPS=${STEPS:-tests bench serving again}  # and tests-hf, alone: STEPS=tests-hf
-ALL_REDUCE=${ALL_REDUCE:-nccl symm_mem}  # the TP all-reduce kinds the benchmark measures
+STEPS=${STEPS:-bench bench70 tests}  # then: STEPS="hf serving again"
+ALL_REDUCE=${ALL_REDUCE:-symm_mem}  # the TP all-reduce kinds the benchmark measures
 RESULTS=benchmarks/results
 SLUG=$(python3 -c "
 import torch, re; print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))" 2>/dev/null || echo cpu-sim)
@@ -41,8 +52,6 @@ TESTS_FILE=$RESULTS/gpu-tests-$SLUG-x$GPUS.txt  # nvidia-h200-x2 on the lent mac
 log() { echo "[$(date +%T)] $*" | tee -a "$LOGS/steps.txt"; }
 pack() {
   tar -czf "$OUT/tp-bundle.tar.gz" -C "$LOGS" . -C "$PWD" $(ls $RESULTS/*tensor-parallel*-$SLUG.* "$TESTS_FILE" 2>/dev/null) 2>/dev/null
-  cp $RESULTS/*tensor-parallel*-$SLUG.md "$OUT/" 2>/dev/null
-  [ -f "$TESTS_FILE" ] && cp "$TESTS_FILE" "$OUT/"
   true
 }
 left() { echo $((BUDGET - ($(date +%s) - START))); }
@@ -78,18 +87,48 @@ leftovers() {
   python3 -c "import torch; n = torch.cuda.device_count(); print('P2P:', {(i, j): torch.cuda.can_device_access_peer(i, j) for i in range(n) for j in range(n) if i != j})"
 } > "$LOGS/machine.txt" 2>&1
 cat "$LOGS/machine.txt"
+python3 -m pip install --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
+log "install rc=$? ($(python3 -c 'import graphify.transforms, transforms; print("graphify.transforms imports")' 2>&1 | tail -1))"
 
-# 1. the 2-GPU tests
+# the benchmarks
+TORCHRUN="python3 -m torch.distributed.run --standalone --nproc-per-node $GPUS -m benchmarks.tensor_parallel"
+DECODE="--model $MODELS --tp 1 $TP --lever $LEVERS --all-reduce $ALL_REDUCE"
+if wanted bench; then step bench 300 $TORCHRUN $DECODE --name tensor-parallel-$TAG $EXTRA; tail -n 30 "$LOGS/bench.txt"; fi
+if wanted bench70 && [ "$GPUS" -ge 4 ]; then
+  step bench70 240 $TORCHRUN --model 70b --tp 4 --lever $LEVERS --all-reduce $ALL_REDUCE --name tensor-parallel-70b-$TAG $EXTRA
+  tail -n 30 "$LOGS/bench70.txt"
+fi
+if wanted hf; then
+  for n in 2 $([ "$GPUS" -ge 4 ] && echo 4); do
+    step hf-tp$n ${HF_LIMIT:-200} python3 -m torch.distributed.run --standalone --nproc-per-node $n -m benchmarks.hf_tensor_parallel \
+      --shape $HF_SHAPE --name hf-tensor-parallel-$HF_SHAPE-tp$n $HF_EXTRA
+    tail -n 20 "$LOGS/hf-tp$n.txt"
+  done
+fi
+if wanted serving; then
+  step serving 240 $TORCHRUN --what serving --serving-model $SERVING_MODEL --tp 1 $TP --lever $LEVERS \
+    --all-reduce $ALL_REDUCE --name tensor-parallel-$SERVING_MODEL-$TAG $EXTRA
+  tail -n 15 "$LOGS/serving.txt"
+fi
+if wanted again; then
+  step again 240 $TORCHRUN $DECODE --name tensor-parallel-$TAG-again $EXTRA; tail -n 30 "$LOGS/again.txt"
+fi
+
+# the multi-GPU tests
 # The gloo (CPU) tests in parallel; the NCCL ones one at a time, each under its own time limit: on
 # 2026-11-23 six xdist workers running NCCL jobs on the same two GPUs at once ran past 230 s with
 # 19 tests done and no failure named.
 if wanted tests; then
 workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${XDIST:-6}")
 PYTEST="python3 -m pytest -q -rfEsxX -p no:cacheprovider --durations=15"
-step tests 100 $PYTEST $workers -m "not cuda" $TESTS
-cpu_rc=$?
+cpu_rc=0
+if [ -z "$CUDA_ONLY" ]; then  # CUDA_ONLY=1: the gloo tests ran on a CPU machine already
+  step tests 100 $PYTEST $workers -m "not cuda" $TESTS
+  cpu_rc=$?
+fi
+touch "$LOGS/tests.txt"
 mv "$LOGS/tests.txt" "$LOGS/tests-gloo.txt"
-step tests 260 $PYTEST -v -o faulthandler_timeout=90 -m cuda $TESTS
+step tests ${TESTS_LIMIT:-260} $PYTEST -v -o faulthandler_timeout=90 -m cuda $TESTS
 tests_rc=$?
 cat "$LOGS/tests-gloo.txt" >> "$LOGS/tests.txt"
 [ $cpu_rc -ne 0 ] && [ $tests_rc -eq 0 ] && tests_rc=$cpu_rc
@@ -108,7 +147,7 @@ pack
 tail -n 25 "$LOGS/tests.txt"
 fi
 
-# 1b. the transformers TP tests on NCCL alone: on 2026-11-24 they did not finish inside the
+# the transformers TP tests on NCCL alone: on 2026-11-24 they did not finish inside the
 # 180 s the whole CUDA step had left (slow or hung: their ranks' stacks now say which)
 if wanted tests-hf; then
 step tests-hf 540 python3 -m pytest -q -rfEsxX -p no:cacheprovider --durations=5 -v -m cuda tests/test_hf_tensor_parallel.py
@@ -123,17 +162,9 @@ pack
 tail -n 40 "$LOGS/tests-hf.txt"
 fi
 
-# 2-4. the benchmark, the serving trace, the benchmark again
-TORCHRUN="python3 -m torch.distributed.run --standalone --nproc-per-node $GPUS -m benchmarks.tensor_parallel"
-if wanted bench; then step bench 200 $TORCHRUN --all-reduce $ALL_REDUCE $EXTRA; tail -n 30 "$LOGS/bench.txt"; fi
-if wanted serving; then step serving 120 $TORCHRUN --what serving --all-reduce $ALL_REDUCE $EXTRA; tail -n 15 "$LOGS/serving.txt"; fi
-if wanted again; then
-  step again 200 $TORCHRUN --name tensor-parallel-again --all-reduce $ALL_REDUCE $EXTRA; tail -n 30 "$LOGS/again.txt"
-fi
-
 # summary, last
 python3 - "$(wanted tests && echo "$TESTS_FILE")" > "$OUT/summary.txt" 2>&1 <<'EOF'
-import json, re, sys
+import glob, json, re, sys
 
 import torch
 
@@ -144,33 +175,32 @@ try:
 except OSError:
     line = "not run this time"
 print("tests:", line or "no summary line (see tp-logs/tests.txt)")
-
-
-def load(name):
-    try:
-        return json.load(open(f"benchmarks/results/{name}-{slug}.json"))
-    except OSError:
-        print(f"{name}: no result")
-
-
-for name in ("tensor-parallel", "tensor-parallel-again"):
-    if (r := load(name)) is None:
-        continue
-    t = r["targets"]
-    print(f"{name}: graphify ÷ hand worst {t['graphify_vs_hand_worst']} at {t['graphify_vs_hand_worst_at']} "
-          f"(met: {t['graphify_vs_hand_met']}); 8B B=1 TP ÷ TP=1 by all-reduce {t.get('8b_b1_tp_vs_tp1_by_all_reduce')} "
-          f"(best {t['8b_b1_tp_vs_tp1']}, met: {t['8b_b1_met']})")
-    for row in r["rows"]:
-        if row.get("batch") is not None:
-            print(f"  {row['model']} B={row['batch']} {row.get('all_reduce_label', 'nccl')}: TP=1 {row['tp1_ms']:.3f} ms, "
-                  f"graphify TP {row['graphify_ms']:.3f}, hand {row.get('hand_ms') or float('nan'):.3f}, "
-                  f"eager TP {row['eager_ms']:.3f}, TP ÷ TP=1 {row['tp_vs_tp1']:.3f}"
-                  + (f" (fell back: {row['fallback_reason']})" if row.get("fallback_reason") else ""))
-if (r := load("tensor-parallel-serving")) is not None:
-    for row in r["rows"]:
-        print(f"serving {row['config']}: {row['tokens_per_s']:.0f} tok/s, p50 {row['p50_ms']:.3f} ms, "
-              f"p99 {row['p99_ms']:.3f} ms, FULL {row['steps_full_pct']:.0f}% PIECEWISE {row['steps_piecewise_pct']:.0f}%, "
-              f"max err {row['max_err_vs_single_gpu']:.3g}")
+f = lambda v, spec=".3f": "-" if v is None else format(v, spec)  # noqa: E731
+for path in sorted(glob.glob(f"benchmarks/results/*tensor-parallel*-{slug}.json")):
+    r = json.load(open(path))
+    print(f"== {path.split('/')[-1]}: targets {r.get('targets')}")
+    for row in r.get("tp1_rows", []):
+        print(f"  TP=1 {row['model']} {row['lever']} B={row['batch']}: {f(row['graphify_ms'])} ms, hand "
+              f"{f(row.get('hand_ms'))}, floor {f(row.get('weight_floor_ms'))}, kernels {f(row.get('kernels'), '.0f')}")
+    for row in r.get("rows", []):
+        if "config" in row:
+            print(f"  serving {row['config']}: {row['tokens_per_s']:.0f} tok/s, p99 {row['p99_ms']:.3f} ms, "
+                  f"start-up {row['startup_s']:.1f} s, max err {row['max_err_vs_single_gpu']:.3g}")
+        elif row.get("batch") is None:
+            print(f"  {row}")
+        elif "lever" in row:
+            print(f"  {row['model']} TP={row['tp']} {row['lever']} {row['all_reduce_label']} B={row['batch']}: "
+                  f"{f(row['graphify_ms'])} ms, hand {f(row.get('hand_ms'))}, TP=1 {f(row.get('tp1_ms'))}, "
+                  f"/TP=1 {f(row.get('tp_vs_tp1'))}, /floor {f(row.get('vs_weight_floor'))}, kernels "
+                  f"{f(row.get('kernels'), '.0f')}, AR {f(row.get('all_reduces'), '.0f')} x {f(row.get('all_reduce_us'), '.1f')} us, "
+                  f"idle {f(row.get('idle_us'), '.0f')} us, err {f(row.get('max_err'), '.3g')}")
+    for key, ratio in r.get("ratios", {}).items():
+        print(f"  serving {key} / TP=1: {ratio}")
+for path in sorted(glob.glob(f"benchmarks/results/hf-tensor-parallel*-{slug}.json")):
+    r = json.load(open(path))
+    print(f"== {path.split('/')[-1]}: targets {r.get('targets')}")
+    for row in r.get("rows", []):
+        print("  ", {k: v for k, v in row.items() if not isinstance(v, (list, dict))})
 EOF
 pack
 echo "== summary ($(( $(date +%s) - START ))s in all; steps: $(grep -c ' rc=' "$LOGS/steps.txt") run)"

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from ._distributed import TEARDOWNS
 from ._errors import InputMismatchError
 from ._reach import Reach
 from ._runtime import Runtime
@@ -87,6 +88,7 @@ class CallStructure:
     stateful: tuple = ()  # (object, StateType, path) of the registered types its objects reach
     owners: tuple = ()  # references to its objects' tensors after the last capture (`graphify._takeover`)
     follows_state: bool = True  # False once a StateType mispredicted an eager run: calls run eagerly
+    teardowns: int = attrs.field(factory=lambda: TEARDOWNS[0])  # process-group teardowns seen
 
     @property
     def default(self) -> Branch:
@@ -123,6 +125,15 @@ class CallStructure:
 
     def release(self) -> int:
         return sum(b.release() for b in self.branches.values())
+
+    def torn_down(self) -> bool:
+        """Whether a process group's teardown released its graphs (graphify._distributed:
+        graphs that may launch its collectives must go with it); its calls then capture anew.
+        One compare a call until a teardown happens."""
+        if self.teardowns == TEARDOWNS[0]:
+            return False
+        self.teardowns = TEARDOWNS[0]
+        return any(b.runtime.table.released for b in self.branches.values())
 
     # -- the Python state its graphs follow ------------------------------------------------
     def step(self, names: Sequence[str], slots: Sequence[Any]) -> tuple:
@@ -174,3 +185,4 @@ def take_over_idle(structures, likeness: tuple, objects: dict) -> "CallStructure
         structure.settle()
         return structure
     return None
+

@@ -19,7 +19,10 @@ group of the same ranks. On each call, `Options(lockstep=...)` picks the check:
 
 Graphs that hold collectives must be freed before their process group is destroyed:
 `release_all()` does it, and graphify calls it itself before
-`torch.distributed.destroy_process_group` and at interpreter exit.
+`torch.distributed.destroy_process_group` and at interpreter exit. That covers graphs
+captured without `group=` while a process group exists too (a transformers model loaded
+with `tp_plan="auto"` through the one line: DTensor's all-reduces inside the graphs); on
+NCCL a communicator torn down under a live graph that launches it never returns.
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ import torch
 
 from ._errors import CaptureError, DispatchMismatchError
 
-__all__ = ["Lockstep", "DispatchMismatchError", "release_all", "LOCKSTEP_POLICIES"]
+__all__ = ["Lockstep", "DispatchMismatchError", "release_all", "track_ungrouped", "ungrouped_graphs", "TEARDOWNS", "LOCKSTEP_POLICIES"]
 
 LOCKSTEP_POLICIES = ("graph", "host", "off")
 _CPU_GROUPS: dict = {}
 _LIVE: "weakref.WeakSet[Lockstep]" = weakref.WeakSet()
+_UNGROUPED: "weakref.WeakSet" = weakref.WeakSet()  # tables captured without group= while a group existed
+TEARDOWNS = [0]  # how many times `release_all` released such tables: first use then captures anew
 _HOOKED = [False]
 _TOKEN_BITS = 24  # bits for tokens and for requests + 1 in a graph code
 
@@ -72,11 +77,32 @@ def release_all(group=None) -> int:
     for lockstep in list(_LIVE):
         if group is None or lockstep.group is group or lockstep.cpu is group:
             freed += lockstep.release()
+    # No group= says which group their collectives use (DTensor's meshes make their own):
+    # every teardown releases them, a recapture being the price of never hanging.
+    ungrouped = sum(table.release() for table in list(_UNGROUPED) if not table.released)
+    if ungrouped:
+        TEARDOWNS[0] += 1
+    freed += ungrouped
     if freed:
         gc.collect()  # the CUDA graphs themselves go when their last reference does
         if torch.cuda.is_available():
             torch.cuda.synchronize()
     return freed
+
+
+def track_ungrouped(table) -> None:
+    """Release `table` with any process group (see the module doc) if one exists now: its
+    graphs may launch that group's collectives although no `group=` said so."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        _install_hooks()
+        _UNGROUPED.add(table)
+
+
+def ungrouped_graphs() -> int:
+    """How many graphs captured without `group=` under a process group are still held."""
+    return sum(len(table.entries) for table in list(_UNGROUPED) if not table.released)
 
 
 def _install_hooks() -> None:
@@ -116,8 +142,11 @@ def _cpu_group(group):
     if dist.get_backend(group) == "gloo":
         return group
     ranks = tuple(dist.get_process_group_ranks(group))
-    if ranks not in _CPU_GROUPS:  # every rank reaches this in the same order (capture is collective)
-        _CPU_GROUPS[ranks] = dist.new_group(list(ranks), backend="gloo")
+    if ranks not in _CPU_GROUPS:  # every rank of the group reaches this in the same order (capture is collective)
+        # A subgroup's ranks make it alone: ranks of other subgroups (tensor parallelism in
+        # pairs on four GPUs) capture their own graphs and never reach this call for it.
+        local = {"use_local_synchronization": True} if len(ranks) < dist.get_world_size() else {}
+        _CPU_GROUPS[ranks] = dist.new_group(list(ranks), backend="gloo", **local)
     return _CPU_GROUPS[ranks]
 
 

@@ -6,31 +6,28 @@ at a time: where the table lacks a call's graph the runtime hands back a `Miss`,
 layer captures it (`graphify.capture.CallCapture`), installs the new table and runs the call
 again. Nothing below calls back up here. The policy:
 - A structure is captured once it has run eagerly in two consecutive calls (the first is
-  its warm-up, as torch's CUDA graph trees record after one); one that does not repeat back
-  to back (a prompt's prefill) never costs a capture. A new batch size of a captured
-  structure is captured by the call that meets it, warmed up on that call's own rows.
-- Without `sizes=` every batch size gets its own unpadded graph, up to `EXACT_MAX_TOKENS`
-  tokens and `MAX_EXACT_GRAPHS` graphs a structure; at most `MAX_STRUCTURES` structures.
+  its warm-up); one that does not repeat back to back (a prompt's prefill) never costs a
+  capture. A new batch size is captured by the call that meets it, on its own rows.
+- Without `sizes=` every batch size gets its own unpadded graph (up to `EXACT_MAX_TOKENS`
+  tokens, `MAX_EXACT_GRAPHS` graphs a structure, `MAX_STRUCTURES` structures).
 - Python state of registered types (`graphify._state_types`: a sliding-window cache
   layer's counter) splits a structure into *branches*, a table each; the state is advanced
   after each replay as the type predicts, and checked against each eager run.
 - Under `Options(compile="background")` captures record the function as written until a
-  worker has compiled their kind of call (`graphify._compile_jobs`); then they capture again.
-- What cannot be graphed runs eagerly with one warning naming the cause and the fix (an op
-  that reads a device value on the host, Python state that changes every call); other
+  worker has compiled their kind of call; then they capture again. So do structures whose
+  graphs a process group's teardown released (`graphify._distributed.release_all`).
+- What cannot be graphed runs eagerly with one warning naming the cause and the fix; other
   sizes and branches keep their graphs. `Options(first_use="strict")` raises instead.
 - What a call reads beyond its arguments is checked before every replay: a structure over
   anything that changed is dropped and its calls start over (`MAX_STALE` times a kind, then
   eagerly); a call replacing a tensor it reads (DynamicCache's cat) runs eagerly, warned once.
 - New objects of known shapes (a new StaticCache every `generate()`): an idle structure
   whose objects are gone (at most `MAX_IDLE`) is taken over by a new object of the same
-  skeleton (`graphify._takeover`: one copy of the cache, no capture); a structure *kin* to
-  one captured before (a cache of another length) captures without warm-up. Where the
-  caller keeps the old objects and `MAX_STRUCTURES` are taken, the kind's least recently
-  used structure makes room (`graphify._room`).
+  skeleton (`graphify._takeover`); one *kin* to a structure captured before (a cache of
+  another length) captures without warm-up; past `MAX_STRUCTURES`, the kind's least
+  recently used structure makes room (`graphify._room`).
 Tables stay immutable values, swapped in under the runtime's lock. A capture costs its call
-about two eager runs (`capture(*example)` captures ahead); structures share one walk of
-what the function reaches (`graphify.capture.FunctionReads`).
+about two eager runs; structures share one walk of what the function reaches.
 """
 
 from __future__ import annotations
@@ -87,20 +84,20 @@ class FirstUse:
         self.failures = CaptureFailures(spec.options.first_use == "strict", self.warned)
         self.room = Room()  # structures released to make room for new objects of their kind
         self.collected = False  # the GC runs before the first capture only
-        # Options(compile="background"): the compiles a worker process makes for its captures
-        self.jobs = CompileJobs.for_spec(spec)
+        self.jobs = CompileJobs.for_spec(spec)  # Options(compile="background"): a worker's compiles
 
     # -- the call ---------------------------------------------------------------------------
     def run(self, args: tuple, kwargs: dict):
         if self.released:
-            raise GraphifyError(
-                f"{self.spec.label}: this callable's graphs were released (release()); use the callable "
-                "release() returned"
-            )
+            raise GraphifyError(f"{self.spec.label}: this callable's graphs were released (release()); use "
+                                "the callable release() returned")
         if self.jobs is not None and self.jobs.settled():
             for structure in self.jobs.superseded(self.structures):
                 self._drop(structure)  # its calls capture again, compiled
         for structure in tuple(self.structures):
+            if structure.torn_down():  # its graphs went with a process group: capture anew
+                self._drop(structure)
+                continue
             try:
                 out = self._via(structure, args, kwargs)
             except InputMismatchError:

@@ -10,12 +10,14 @@
 from .attention import BACKENDS as ATTENTION_BACKENDS
 from .attention import AttentionBackend
 from .decoder import SCRATCH_ROW, Decoder, DecoderConfig, decode_step, init_params, new_kv_cache
-from .tensor_parallel import ALL_REDUCE_KINDS, all_reduce_fn, shard_config, shard_paged_cache, shard_params, tp_varlen_step
+from .tensor_parallel import (
+    ALL_REDUCE_KINDS, all_reduce_fn, init_shard_params, shard_config, shard_paged_cache, shard_params, tp_varlen_step,
+)
 from .varlen import BatchLayout, BlockTables, VarlenDecoder, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
 
 __all__ = [
     "ATTENTION_BACKENDS", "AttentionBackend", "BatchLayout", "BlockTables", "Decoder", "DecoderConfig", "SCRATCH_ROW",
     "VarlenDecoder", "decode_step", "init_params", "model_support", "new_kv_cache", "new_paged_cache",
     "split_ops", "varlen_axes", "varlen_step", "all_reduce_fn", "shard_config", "shard_paged_cache", "shard_params",
-    "tp_varlen_step", "ALL_REDUCE_KINDS",
+    "init_shard_params", "tp_varlen_step", "ALL_REDUCE_KINDS",
 ]

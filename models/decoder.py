@@ -85,6 +85,14 @@ class DecoderConfig:
                     rope_theta=500_000.0, eps=1e-5)
         return cls(**{**base, **overrides})
 
+    @classmethod
+    def llama3_70b(cls, **overrides) -> "DecoderConfig":
+        """Llama-3-70B's shape: 140 GB of bf16 weights, so it runs sharded (see
+        `models.init_shard_params`), never whole on one GPU."""
+        base = dict(vocab_size=128256, hidden=8192, layers=80, heads=64, kv_heads=8, ffn=28672, max_seq_len=256,
+                    rope_theta=500_000.0, eps=1e-5)
+        return cls(**{**base, **overrides})
+
 
 class _Layer(nn.Module):
     def __init__(self, cfg: DecoderConfig):
@@ -157,21 +165,30 @@ def init_params(cfg: DecoderConfig, *, seed: int = 0, device="cpu") -> dict[str,
         raise ValueError("init_params: build the full model (tp=1) and shard it with models.shard_params")
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    params = {}
-    for name, p in Decoder(cfg).to("meta").named_parameters():
-        t = torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32)
-        if p.dim() == 1 and "norm" in name:
-            t = 1.0 + 0.02 * t
-        elif p.dim() == 1:
-            t = 0.02 * t
-        else:
-            t = t / math.sqrt(p.shape[-1])
-        params[name] = t.to(cfg.dtype)
+    params = {name: draw_weight(name, p.shape, p.shape[-1], gen, cfg.dtype)
+              for name, p in Decoder(cfg).to("meta").named_parameters()}
+    return {**params, **rope_tables(cfg, device)}
+
+
+def draw_weight(name: str, shape, fan_in: int, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """One random weight on `gen`'s device: norms near 1, biases near 0, matrices scaled by
+    1/sqrt(fan_in) so activations keep their size through the layers."""
+    t = torch.randn(shape, generator=gen, device=gen.device, dtype=torch.float32)
+    if len(shape) == 1 and "norm" in name:
+        t = 1.0 + 0.02 * t
+    elif len(shape) == 1:
+        t = 0.02 * t
+    else:
+        t = t / math.sqrt(fan_in)
+    return t.to(dtype)
+
+
+def rope_tables(cfg: DecoderConfig, device) -> dict[str, torch.Tensor]:
+    """The RoPE cos and sin tables, `[max_seq_len, head_dim / 2]`."""
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
     angles = torch.arange(cfg.max_seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    params["rope_cos"] = angles.cos().to(device=device, dtype=cfg.dtype)
-    params["rope_sin"] = angles.sin().to(device=device, dtype=cfg.dtype)
-    return params
+    return {"rope_cos": angles.cos().to(device=device, dtype=cfg.dtype),
+            "rope_sin": angles.sin().to(device=device, dtype=cfg.dtype)}
 
 
 def new_kv_cache(cfg: DecoderConfig, num_requests: int, *, device="cpu", seed: int | None = 0) -> torch.Tensor:

@@ -25,10 +25,10 @@ import attrs
 import torch
 
 from ._symm_mem import DEFAULT_MAX_BYTES, nccl_reduce, symm_mem_reduce
-from .decoder import DecoderConfig
+from .decoder import Decoder, DecoderConfig, draw_weight, rope_tables
 from .varlen import varlen_step
 
-__all__ = ["shard_config", "shard_params", "shard_paged_cache", "all_reduce_fn", "tp_varlen_step", "ALL_REDUCE_KINDS"]
+__all__ = ["shard_config", "shard_params", "init_shard_params", "shard_paged_cache", "all_reduce_fn", "tp_varlen_step", "ALL_REDUCE_KINDS"]
 
 log = logging.getLogger(__name__)
 ALL_REDUCE_KINDS = ("nccl", "symm_mem")
@@ -68,6 +68,28 @@ def shard_params(cfg: DecoderConfig, params: dict[str, torch.Tensor], rank: int)
     return out
 
 
+_SHARDED = ("qkv_weight", "qkv_bias", "o_weight", "gate_up_weight", "down_weight")
+
+
+def init_shard_params(cfg: DecoderConfig, rank: int, *, seed: int = 0, device="cpu") -> dict[str, torch.Tensor]:
+    """Rank `rank`'s weights of a model too large to build whole on one device (a 70B shape
+    at TP=4): drawn sharded (`cfg.tp` > 1) straight on `device`, with the scale of the whole
+    model's (`init_params`). Weights every rank holds (embedding, norms) are equal on all
+    ranks; the shards are not the slices of any one whole model, so compare them with this
+    TP model run eagerly, not with a single-GPU one."""
+    if not 0 <= rank < cfg.tp:
+        raise ValueError(f"init_shard_params: rank {rank} is outside 0..{cfg.tp - 1}")
+    device = torch.device(device)
+    fan_in = {"o_weight": cfg.heads * cfg.head_dim, "down_weight": cfg.ffn}  # the whole layer's inputs
+    params = {}
+    for i, (name, p) in enumerate(Decoder(cfg).to("meta").named_parameters()):
+        leaf = name.rsplit(".", 1)[-1]
+        own = rank + 1 if leaf in _SHARDED else 0  # replicated weights draw alike on every rank
+        gen = torch.Generator(device=device).manual_seed((seed * 100_003 + i) * 1_009 + own)
+        params[name] = draw_weight(name, p.shape, fan_in.get(leaf, p.shape[-1]), gen, cfg.dtype)
+    return {**params, **rope_tables(cfg, device)}
+
+
 def shard_paged_cache(cfg: DecoderConfig, cache: torch.Tensor, rank: int) -> torch.Tensor:
     """Rank `rank`'s KV heads of a full paged cache `[layers, 2, blocks, block, kv_heads, d]`."""
     kvl = cfg.local_kv_heads
@@ -100,12 +122,13 @@ def all_reduce_fn(group=None, kind: str = "nccl", *, dtype: torch.dtype = torch.
 
 
 def tp_varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], rank: int, group=None,
-                   attention: "str | Sequence[str]" = "unified", all_reduce: str = "nccl"):
-    """This rank's step of the model whose full (tp=1) weights are `params`; `all_reduce` is
-    the kind of `all_reduce_fn` (collective for "symm_mem": every rank builds its step). The
+                   attention: "str | Sequence[str]" = "unified", all_reduce: str = "nccl", *, sharded: bool = False):
+    """This rank's step of the model whose full (tp=1) weights are `params` (or, `sharded`,
+    whose rank-`rank` shards they are: `init_shard_params`); `all_reduce` is the kind of
+    `all_reduce_fn` (collective for "symm_mem": every rank of `group` builds its step). The
     step's `.all_reduce` is the reduce it got (its `.kind` says whether it fell back)."""
     device = next(iter(params.values())).device
     reduce = all_reduce_fn(group, all_reduce, dtype=cfg.dtype, device=device)
-    step = varlen_step(cfg, shard_params(cfg, params, rank), attention, reduce=reduce)
+    step = varlen_step(cfg, params if sharded else shard_params(cfg, params, rank), attention, reduce=reduce)
     step.all_reduce = reduce
     return step

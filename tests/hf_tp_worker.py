@@ -25,6 +25,7 @@ import torch.distributed as dist
 import transformers
 
 from graphify import Options, graphify
+from graphify._distributed import ungrouped_graphs
 
 NEW = 8  # tokens each generate() adds
 
@@ -119,9 +120,11 @@ def main() -> None:
     except Exception as exc:  # reported, so the test can show it
         result = {"crash": _error(exc)}
     result["t_result"] = time.time()
+    result["ungrouped_before_destroy"] = ungrouped_graphs()
     print("RESULT " + json.dumps(result), flush=True)
     dist.barrier()
-    dist.destroy_process_group()
+    dist.destroy_process_group()  # graphify releases the one line's graphs (DTensor's all-reduces inside) first
+    print("AFTER_DESTROY " + json.dumps({"ungrouped_graphs": ungrouped_graphs()}), flush=True)
 
 
 if __name__ == "__main__":

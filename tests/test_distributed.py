@@ -394,3 +394,111 @@ def test_a_rank_that_does_not_end_is_killed_and_shows_where_it_was(tmp_path):
         launch([[sys.executable, str(stuck), "1", str(path)]], [base_env(cpu=True)], timeout=4)
     message = str(info.value)
     assert "still running after 4 s" in message and "waiting_for_a_peer" in message, message
+
+
+# -- a rank killed outright (SIGKILL, the OOM killer) posts nothing: the heartbeats end the others --
+
+
+def _ended_after(done: list[dict], killed: int) -> dict:
+    """Seconds from the killed rank's end (its pipes close as it dies) to each other rank's."""
+    return {r: d["ended"] - done[killed]["ended"] for r, d in enumerate(done) if r != killed}
+
+
+@pytest.mark.parametrize("killed", [1, 0], ids=["a-rank-is-killed", "the-store-host-is-killed"])
+def test_a_rank_killed_mid_run_ends_every_rank_within_30_s_with_the_reason(killed):
+    # Plain processes; the killed rank posts nothing. The other, stuck as on a device waiting
+    # for a collective, finds its peer's heartbeat silent (or the store gone with its host).
+    port = free_port()
+    cmd = [sys.executable, "-m", "benchmarks.tensor_parallel", "--smoke", "--cpu", "--batches", "1", "--fail-rank",
+           str(killed), "--fail-at", "stuck", "--fail-how", "kill"]
+    done = launch([cmd] * WORLD, [rank_env(r, port, cpu=True) for r in range(WORLD)], timeout=90)
+    assert done[killed]["returncode"] == -9, done[killed]["stderr"][-2000:]  # SIGKILL, nothing posted
+    assert f"injected kill on rank {killed} at stuck" in done[killed]["stderr"]
+    other = done[1 - killed]
+    assert other["returncode"] == 1, other["stderr"][-2000:]
+    reason = (f"stopping: rank {killed} stopped answering for" if killed else "stopping: the store is unreachable")
+    assert reason in other["stderr"], other["stderr"][-2000:]
+    assert _ended_after(done, killed)[1 - killed] < 30, _ended_after(done, killed)
+
+
+def test_a_rank_that_finished_is_not_taken_for_dead_by_a_slower_one(tmp_path):
+    # After the last barrier ranks stop at different times. A rank that stopped beating
+    # because it finished said so (`stop`); and the store's host waits for the others' word
+    # before it leaves, taking the store along, so a peer still polling does not see it gone.
+    script = tmp_path / "finish.py"
+    script.write_text(
+        "import sys, time\n"
+        "import torch.distributed as dist\n"
+        "from benchmarks._ranks import ExitTogether\n"
+        "slow = int(sys.argv[1])\n"
+        "dist.init_process_group('gloo')\n"
+        "rank = dist.get_rank()\n"
+        "together = ExitTogether(rank, poll_s=0.1, dead_after_s=1.0)\n"
+        "dist.barrier()\n"
+        "if rank == slow:\n"
+        "    time.sleep(0.5 if slow else 3.0)  # rank 1: within the host's wait; rank 0: past dead_after_s\n"
+        "together.stop()\n"
+        "dist.destroy_process_group()\n"
+        "print('finished', flush=True)\n")
+    for slow in (0, 1):
+        port = free_port()
+        done = launch([[sys.executable, str(script), str(slow)]] * WORLD,
+                      [rank_env(r, port, cpu=True) for r in range(WORLD)], timeout=60)
+        for r, d in enumerate(done):
+            assert d["returncode"] == 0 and "finished" in d["stdout"], (slow, r, d["stderr"][-2000:])
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_a_nccl_rank_killed_mid_run_ends_the_rank_replaying_graphs_that_wait_for_it_within_30_s():
+    # Rank 1 is killed (posts nothing) just before graphify's TP graphs are timed; rank 0
+    # replays them, its all-reduce waiting on the device for the dead peer: its heartbeat
+    # check ends it, or NCCL's own error handling if that notices the lost peer first.
+    port = free_port()
+    cmd = [sys.executable, "-m", "benchmarks.tensor_parallel", "--smoke", "--batches", "1", "--fail-rank", "1",
+           "--fail-at", "timing", "--fail-how", "kill"]
+    done = launch([cmd] * WORLD, [rank_env(r, port) for r in range(WORLD)], timeout=180)
+    rank0, rank1 = done
+    assert rank1["returncode"] == -9, rank1["stderr"][-2000:]
+    assert "injected kill on rank 1 at timing" in rank1["stderr"], rank1["stderr"][-2000:]
+    assert rank0["returncode"] != 0, rank0["stderr"][-2000:]
+    assert _ended_after(done, 1)[0] < 30, (_ended_after(done, 1), rank0["stderr"][-2000:])
+    reasons = [ln for ln in rank0["stderr"].splitlines()
+               if "stopping: rank 1 stopped answering" in ln or ("NCCL" in ln and ("rror" in ln or "abort" in ln))]
+    assert reasons, rank0["stderr"][-3000:]
+    print(f"rank 0 ended {_ended_after(done, 1)[0]:.1f} s after rank 1 was killed: {reasons[0]}")
+
+
+TEARDOWN_SCRIPT = """
+import json, os, torch, torch.distributed as dist
+from graphify import graphify
+from graphify._distributed import ungrouped_graphs
+dist.init_process_group("gloo")
+w = torch.randn(8, 8)
+f = lambda x: (x @ w).relu()  # noqa: E731
+g, x = graphify(f), torch.randn(4, 8)
+for _ in range(3):
+    g(x)
+held = ungrouped_graphs()
+dist.destroy_process_group()
+after = ungrouped_graphs()
+same = [torch.equal(g(x), f(x)) for _ in range(3)]  # no group now: captured anew, never an error
+print(json.dumps({"held": held, "after": after, "same": same,
+                  "modes": {r.mode.value: r.calls for r in g.stats.by_mode()}}))
+"""
+
+
+def test_first_use_graphs_captured_under_a_process_group_go_with_its_teardown_and_calls_capture_anew(tmp_path):
+    # without group= graphify cannot know whether the graphs launch the group's collectives
+    # (DTensor's all-reduces under transformers' tp_plan do): on NCCL a teardown under such
+    # a graph never returns, so they are released, and first use captures the next calls anew
+    script = tmp_path / "teardown.py"
+    script.write_text(TEARDOWN_SCRIPT)
+    (done,) = launch([[sys.executable, str(script)]], [rank_env(0, free_port(), cpu=True) | {"WORLD_SIZE": "1"}],
+                     timeout=120)
+    assert done["returncode"] == 0, done["stderr"][-3000:]
+    got = json.loads(done["stdout"].strip().splitlines()[-1])
+    assert got["held"] > 0 and got["after"] == 0, got
+    assert got["same"] == [True, True, True], got
+    # 1 warm-up + 2 replays before the teardown; after it 1 warm-up eagerly, then captured and replayed
+    assert got["modes"] == {"NONE": 2, "PIECEWISE": 0, "FULL": 4}, got

@@ -58,6 +58,10 @@ def test_one_line_on_a_tensor_parallel_transformers_model_equals_eager_with_grap
     for rank in ranks(model_dir, "one_line", device):
         # generate(new=8): the prefill and the first decode step eagerly, the 6 after them replayed
         equal_with_graphs(rank["outcome"], {"NONE": 2, "PIECEWISE": 0, "FULL": 6})
+        # its graphs hold DTensor's all-reduces without group=: released before the group's
+        # teardown, which on NCCL never returned under them (the ranks hung at exit)
+        assert rank["ungrouped_before_destroy"] > 0 and rank["after_destroy"] == {"ungrouped_graphs": 0}, rank
+        assert rank["returncode"] == 0 and rank["exit_after_result_s"] < 30, rank
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -143,3 +143,29 @@ def test_a_claim_sets_ours_beside_the_peer_on_one_kind_of_card(rendered):
     mixed = [claim.what for claim in rr.CLAIMS
              if len({r.env["device"] for _, used in rr.claim_cells(runs, claim) for r in used}) > 1]
     assert not mixed, mixed
+
+
+def test_the_plots_are_the_result_files_medians_with_the_peer_beside(tmp_path):
+    from benchmarks import _render_plots as rp
+
+    runs = rr.load_runs()
+    plots = {s.name: s for s in rp.series(runs)}
+    assert set(plots) == {"main-job", "hf-generate"}
+    main, hf = plots["main-job"], plots["hf-generate"]
+    assert main.peers and all("reduce-overhead" in p for p in main.peers)
+    assert hf.peers and all("transformers' own compile" in p for p in hf.peers)
+    # a bar is the median of its configuration's rows in the newest era on the plot's card
+    rows = [row["tokens_per_s"] for run, row in rr.picked(runs, "serving", "trace",
+                                                           {"config": rp.SERVING_PEER, "process": "1st"})
+            if run.env["device"] == main.device]
+    import statistics
+
+    assert main.bars[f"{rp.SERVING_PEER} (1st process)"]["tokens_per_s"] == statistics.median(rows)
+    # README's block names every plot, and the images it names are in the tree
+    block = rp.readme_block(list(plots.values()))
+    for name in plots:
+        assert f"](benchmarks/results/plots/{name}.png)" in block
+        assert (rp.PLOTS / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pytest.importorskip("matplotlib")
+    drawn = rp.draw(main, tmp_path / "main.png")
+    assert drawn is not None and drawn.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

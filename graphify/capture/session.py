@@ -28,7 +28,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .._axes import Kind
-from .._distributed import graph_code
+from .._distributed import graph_code, track_ungrouped
 from .._errors import CaptureError, StateReplacedError
 from .._function import FunctionSpec
 from .._keepalive import LibraryHold, holding
@@ -68,6 +68,7 @@ class CaptureSetup:
     uses_fft: bool  # the graphs may launch torch's cuFFT plans (kept alive with them)
     out_axes: Any  # as given (`Options.out_axes`, a split function's), or None: inferred
     out_rule: Callable  # (tokens, reqs, flat outputs) -> each output's axis
+    grouped: bool  # its ranks agree through a Lockstep, released with its group (else `track_ungrouped`)
 
 
 class CaptureSession:
@@ -221,13 +222,16 @@ class CaptureSession:
         own = dict(self.entries)
         layout, examples, library = self.table_fields
         setup = self.setup
-        return GraphTable(
+        table = GraphTable(
             types.MappingProxyType(own), _captured_keys(own, self.keys), self.specs, self.static, setup.backend,
             self.pool, setup.device, library=library, layout=layout, examples=examples,
             reads=Reads(self.function.watching(self.reach[1]) if self.reach else None, tuple(r for r in self.reach[:1] if r)),
             report=CaptureReport(self.seconds, len(self.keeper.restored), self.keeper.peak_bytes),
             holdings=Holdings(own, self.hold),
         )
+        if not setup.grouped:  # released with any process group's teardown
+            track_ungrouped(table)
+        return table
 
     def abort(self) -> None:
         """Release every graph of this session and what it holds (a failed `capture()`, a
@@ -317,6 +321,7 @@ def _setup(spec: FunctionSpec, prepared: Prepared, keys: KeySet, lockstep, devic
         probe=prepared.layout.caller(split.fn) if split is not None else None,
         uses_fft=split is not None and any(name.startswith("aten::_fft_") for name in split.op_names),
         out_axes=out_axes, out_rule=infer_out_axes(prepared.fn, prepared.specs, prepared.args, out_axes),
+        grouped=lockstep is not None,
     )
 
 

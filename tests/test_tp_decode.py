@@ -1,0 +1,116 @@
+"""The tensor-parallel benchmark's pure parts: weights drawn sharded for a model too large
+for one GPU, the per-GPU weight-read floor, the targets read from a run's rows, result
+names. And the benchmark over four gloo ranks, TP=2 in pairs beside TP=4 (subgroups)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import attrs
+import pytest
+import torch
+
+from benchmarks._tp_decode import peak_bandwidth, weight_bytes
+from benchmarks._tp_report import TARGET_8B, targets
+from benchmarks.tensor_parallel import serving_name
+from models import Decoder, DecoderConfig, init_params, init_shard_params, shard_config, shard_params
+
+from test_distributed import base_env, launch
+
+
+def test_shards_drawn_on_each_rank_keep_replicated_weights_equal_and_shards_apart():
+    cfg = DecoderConfig.tiny(heads=4, kv_heads=2, ffn=96, tp=2)
+    ranks = [init_shard_params(cfg, r, seed=3) for r in range(2)]
+    shapes = {n: tuple(p.shape) for n, p in Decoder(cfg).to("meta").named_parameters()}
+    for name, shape in shapes.items():
+        assert tuple(ranks[0][name].shape) == shape == tuple(ranks[1][name].shape), name
+        same = torch.equal(ranks[0][name], ranks[1][name])
+        sharded = name.rsplit(".", 1)[-1] in ("qkv_weight", "qkv_bias", "o_weight", "gate_up_weight", "down_weight")
+        assert same != sharded, name  # replicated alike on every rank, shards drawn apart
+    assert torch.equal(ranks[0]["rope_cos"], init_params(attrs.evolve(cfg, tp=1))["rope_cos"])
+    again = init_shard_params(cfg, 1, seed=3)
+    assert all(torch.equal(again[n], ranks[1][n]) for n in again)  # seeded: the same draw each time
+    assert not torch.equal(init_shard_params(cfg, 1, seed=4)["layers.0.o_weight"], ranks[1]["layers.0.o_weight"])
+
+
+def test_sharded_draws_keep_the_whole_models_scale():
+    # a row-parallel shard's columns are a slice of the whole layer's: the same 1/sqrt(fan-in)
+    whole = init_params(DecoderConfig.tiny(hidden=128, heads=8, kv_heads=4, ffn=256), seed=0)
+    shard = init_shard_params(DecoderConfig.tiny(hidden=128, heads=8, kv_heads=4, ffn=256, tp=4), 2, seed=0)
+    for name in ("layers.0.o_weight", "layers.0.down_weight", "layers.0.qkv_weight"):
+        assert shard[name].std().item() == pytest.approx(whole[name].std().item(), rel=0.15), name
+
+
+def test_a_rank_outside_the_group_is_refused():
+    with pytest.raises(ValueError, match="rank 2 is outside 0..1"):
+        init_shard_params(DecoderConfig.tiny(tp=2), 2)
+
+
+def test_the_70b_shape_splits_over_four_and_eight_gpus_at_its_weight_size():
+    cfg = DecoderConfig.llama3_70b()
+    for tp in (4, 8):
+        shard_config(cfg, tp)
+    whole = weight_bytes(cfg)
+    assert 138e9 < whole < 143e9  # ~70.6B bf16 parameters (its LM head tied to the embedding)
+    embed = cfg.vocab_size * cfg.hidden * 2
+    assert weight_bytes(shard_config(cfg, 4)) == pytest.approx((whole - embed) / 4 + embed, rel=1e-3)
+
+
+def test_weight_bytes_count_every_weight_of_one_rank():
+    cfg = DecoderConfig.tiny(hidden=64, heads=4, kv_heads=2, ffn=96)
+    full = init_params(cfg)
+    want = sum(t.numel() * t.element_size() for n, t in full.items() if not n.startswith("rope_"))
+    assert weight_bytes(cfg) == want
+    tcfg = shard_config(cfg, 2)
+    rank0 = shard_params(tcfg, full, 0)
+    assert weight_bytes(tcfg) == sum(t.numel() * t.element_size() for n, t in rank0.items() if not n.startswith("rope_"))
+    assert peak_bandwidth(torch.device("cpu")) is None
+
+
+def _row(tp, batch, lever, ratio, model="llama-3-8b-shape", kind="symm_mem", hand=1.01, floor=None):
+    return {"model": model, "tp": tp, "batch": batch, "lever": lever, "all_reduce_label": kind, "tp_vs_tp1": ratio,
+            "tp_vs_tp1_plain": ratio, "graphify_vs_hand": hand, "vs_weight_floor": floor}
+
+
+def test_targets_take_the_best_lever_per_batch_and_need_both_batches():
+    rows = [_row(2, 1, "plain", 0.81), _row(2, 1, "pieces", 0.58), _row(2, 8, "plain", 0.83),
+            _row(2, 8, "pieces", 0.62, hand=1.07)]
+    t = targets(rows)
+    assert t["8b_tp2"][1]["at"] == "pieces symm_mem"
+    assert t["8b_tp2"][1]["tp_vs_tp1"] == 0.58 and t["8b_tp2"][8]["tp_vs_tp1"] == 0.62
+    assert t["8b_tp2_met"] is False  # B=8 misses 0.6
+    assert t["graphify_vs_hand_met"] is False and t["graphify_vs_hand_worst"] == 1.07
+    assert t["8b_tp4_met"] is None and t["70b_tp4_b1_met"] is None  # not measured
+    rows[-1]["tp_vs_tp1"] = 0.59
+    assert targets(rows)["8b_tp2_met"] is True
+    assert targets(rows[:2])["8b_tp2_met"] is None  # B=8 not measured: no verdict
+    big = [_row(4, 1, "pieces", None, model="llama-3-70b-shape", floor=1.8), _row(4, 1, "plain", None,
+                                                                                   model="llama-3-70b-shape", floor=2.6)]
+    t = targets(big)
+    assert t["70b_tp4_b1_met"] is True and t["70b_tp4_b1_vs_floor"] == 1.8 and t["70b_tp4_b1_at"] == "pieces symm_mem"
+    assert TARGET_8B == {2: 0.6, 4: 0.4}
+
+
+def test_serving_results_are_named_for_the_serving_table():
+    assert serving_name("tensor-parallel") == "tensor-parallel-serving"
+    assert serving_name("tensor-parallel-x4-again") == "tensor-parallel-serving-x4-again"
+    assert serving_name("mine") == "mine-serving"
+
+
+def test_the_benchmark_on_four_ranks_runs_tp2_in_pairs_beside_tp4(tmp_path):
+    # four gloo processes: TP=2 in two subgroups at once (rank 0's reported), TP=4 over all,
+    # TP=1 each its own, both levers; every rank ends by itself
+    out = tmp_path / "tp4.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m",
+           "benchmarks.tensor_parallel", "--smoke", "--cpu", "--tp", "1", "2", "4", "--lever", "plain", "pieces",
+           "--batches", "1", "8", "--out", str(out)]
+    done = launch([cmd], [base_env(cpu=True)], timeout=240)[0]
+    assert done["returncode"] == 0, done["stderr"][-3000:]
+    result = json.loads(out.read_text())["decode"]
+    got = [(r["tp"], r["lever"], r["batch"]) for r in result["rows"]]
+    assert got == [(tp, lever, b) for tp in (2, 4) for lever in ("plain", "pieces") for b in (1, 8)]
+    for r in result["rows"]:
+        assert r["max_err_vs_single_gpu"] < 1e-4 and r["graphify_ms"] > 0 and r["tp1_ms"] > 0, r
+    assert [(r["lever"], r["batch"]) for r in result["tp1_rows"]] == [("plain", 1), ("plain", 8), ("pieces", 1),
+                                                                      ("pieces", 8)]
