@@ -17,7 +17,8 @@ Random-weight models from configs (no downloads): the Qwen2.5-0.5B and Llama-3-8
 Gemma 3 1B shape whose window (64) a generation crosses, an MoE shape (8 experts, 2 active),
 bf16, greedy. Per configuration and batch, in a process of its own: the first generate()
 (compile and capture included), ms per new token in a 64-token generate() (median after
-the first call; prefill excluded), steady ms per token (a 192-token call minus a 64-token
+the first call; prefill excluded), the time to the first token (a generate() of one new
+token: the prompt's prefill, median), steady ms per token (a 192-token call minus a 64-token
 call, the median over back-to-back pairs; the first 192-token call is timed apart, since
 transformers recompiles for a longer cache), on a GPU the kernels and GPU time per token (torch.profiler), and the largest
 logit difference over the first decode steps to eager and to the exact logits (the same
@@ -213,7 +214,7 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
         prefill = statistics.median(timed(lambda: generate(model, name, ids, 1)) for _ in range(reps))  # noqa: B023
         call = statistics.median(timed(lambda: generate(model, name, ids, new)) for _ in range(reps))  # noqa: B023
         row = {"model": shape, "config": CONFIGS[name], "key": name, "batch": batch, "first_generate_s": first,
-               "ms_per_token": (call - prefill) * 1e3 / (new - 1), **background}
+               "ms_per_token": (call - prefill) * 1e3 / (new - 1), "ttft_ms": prefill * 1e3, **background}
         if name != "eager":
             longer = 3 * new
             row["first_longer_ms_per_token"] = (timed(lambda: generate(model, name, ids, longer)) - call) * 1e3 / (longer - new)  # noqa: B023
@@ -305,6 +306,7 @@ COLUMNS = [
     ("steady_ms_per_token", "steady ms/token", ".2f"), ("steady_vs_peer", "÷ peer", ".2f"),
     ("first_longer_ms_per_token", "first 192-token call, ms/extra token", ".1f"),
     ("first_generate_s", "first generate() s", ".1f"), ("first_vs_peer", "÷ peer", ".2f"),
+    ("ttft_ms", "time to first token ms", ".2f"), ("ttft_vs_eager", "÷ eager", ".3f"),
     ("compiled_ready_s", "compiled kernels ready s", ".1f"), ("swap_generate_s", "generate() that takes them in s", ".1f"),
     ("replayed_share", "calls replayed", ".2f"), ("max_logit_diff", f"max logit Δ vs eager, {LOGIT_STEPS} steps", ".3g"),
     ("max_logit_diff_same_process", "same, eager in this process", ".3g"),
@@ -329,6 +331,10 @@ def add_ratios(rows: list[dict]) -> None:
                          ("first_generate_s", "first_vs_peer"), ("chat_total_s", "chat_vs_peer")):
             if key in r and key in ref and ref[key] > 0:
                 r[out] = r[key] / ref[key]
+    for r in rows:  # time to first token: a generate() of one new token, beside eager's
+        eager = index.get((r["model"], r.get("batch"), "eager", False, r.get("process", 1)))
+        if eager is not None and r.get("ttft_ms") and eager.get("ttft_ms"):
+            r["ttft_vs_eager"] = r["ttft_ms"] / eager["ttft_ms"]
 
 
 def main(argv=None) -> None:

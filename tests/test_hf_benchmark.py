@@ -44,6 +44,9 @@ def test_hf_generate_runs_every_measure_equal_to_eager(tmp_path, monkeypatch, sh
     assert 0 <= rows["graphify"]["rms_logit_diff_fp32"] <= rows["graphify"]["max_logit_diff_fp32"]
     assert rows["graphify"]["replayed_share"] > 0.5  # decode steps replayed, prefills eager
     assert rows["graphify"]["first_generate_s"] > 0 and rows["graphify"]["steady_ms_per_token"] > 0
+    # time to the first token, beside eager's of the same batch
+    assert rows["graphify"]["ttft_vs_eager"] == rows["graphify"]["ttft_ms"] / rows["eager"]["ttft_ms"] > 0
+    assert "ttft_vs_eager" not in rows["eager"] or rows["eager"]["ttft_vs_eager"] == 1.0
 
 
 def test_steady_ms_per_token_is_the_median_pair_not_a_difference_of_medians(monkeypatch):
