@@ -62,7 +62,9 @@ TIMING = {  # time_per_call arguments per model: graphs, eager; host_pipelined_u
 LEVERS = {
     "plain": "graphify FULL graphs of the step as written",
     "pieces": "graphify FULL graphs of the step's inductor-compiled pieces (split(compile=True))",
+    "pieces+vocab": "pieces, and a vocab-parallel LM head (each rank its slice of the logits, one all-gather)",
 }
+TP1_AS = {"pieces+vocab": "pieces"}  # a lever that changes nothing at TP=1: TP=1 is that lever's
 PEAK_HBM_BYTES_S = (("H200", 4.8e12), ("H100", 3.35e12))  # the data sheets' peak HBM bandwidth (SXM)
 PROFILE_STEPS = 5
 
@@ -84,10 +86,15 @@ def peak_bandwidth(device: torch.device) -> float | None:
     return next((bw for key, bw in PEAK_HBM_BYTES_S if key in name), None)
 
 
-def weight_bytes(cfg: DecoderConfig) -> int:
-    """Bytes of one rank's weights (`cfg.tp` ranks): what a decode step reads at least once."""
+def weight_bytes(cfg: DecoderConfig, vocab_parallel: bool = False) -> int:
+    """Bytes of the weights one rank's decode step reads at least once (`cfg.tp` ranks): its
+    shards, the replicated norms, and the tied embedding as the LM head, whole or (a
+    vocab-parallel head) its rows alone."""
     size = torch.empty((), dtype=cfg.dtype).element_size()
-    return sum(p.numel() for p in Decoder(cfg).to("meta").parameters()) * size
+    count = sum(p.numel() for p in Decoder(cfg).to("meta").parameters())
+    if vocab_parallel:
+        count -= cfg.vocab_size * cfg.hidden - (cfg.vocab_size // cfg.tp) * cfg.hidden
+    return count * size
 
 
 @attrs.frozen
@@ -159,7 +166,7 @@ class Model:
 def _build(lever: str, step, m: Model, cache: torch.Tensor, group=None):
     """(graphify's captured function, the function the floor captures) for one lever."""
     fn = step
-    if lever == "pieces":
+    if lever.startswith("pieces"):
         fn = split(step, split_ops("unified"), *m.example, cache, axes=varlen_axes(), compile=True)
     options = m.options if group is None else attrs.evolve(m.options, group=group)
     g = graphify(fn, mode="FULL", sizes=m.sizes, axes=varlen_axes(), options=options)
@@ -173,7 +180,7 @@ def _measure(lever: str, step, m: Model, cache: torch.Tensor, refs: dict, tp_cfg
     cuda = m.device.type == "cuda"
     floors = {b: HandWrittenGraph(fn, batch, cache) for b, batch in m.batches.items()} if cuda else {}
     bandwidth = peak_bandwidth(m.device)
-    floor_ms = weight_bytes(tp_cfg) / bandwidth * 1e3 if bandwidth else None
+    floor_ms = weight_bytes(tp_cfg, lever.endswith("+vocab")) / bandwidth * 1e3 if bandwidth else None
     out = {}
     with torch.inference_mode():
         for b, batch in m.batches.items():
@@ -221,7 +228,7 @@ def decode_model(name: str, args, groups: Groups, device: torch.device) -> tuple
         single = varlen_step(cfg, full)
         with torch.inference_mode():
             single_refs = {b: single(*batch, full_cache.clone()) for b, batch in batches.items()}
-        for lever in args.lever:
+        for lever in dict.fromkeys(TP1_AS.get(lever, lever) for lever in args.lever):
             for b, row in _measure(lever, single, m, full_cache, single_refs, cfg).items():
                 tp1[lever, b] = row["graphify_ms"]
                 tp1_rows.append({"model": label, "batch": b, "tp": 1, **row,
@@ -269,10 +276,15 @@ def _tp_kind(m: Model, tcfg, params, cache, group, local: int, kind: str, whole:
             if not whole:
                 refs[b] = step(*batch, cache.clone())
             eager[b] = time_per_call(lambda i: step(*batch, cache), **eager_timing)  # noqa: B023
-    rows = []
+    rows, vocab_step = [], None
     for lever in m.args.lever:
-        for b, row in _measure(lever, step, m, cache, refs, tcfg, group).items():
-            one, plain = tp1.get((lever, b)), tp1.get(("plain", b))
+        built = step
+        if lever.endswith("+vocab"):
+            vocab_step = vocab_step or tp_varlen_step(tcfg, params, local, group=group, all_reduce=kind,
+                                                      sharded=not whole, lm_head="vocab")
+            built = vocab_step
+        for b, row in _measure(lever, built, m, cache, refs, tcfg, group).items():
+            one, plain = tp1.get((TP1_AS.get(lever, lever), b)), tp1.get(("plain", b))
             rows.append({**head, "batch": b, **row, "eager_ms": eager[b], "tp1_ms": one, "tp1_plain_ms": plain,
                          "max_err_vs_single_gpu": row["max_err"] if whole else None,
                          "graphify_vs_hand": _ratio(row["graphify_ms"], row.get("hand_ms")),

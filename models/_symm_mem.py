@@ -26,7 +26,7 @@ import socket
 
 import torch
 
-__all__ = ["DEFAULT_MAX_BYTES", "symm_mem_reduce", "nccl_reduce"]
+__all__ = ["DEFAULT_MAX_BYTES", "symm_mem_reduce", "nccl_reduce", "nccl_gather_last"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,19 @@ def nccl_reduce(name: str):
         return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(x, "sum", name))
 
     return reduce
+
+
+def nccl_gather_last(name: str, world: int):
+    """x [..., n] -> [..., world * n], the ranks' slices of the last dimension joined in rank
+    order, by torch's functional all-gather (NCCL; gloo on CPUs): a vocab-parallel LM head's
+    logits."""
+
+    def gather(x: torch.Tensor) -> torch.Tensor:
+        ops = torch.ops._c10d_functional
+        joined = ops.wait_tensor(ops.all_gather_into_tensor(x.contiguous(), world, name))  # [world * rows, n]
+        return joined.view(world, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], world * x.shape[-1])
+
+    return gather
 
 
 def _one_shot(x: torch.Tensor, buf: torch.Tensor, name: str) -> torch.Tensor:

@@ -10,7 +10,8 @@ all-reduce each, of one of two kinds (`all_reduce_fn`):
 - "symm_mem": a one-shot all-reduce through symmetric memory (`models._symm_mem`: one
   kernel reading the peers' buffers over NVLink P2P, no multicast), for the small messages
   of decode, where NCCL's per-call latency dominates; NCCL where it cannot run.
-Embedding, norms and the LM head are replicated.
+Embedding and norms are replicated; so is the LM head (tied to the embedding), or, with
+`lm_head="vocab"`, split by vocabulary rows, the logits joined by one all-gather.
 
     torchrun --nproc-per-node 2 -m benchmarks.tensor_parallel
 """
@@ -24,7 +25,7 @@ import logging
 import attrs
 import torch
 
-from ._symm_mem import DEFAULT_MAX_BYTES, nccl_reduce, symm_mem_reduce
+from ._symm_mem import DEFAULT_MAX_BYTES, nccl_gather_last, nccl_reduce, symm_mem_reduce
 from .decoder import Decoder, DecoderConfig, draw_weight, rope_tables
 from .varlen import varlen_step
 
@@ -32,6 +33,7 @@ __all__ = ["shard_config", "shard_params", "init_shard_params", "shard_paged_cac
 
 log = logging.getLogger(__name__)
 ALL_REDUCE_KINDS = ("nccl", "symm_mem")
+LM_HEADS = ("replicated", "vocab")
 
 
 def shard_config(cfg: DecoderConfig, world: int) -> DecoderConfig:
@@ -122,13 +124,27 @@ def all_reduce_fn(group=None, kind: str = "nccl", *, dtype: torch.dtype = torch.
 
 
 def tp_varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], rank: int, group=None,
-                   attention: "str | Sequence[str]" = "unified", all_reduce: str = "nccl", *, sharded: bool = False):
+                   attention: "str | Sequence[str]" = "unified", all_reduce: str = "nccl", *, sharded: bool = False,
+                   lm_head: str = "replicated"):
     """This rank's step of the model whose full (tp=1) weights are `params` (or, `sharded`,
     whose rank-`rank` shards they are: `init_shard_params`); `all_reduce` is the kind of
     `all_reduce_fn` (collective for "symm_mem": every rank of `group` builds its step). The
-    step's `.all_reduce` is the reduce it got (its `.kind` says whether it fell back)."""
+    step's `.all_reduce` is the reduce it got (its `.kind` says whether it fell back).
+    `lm_head="vocab"`: each rank computes its slice of the vocabulary's logits (its rows of
+    the tied embedding) and one all-gather joins them, instead of every rank reading the
+    whole LM head."""
+    import torch.distributed as dist
+
+    if lm_head not in LM_HEADS:
+        raise ValueError(f"tp_varlen_step: lm_head {lm_head!r} is not one of {LM_HEADS}")
     device = next(iter(params.values())).device
     reduce = all_reduce_fn(group, all_reduce, dtype=cfg.dtype, device=device)
-    step = varlen_step(cfg, params if sharded else shard_params(cfg, params, rank), attention, reduce=reduce)
+    mine = params if sharded else shard_params(cfg, params, rank)
+    gather = None
+    if lm_head == "vocab":
+        rows = cfg.vocab_size // cfg.tp
+        mine = {**mine, "lm_head": params["embed"][rank * rows : (rank + 1) * rows].contiguous()}
+        gather = nccl_gather_last((group or dist.group.WORLD).group_name, cfg.tp)
+    step = varlen_step(cfg, mine, attention, reduce=reduce, gather=gather)
     step.all_reduce = reduce
     return step

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.func import functional_call
 
 from graphify import Support, reqs, tokens, persistent, weakest
@@ -41,10 +42,15 @@ def _backend_names(cfg: DecoderConfig, attention: "str | Sequence[str]") -> tupl
 class VarlenDecoder(Decoder):
     """`Decoder` whose attention is a registered op per layer (a split point)."""
 
-    def __init__(self, cfg: DecoderConfig, attention: "str | Sequence[str]" = "unified", reduce=None):
+    def __init__(self, cfg: DecoderConfig, attention: "str | Sequence[str]" = "unified", reduce=None, gather=None):
         super().__init__(cfg)
         self.attention = _backend_names(cfg, attention)
         self.reduce = reduce if reduce is not None else _identity  # TP: sum partial outputs over ranks
+        self.gather = gather  # TP, a vocab-parallel LM head: joins the ranks' slices of the logits
+        if gather is not None:  # this rank's rows of the (tied) LM head
+            if cfg.vocab_size % cfg.tp:
+                raise ValueError(f"VarlenDecoder: tp={cfg.tp} does not divide vocab_size={cfg.vocab_size}")
+            self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size // cfg.tp, cfg.hidden))
 
     def forward(self, token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache):
         cfg = self.cfg
@@ -66,7 +72,10 @@ class VarlenDecoder(Decoder):
             gate, up = F.linear(y, layer.gate_up_weight).chunk(2, dim=-1)
             x = x + self.reduce(F.linear(F.silu(gate) * up, layer.down_weight))
         last = (torch.cumsum(query_lens, 0) - 1).clamp_(min=0)
-        return F.linear(F.rms_norm(x[last], (cfg.hidden,), self.final_norm, cfg.eps), self.embed)
+        y = F.rms_norm(x[last], (cfg.hidden,), self.final_norm, cfg.eps)
+        if self.gather is not None:
+            return self.gather(F.linear(y, self.lm_head))
+        return F.linear(y, self.embed)
 
 
 def _identity(x):
@@ -74,11 +83,12 @@ def _identity(x):
 
 
 def varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], attention: "str | Sequence[str]" = "unified",
-                reduce=None):
+                reduce=None, gather=None):
     """`step(token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache)`
     -> last-token logits per request, a pure function of `params` via `functional_call`.
-    `reduce` sums a row-parallel linear's partial output over tensor-parallel ranks."""
-    module = VarlenDecoder(cfg, attention, reduce).to("meta")
+    `reduce` sums a row-parallel linear's partial output over tensor-parallel ranks; `gather`
+    (a vocab-parallel LM head, `params["lm_head"]` this rank's rows) joins the logits' slices."""
+    module = VarlenDecoder(cfg, attention, reduce, gather).to("meta")
 
     def step(token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache):
         return functional_call(module, params, (token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache))

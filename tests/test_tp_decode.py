@@ -68,6 +68,19 @@ def test_weight_bytes_count_every_weight_of_one_rank():
     assert peak_bandwidth(torch.device("cpu")) is None
 
 
+def test_a_vocab_parallel_head_reads_its_rows_of_the_lm_head_alone():
+    cfg = shard_config(DecoderConfig.llama3_8b(), 2)
+    embed = cfg.vocab_size * cfg.hidden * 2
+    assert weight_bytes(cfg) - weight_bytes(cfg, vocab_parallel=True) == embed // 2
+
+
+def test_an_unknown_lm_head_is_refused():
+    from models import tp_varlen_step
+
+    with pytest.raises(ValueError, match="lm_head 'rows' is not one of"):
+        tp_varlen_step(DecoderConfig.tiny(tp=2), init_params(DecoderConfig.tiny()), 0, lm_head="rows")
+
+
 def _row(tp, batch, lever, ratio, model="llama-3-8b-shape", kind="symm_mem", hand=1.01, floor=None):
     return {"model": model, "tp": tp, "batch": batch, "lever": lever, "all_reduce_label": kind, "tp_vs_tp1": ratio,
             "tp_vs_tp1_plain": ratio, "graphify_vs_hand": hand, "vs_weight_floor": floor}
@@ -103,14 +116,14 @@ def test_the_benchmark_on_four_ranks_runs_tp2_in_pairs_beside_tp4(tmp_path):
     # TP=1 each its own, both levers; every rank ends by itself
     out = tmp_path / "tp4.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m",
-           "benchmarks.tensor_parallel", "--smoke", "--cpu", "--tp", "1", "2", "4", "--lever", "plain", "pieces",
-           "--batches", "1", "8", "--out", str(out)]
+           "benchmarks.tensor_parallel", "--smoke", "--cpu", "--tp", "1", "2", "4", "--lever", "plain",
+           "pieces+vocab", "--batches", "1", "8", "--out", str(out)]
     done = launch([cmd], [base_env(cpu=True)], timeout=240)[0]
     assert done["returncode"] == 0, done["stderr"][-3000:]
     result = json.loads(out.read_text())["decode"]
     got = [(r["tp"], r["lever"], r["batch"]) for r in result["rows"]]
-    assert got == [(tp, lever, b) for tp in (2, 4) for lever in ("plain", "pieces") for b in (1, 8)]
-    for r in result["rows"]:
+    assert got == [(tp, lever, b) for tp in (2, 4) for lever in ("plain", "pieces+vocab") for b in (1, 8)]
+    for r in result["rows"]:  # the vocab-parallel head's gathered logits too
         assert r["max_err_vs_single_gpu"] < 1e-4 and r["graphify_ms"] > 0 and r["tp1_ms"] > 0, r
     assert [(r["lever"], r["batch"]) for r in result["tp1_rows"]] == [("plain", 1), ("plain", 8), ("pieces", 1),
                                                                       ("pieces", 8)]
