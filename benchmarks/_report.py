@@ -179,15 +179,21 @@ def kernels(call, steps: int = 5) -> tuple[float, float, float, list[tuple[str, 
     """(kernels per step, GPU ms per step, GPU idle µs per step, top kernels (name,
     count/step, µs/step)). Idle is the time between one kernel's end and the next one's
     start over back-to-back steps: what a graph's launch gaps cost, not its kernels."""
-    spans = cuda_spans(call, steps)
+    return summarise(cuda_spans(call, steps), steps)
+
+
+def summarise(spans: Sequence[tuple[float, float, str]], steps: int, top: int = 12,
+              width: int = 70) -> tuple[float, float, float, list[tuple[str, float, float]]]:
+    """`kernels`' figures from `cuda_spans`' spans over `steps` calls: the `top` kernels of
+    most time, their names cut to `width` characters."""
     by = collections.defaultdict(lambda: [0, 0.0])
     for start, end, name in spans:
         by[name][0] += 1
         by[name][1] += end - start
     count = sum(c for c, _ in by.values()) / steps
     gpu_us = sum(t for _, t in by.values()) / steps
-    top = sorted(((n[:70], c / steps, t / steps) for n, (c, t) in by.items()), key=lambda r: -r[2])[:12]
-    return count, gpu_us / 1e3, idle_between([(a, b) for a, b, _ in spans]) / steps, top
+    most = sorted(((n[:width], c / steps, t / steps) for n, (c, t) in by.items()), key=lambda r: -r[2])[:top]
+    return count, gpu_us / 1e3, idle_between([(a, b) for a, b, _ in spans]) / steps, most
 
 
 def idle_between(spans: Sequence[tuple[float, float]]) -> float:

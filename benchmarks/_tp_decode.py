@@ -41,7 +41,7 @@ from transforms import split
 
 from ._floor import HandWrittenGraph
 from ._ranks import maybe_fail
-from ._report import cuda_spans, host_pipelined_us, idle_between, time_per_call
+from ._report import cuda_spans, host_pipelined_us, summarise, time_per_call
 
 __all__ = ["BATCHES", "MODELS", "LEVERS", "Groups", "decode_model", "model_setup", "peak_bandwidth", "max_err"]
 
@@ -136,13 +136,8 @@ def profile(call) -> dict:
         return {}
     n = PROFILE_STEPS
     reduces = [end - start for start, end, name in spans if _is_all_reduce(name)]
-    by_name: dict = {}
-    for start, end, name in spans:
-        count, us = by_name.get(name[:80], (0, 0.0))
-        by_name[name[:80]] = (count + 1, us + end - start)
-    top = sorted(((name, c / n, us / n) for name, (c, us) in by_name.items()), key=lambda r: -r[2])[:15]
-    return {"kernels": len(spans) / n, "gpu_ms": sum(end - start for start, end, _ in spans) / n / 1e3,
-            "idle_us": idle_between([(a, b) for a, b, _ in spans]) / n, "all_reduces": len(reduces) / n,
+    count, gpu_ms, idle_us, top = summarise(spans, n, top=15, width=80)
+    return {"kernels": count, "gpu_ms": gpu_ms, "idle_us": idle_us, "all_reduces": len(reduces) / n,
             "all_reduce_us": statistics.median(reduces) if reduces else None,
             "all_reduce_ms": sum(reduces) / n / 1e3, "top_kernels": top}
 

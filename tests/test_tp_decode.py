@@ -127,3 +127,13 @@ def test_the_benchmark_on_four_ranks_runs_tp2_in_pairs_beside_tp4(tmp_path):
         assert r["max_err_vs_single_gpu"] < 1e-4 and r["graphify_ms"] > 0 and r["tp1_ms"] > 0, r
     assert [(r["lever"], r["batch"]) for r in result["tp1_rows"]] == [("plain", 1), ("plain", 8), ("pieces", 1),
                                                                       ("pieces", 8)]
+
+
+def test_a_profile_sums_kernels_per_step_and_ranks_them_by_time():
+    from benchmarks._report import summarise
+
+    # two steps: a GEMM (10 µs) and an all-reduce (4 µs) each, 1 µs apart
+    spans = [(0.0, 10.0, "gemm"), (11.0, 15.0, "one_shot_all_reduce"), (16.0, 26.0, "gemm"),
+             (27.0, 31.0, "one_shot_all_reduce")]
+    count, gpu_ms, idle_us, top = summarise(spans, 2, top=1, width=3)
+    assert (count, gpu_ms, idle_us) == (2.0, 0.014, 1.5) and top == [("gem", 1.0, 10.0)]
