@@ -137,3 +137,11 @@ def test_a_profile_sums_kernels_per_step_and_ranks_them_by_time():
              (27.0, 31.0, "one_shot_all_reduce")]
     count, gpu_ms, idle_us, top = summarise(spans, 2, top=1, width=3)
     assert (count, gpu_ms, idle_us) == (2.0, 0.014, 1.5) and top == [("gem", 1.0, 10.0)]
+
+
+def test_a_tp_degree_that_does_not_divide_the_ranks_is_refused_on_every_rank():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+           "benchmarks.tensor_parallel", "--smoke", "--cpu", "--tp", "3"]
+    done = launch([cmd], [base_env(cpu=True)], timeout=120)[0]
+    assert done["returncode"] != 0
+    assert "--tp [3]: each TP degree must divide the world size 2" in done["stderr"], done["stderr"][-2000:]
