@@ -15,6 +15,7 @@ with its own TP step run eagerly; the others with the single-GPU model.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from typing import Any
 
@@ -37,6 +38,7 @@ from models import (
     varlen_axes,
     varlen_step,
 )
+from models import attention
 from transforms import split
 
 from ._floor import HandWrittenGraph
@@ -63,10 +65,32 @@ LEVERS = {
     "plain": "graphify FULL graphs of the step as written",
     "pieces": "graphify FULL graphs of the step's inductor-compiled pieces (split(compile=True))",
     "pieces+vocab": "pieces, and a vocab-parallel LM head (each rank its slice of the logits, one all-gather)",
+    "pieces+splitkv": "pieces, with split-KV attention (a token's keys over several programs, then joined)",
+    "pieces+vocab+splitkv": "pieces+vocab with split-KV attention",
 }
-TP1_AS = {"pieces+vocab": "pieces"}  # a lever that changes nothing at TP=1: TP=1 is that lever's
 PEAK_HBM_BYTES_S = (("H200", 4.8e12), ("H100", 3.35e12))  # the data sheets' peak HBM bandwidth (SXM)
 PROFILE_STEPS = 5
+
+
+def tp1_lever(lever: str) -> str:
+    """The lever TP=1 is measured with for a TP lever: a vocab-parallel head changes nothing at TP=1."""
+    return lever.replace("+vocab", "")
+
+
+@contextlib.contextmanager
+def lever_kernels(lever: str):
+    """Split-KV attention on while a `+splitkv` lever captures (the choice is made at capture;
+    Triton's kernels are not used on the CPU)."""
+    kernels = attention._load_triton()
+    if kernels is None:
+        yield
+        return
+    old = kernels.SPLIT_KV
+    kernels.SPLIT_KV = lever.endswith("+splitkv")
+    try:
+        yield
+    finally:
+        kernels.SPLIT_KV = old
 
 
 def model_setup(name: str, device: torch.device) -> tuple[DecoderConfig, str, int]:
@@ -171,11 +195,12 @@ def _build(lever: str, step, m: Model, cache: torch.Tensor, group=None):
 def _measure(lever: str, step, m: Model, cache: torch.Tensor, refs: dict, tp_cfg: DecoderConfig, group=None) -> dict:
     """Per batch size: graphify's step, the floor's, the profile, the error against `refs`."""
     graph_timing, _, host_reps = TIMING[m.name]
-    g, fn = _build(lever, step, m, cache, group)
     cuda = m.device.type == "cuda"
-    floors = {b: HandWrittenGraph(fn, batch, cache) for b, batch in m.batches.items()} if cuda else {}
+    with lever_kernels(lever):
+        g, fn = _build(lever, step, m, cache, group)
+        floors = {b: HandWrittenGraph(fn, batch, cache) for b, batch in m.batches.items()} if cuda else {}
     bandwidth = peak_bandwidth(m.device)
-    floor_ms = weight_bytes(tp_cfg, lever.endswith("+vocab")) / bandwidth * 1e3 if bandwidth else None
+    floor_ms = weight_bytes(tp_cfg, "+vocab" in lever) / bandwidth * 1e3 if bandwidth else None
     out = {}
     with torch.inference_mode():
         for b, batch in m.batches.items():
@@ -223,7 +248,7 @@ def decode_model(name: str, args, groups: Groups, device: torch.device) -> tuple
         single = varlen_step(cfg, full)
         with torch.inference_mode():
             single_refs = {b: single(*batch, full_cache.clone()) for b, batch in batches.items()}
-        for lever in dict.fromkeys(TP1_AS.get(lever, lever) for lever in args.lever):
+        for lever in dict.fromkeys(tp1_lever(lever) for lever in args.lever):
             for b, row in _measure(lever, single, m, full_cache, single_refs, cfg).items():
                 tp1[lever, b] = row["graphify_ms"]
                 tp1_rows.append({"model": label, "batch": b, "tp": 1, **row,
@@ -274,12 +299,12 @@ def _tp_kind(m: Model, tcfg, params, cache, group, local: int, kind: str, whole:
     rows, vocab_step = [], None
     for lever in m.args.lever:
         built = step
-        if lever.endswith("+vocab"):
+        if "+vocab" in lever:
             vocab_step = vocab_step or tp_varlen_step(tcfg, params, local, group=group, all_reduce=kind,
                                                       sharded=not whole, lm_head="vocab")
             built = vocab_step
         for b, row in _measure(lever, built, m, cache, refs, tcfg, group).items():
-            one, plain = tp1.get((TP1_AS.get(lever, lever), b)), tp1.get(("plain", b))
+            one, plain = tp1.get((tp1_lever(lever), b)), tp1.get(("plain", b))
             rows.append({**head, "batch": b, **row, "eager_ms": eager[b], "tp1_ms": one, "tp1_plain_ms": plain,
                          "max_err_vs_single_gpu": row["max_err"] if whole else None,
                          "graphify_vs_hand": _ratio(row["graphify_ms"], row.get("hand_ms")),

@@ -93,7 +93,7 @@ log "install rc=$? ($(python3 -c 'import graphify.transforms, transforms; print(
 # the benchmarks
 TORCHRUN="python3 -m torch.distributed.run --standalone --nproc-per-node $GPUS -m benchmarks.tensor_parallel"
 DECODE="--model $MODELS --tp 1 $TP --lever $LEVERS --all-reduce $ALL_REDUCE"
-if wanted bench; then step bench 300 $TORCHRUN $DECODE --name tensor-parallel-$TAG $EXTRA; tail -n 30 "$LOGS/bench.txt"; fi
+if wanted bench; then step bench ${BENCH_LIMIT:-300} $TORCHRUN $DECODE --name tensor-parallel-$TAG $EXTRA; tail -n 30 "$LOGS/bench.txt"; fi
 if wanted bench70 && [ "$GPUS" -ge 4 ]; then
   step bench70 240 $TORCHRUN --model 70b --tp 4 --lever $LEVERS --all-reduce $ALL_REDUCE --name tensor-parallel-70b-$TAG $EXTRA
   tail -n 30 "$LOGS/bench70.txt"

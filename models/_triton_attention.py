@@ -31,6 +31,13 @@ __all__ = ["paged_attention", "launch_key"]
 # launch that compiled kernel directly, with raw pointers (no per-call binding).
 # `CompiledKernel.run`'s arguments are Triton's private launcher API and change between
 # releases, so the direct path is on only for the release it was written and tested on.
+# Split-KV (flash-decoding): with few programs (decode at B=1 runs one per kv head) each walks
+# every position alone; splitting the positions over more programs, then joining their partial
+# softmaxes in a second kernel, shortens the longest walk. On two H200s at the 8B shape, B=1,
+# 257 keys: 32 layers' attention took 480 µs in one step, 199 + 81 (the joins) split in five.
+SPLIT_KV = True
+SPLIT_BELOW_PROGRAMS = 64  # one-step grids of fewer programs split (64 at B=8 gained nothing)
+MAX_SPLITS = 16
 _FAST = knobs is not None and triton.__version__.startswith("3.6.") and torch.version.hip is None  # CUDA's launcher
 _COMPILED: dict = {}
 
@@ -41,20 +48,22 @@ _COMPILED: dict = {}
 # (a Triton compile, with the launcher's C stub built by gcc).
 @triton.jit(do_not_specialize=["num_reqs"])
 def _attention_kernel(
-    Q, K, V, KC, VC, Out, block_tables, query_lens, positions, slots,
+    Q, K, V, KC, VC, Out, block_tables, query_lens, positions, slots, Part,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
     num_reqs, scale,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, KVH: tl.constexpr,
-    BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, SPLITS: tl.constexpr,
 ):
     t = tl.program_id(0)
     h = tl.program_id(1)  # kv head
+    split = tl.program_id(2)  # which share of the token's keys (SPLITS > 1: split-KV)
     offs_d = tl.arange(0, D)
     # This token's new key and value go to its slot. Nobody reads them from the cache in
     # this launch: tokens of the same request take this step's keys from K and V below.
-    slot = tl.load(slots + t).to(tl.int64)
-    tl.store(KC + slot * (KVH * D) + h * D + offs_d, tl.load(K + t * stride_kt + h * stride_kh + offs_d))
-    tl.store(VC + slot * (KVH * D) + h * D + offs_d, tl.load(V + t * stride_vt + h * stride_vh + offs_d))
+    if split == 0:
+        slot = tl.load(slots + t).to(tl.int64)
+        tl.store(KC + slot * (KVH * D) + h * D + offs_d, tl.load(K + t * stride_kt + h * stride_kh + offs_d))
+        tl.store(VC + slot * (KVH * D) + h * D + offs_d, tl.load(V + t * stride_vt + h * stride_vh + offs_d))
 
     # The token's request: how many requests end at or before it (ends = running sum of
     # the query lengths), and where that request's new tokens end.
@@ -84,7 +93,10 @@ def _attention_kernel(
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
-    for start in range(0, pos + 1, BLOCK_N):
+    # This program's share of the token's pos + 1 keys: whole BLOCK_Ns, split by the token's own
+    # length (read here, so a replayed graph splits each step's lengths evenly).
+    span = tl.cdiv(tl.cdiv(pos + 1, BLOCK_N), SPLITS) * BLOCK_N
+    for start in range(split * span, tl.minimum((split + 1) * span, pos + 1), BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         visible = offs_n <= pos
         cached = visible & (offs_n < ctx)
@@ -110,9 +122,47 @@ def _attention_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    out = acc / l_i[:, None]
+    if SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(Out + t * stride_ot + (h * G + offs_g)[:, None] * stride_oh + offs_d[None, :],
+                 out.to(Out.dtype.element_ty), mask=offs_g[:, None] < G)
+    else:  # this split's running max, sum and unnormalised output: `_combine_kernel` joins them
+        row = ((t * KVH + h) * SPLITS + split) * G_PAD + offs_g
+        tl.store(Part + row * (D + 2) + D, m_i)
+        tl.store(Part + row * (D + 2) + D + 1, l_i)
+        tl.store(Part + row[:, None] * (D + 2) + offs_d[None, :], acc)
+
+
+@triton.jit
+def _combine_kernel(Part, Out, stride_ot, stride_oh, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+                    KVH: tl.constexpr, SPLITS: tl.constexpr, S_PAD: tl.constexpr):
+    """One token's kv head: the splits' partial softmaxes joined (split-KV attention's second step)."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, S_PAD)
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D)
+    row = ((t * KVH + h) * SPLITS + offs_s[:, None]) * G_PAD + offs_g[None, :]  # [S_PAD, G_PAD]
+    inside = offs_s[:, None] < SPLITS
+    m = tl.load(Part + row * (D + 2) + D, mask=inside, other=float("-inf"))
+    l = tl.load(Part + row * (D + 2) + D + 1, mask=inside, other=0.0)
+    top = tl.max(m, axis=0)  # split 0 always holds a key (position 0), so it is finite
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - top[None, :]))  # a split past the token's keys: none
+    total = tl.sum(l * w, axis=0)
+    acc = tl.load(Part + row[:, :, None] * (D + 2) + offs_d[None, None, :], mask=inside[:, :, None], other=0.0)
+    out = tl.sum(acc * w[:, :, None], axis=0) / total[:, None]
     tl.store(Out + t * stride_ot + (h * G + offs_g)[:, None] * stride_oh + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=offs_g[:, None] < G)
+
+
+def splits_for(tokens: int, kv_heads: int, max_positions: int, block_n: int) -> int:
+    """How many ranges of positions a token's keys are split into (1: the one-step kernel).
+    Split-KV only where the one-step grid leaves most of the GPU idle (decode at small
+    batch: one program per token and kv head); a choice from shapes alone, so a captured
+    graph always makes it alike."""
+    if not SPLIT_KV or tokens * kv_heads >= SPLIT_BELOW_PROGRAMS:
+        return 1
+    return max(1, min(MAX_SPLITS, -(-max_positions // block_n), SPLIT_BELOW_PROGRAMS // (tokens * kv_heads)))
 
 
 def paged_attention(q, k, v, kv_cache, layer: int, slot_mapping, positions, query_lens, block_tables, out) -> None:
@@ -125,9 +175,14 @@ def paged_attention(q, k, v, kv_cache, layer: int, slot_mapping, positions, quer
     g = heads // kvh
     (sqt, sqh, _), (skt, skh, _), (svt, svh, _), (sot, soh, _) = q.stride(), k.stride(), v.stride(), out.stride()
     ints = (sqt, sqh, skt, skh, svt, svh, sot, soh, block_tables.stride(0), block_tables.shape[0])
-    consts = (g, max(16, triton.next_power_of_2(g)), d, bs, kvh, max(64, bs), q.dtype == torch.float32)
+    g_pad, block_n = max(16, triton.next_power_of_2(g)), max(64, bs)
+    max_positions = block_tables.shape[1] * bs
+    splits = splits_for(t, kvh, max_positions, block_n)
+    consts = (g, g_pad, d, bs, kvh, block_n, q.dtype == torch.float32, splits)
     scale = 1.0 / d**0.5
-    tensors = (q, k, v, out, block_tables, query_lens, positions, slot_mapping)
+    part = (torch.empty((t, kvh, splits, g_pad, d + 2), dtype=torch.float32, device=q.device) if splits > 1
+            else out)  # unused with one split
+    tensors = (q, k, v, out, block_tables, query_lens, positions, slot_mapping, part)
     fast = _FAST and _no_launch_hooks()  # launch hooks (profilers) go through Triton
     if fast:
         if not -kv_cache.shape[0] <= layer < kv_cache.shape[0]:  # what kv_cache[layer] would raise below
@@ -142,16 +197,26 @@ def paged_attention(q, k, v, kv_cache, layer: int, slot_mapping, positions, quer
                                   *(x.dtype for x in tensors[3:])), ptrs, ints, consts)
         kernel = _COMPILED.get(key)
         if kernel is not None:
-            kernel.run(t, kvh, 1, driver.active.get_current_stream(device), kernel.function, kernel.packed_metadata,
-                       None, None, None, *ptrs, *ints, scale, *consts)
+            kernel.run(t, kvh, splits, driver.active.get_current_stream(device), kernel.function,
+                       kernel.packed_metadata, None, None, None, *ptrs, *ints, scale, *consts)
+            _combine(part, out, t, kvh, consts)
             return
     cache = kv_cache[layer]
-    kernel = _attention_kernel[(t, kvh)](
-        q, k, v, cache[0], cache[1], out, block_tables, query_lens, positions, slot_mapping, *ints, scale,
-        G=consts[0], G_PAD=consts[1], D=d, BS=bs, KVH=kvh, BLOCK_N=consts[5], IEEE=consts[6],
+    kernel = _attention_kernel[(t, kvh, splits)](
+        q, k, v, cache[0], cache[1], out, block_tables, query_lens, positions, slot_mapping, part, *ints, scale,
+        G=g, G_PAD=g_pad, D=d, BS=bs, KVH=kvh, BLOCK_N=block_n, IEEE=consts[6], SPLITS=splits,
     )
+    _combine(part, out, t, kvh, consts)
     if fast:
         _COMPILED[key] = kernel
+
+
+def _combine(part, out, t: int, kvh: int, consts: tuple) -> None:
+    """Split-KV's second step (nothing with one split)."""
+    g, g_pad, d, splits = consts[0], consts[1], consts[2], consts[7]
+    if splits > 1:
+        _combine_kernel[(t, kvh)](part, out, out.stride(0), out.stride(1), G=g, G_PAD=g_pad, D=d, KVH=kvh,
+                                  SPLITS=splits, S_PAD=triton.next_power_of_2(splits))
 
 
 def _no_launch_hooks() -> bool:
