@@ -6,15 +6,14 @@ dynamo's bytecode trace of the whole forward in the caller, then loads inductor'
 the caches the worker filled: seconds of stall. Here, for one decode step of a transformers
 model over a StaticCache (random weights from a config, the shapes of `benchmarks.hf_generate`):
 
-- worker (a process of its own, empty compile caches): `torch.compile(call,
-  fullgraph=True).aot_compile(...)` with a guard filter that drops the guards torch cannot
-  serialise (ID_MATCH and those derived from it: object identity, which graphify's per-call
-  watch covers), then `save_compiled_function`; its seconds, and the guards kept and dropped
-  by type;
-- caller (this process): `torch.compiler.load_compiled_function` twice (the first pays the
-  imports), one decode step through it, its logits against eager's;
-- today's swap (a fresh process on the worker's warm caches): `torch.compile(call,
-  fullgraph=True)` and its first call, i.e. dynamo's trace plus loading inductor's output.
+- worker (a process of its own, empty compile caches): `graphify._aot.save`, as graphify's
+  compile worker saves a job whole (aot_compile, the guards torch cannot save dropped,
+  `save_compiled_function`); its seconds, and the guards kept and dropped by type;
+- caller (this process): `graphify._aot.load` twice (the first pays the imports), one decode
+  step through it, its logits against eager's;
+- the swap with the compile traced here (a fresh process on the worker's warm caches):
+  `torch.compile(_aot.TRAMPOLINE, fullgraph=True)` and its first call: dynamo's trace, then
+  inductor's output loaded.
 
     python -m benchmarks.aot_swap [--model qwen0.5b] [--batch 1]     # on a GPU
     python -m benchmarks.aot_swap                                    # CPU: tiny-qwen, not GPU timings
@@ -35,16 +34,10 @@ from pathlib import Path
 
 import torch
 
+from graphify import _aot
+from graphify._compiled import DYNAMO_CONFIG, compile_settings
+
 __all__ = ["main"]
-
-DROPPED_TYPES = ("ID_MATCH", "CLOSURE_MATCH", "FUNCTION_MATCH", "MODULE_MATCH", "TYPE_MATCH_ID")
-
-
-def call(fn, args, kwargs):
-    """What is compiled: a module-level trampoline (transformers' forward wrapper does not
-    pickle when traced directly)."""
-    return fn(*args, **kwargs)
-
 
 def decode_inputs(model, batch: int, device: str) -> dict:
     """One decode step's keywords after a 16-token prefill into a fresh StaticCache."""
@@ -56,46 +49,6 @@ def decode_inputs(model, batch: int, device: str) -> dict:
         model(input_ids=ids, past_key_values=cache, use_cache=True)
     nxt = torch.randint(0, model.config.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(2)).to(device)
     return dict(input_ids=nxt, past_key_values=cache, cache_position=torch.tensor([16], device=device), use_cache=True)
-
-
-def serialisable(kept: dict):
-    """A guard filter keeping what torch can serialise; counts each guard type kept or dropped."""
-
-    def keep(guards) -> list[bool]:
-        out = []
-        for g in guards:
-            types = {g.guard_type, *(getattr(g, "derived_guard_types", ()) or ())}
-            ok = not any(t in DROPPED_TYPES for t in types)
-            kept.setdefault("kept" if ok else "dropped", {}).setdefault(g.guard_type, 0)
-            kept["kept" if ok else "dropped"][g.guard_type] += 1
-            out.append(ok)
-        return out
-
-    return keep
-
-
-def load(path: str):
-    """`load_compiled_function` with the globals its code names: dynamo's compiled code refers to
-    modules as `___module_<dotted name with _>_<id>_c<n>` in the compiling process's globals;
-    here each is the module of that name in `sys.modules`."""
-    import re
-
-    f_globals = dict(globals())
-    for _ in range(2):
-        try:
-            with open(path, "rb") as f:
-                return torch.compiler.load_compiled_function(f, f_globals=f_globals)
-        except RuntimeError as exc:
-            missing = re.findall(r"'(___module_\w+?)'", str(exc))
-            if not missing:
-                raise
-            by_flat = {name.replace(".", "_"): module for name, module in list(sys.modules.items()) if module}
-            for ref in missing:
-                flat = re.sub(r"_\d+_c\d+$", "", ref.removeprefix("___module_"))
-                if flat not in by_flat:
-                    raise RuntimeError(f"aot_swap: no loaded module is named like {ref}") from exc
-                f_globals[ref] = by_flat[flat]
-    raise RuntimeError("aot_swap: the compiled function still misses globals after they were supplied")
 
 
 def setup(shape: str, batch: int):
@@ -112,12 +65,11 @@ def worker(shape: str, batch: int, path: str, what: str) -> dict:
     counts: dict = {}
     t0 = time.perf_counter()
     with torch.no_grad():
-        if what == "aot":
-            fn = torch.compile(call, fullgraph=True, options={"guard_filter_fn": serialisable(counts)}).aot_compile(
-                ((model.forward, (), kwargs), {}))
-            fn.save_compiled_function(path)
+        if what == "aot":  # as graphify's compile worker saves a job whole
+            counts = _aot.save(model.forward, (), kwargs, compile_settings(True), path, DYNAMO_CONFIG)
+            counts.pop("identities")
         else:
-            torch.compile(call, fullgraph=True)(model.forward, (), kwargs)
+            torch.compile(_aot.TRAMPOLINE, fullgraph=True)(model.forward, (), kwargs)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return {"seconds": time.perf_counter() - t0, "guards": counts}
@@ -149,7 +101,7 @@ def measure(shape: str, batch: int, timeout: float) -> dict:
         loads = []
         for _ in range(2):  # the first pays the imports
             t0 = time.perf_counter()
-            loaded = load(path)
+            loaded = _aot.load(path)
             loads.append(time.perf_counter() - t0)
         with torch.no_grad():
             t0 = time.perf_counter()

@@ -268,7 +268,7 @@ def run_chat(name: str, shape: str) -> list[dict]:
     total = time.perf_counter() - start
     tokens = sum(b * n for b, _, n in calls)
     return [{"model": shape, "key": name, "config": CONFIGS[name], "chat_total_s": total, "chat_calls": len(calls),
-             "chat_new_tokens": tokens, "chat_slowest_call_s": max(per_call)}]
+             "chat_new_tokens": tokens, "chat_slowest_call_s": max(per_call), "chat_call_s": per_call}]
 
 
 def worker(args) -> None:

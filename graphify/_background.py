@@ -8,7 +8,9 @@ compile on the same call instead: the function's weights cross once by CUDA IPC 
 (not copied, only read), the call's tensors as copies taken when the job is sent (the
 caller goes on writing its buffers and cache), so nothing the caller owns is written there. What it compiles lands in torch's
 on-disk caches (AOTAutograd's and inductor's FX graph caches, Triton's kernels, autotuning
-results), which the caller's own compile of that call then loads instead of building.
+results), which the caller's own compile of that call then loads instead of building; and, where
+torch can (`graphify._aot`), it saves the compiled function whole, which the caller loads
+without tracing the model again.
 
 First use (`graphify._first_use`) serves plain graphs (eager kernels) meanwhile, submits one
 job per kind of call that compiles apart (`job_kind`), and re-captures those calls with the
@@ -19,13 +21,17 @@ import, a compile error) leaves the plain graphs serving, with one warning.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
+import logging
 import os
 import pickle
 import queue
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -35,7 +41,10 @@ from typing import Any
 import attrs
 import torch
 
+from . import _aot
 from ._job_pickle import dumps, parameters_of, torch_state
+
+log = logging.getLogger("graphify")
 
 __all__ = ["Ticket", "submit", "forget", "settled", "wait", "job_kind", "reset", "DEADLINE_S"]
 
@@ -58,6 +67,11 @@ class Ticket:
     seconds: float | None = None  # the worker's time for the job
     started: float | None = None  # monotonic time the worker began it
     done: threading.Event = attrs.field(factory=threading.Event)
+    aot_path: str | None = None  # where the worker saves the compiled function whole
+    loaded: Any = None  # that function, loaded here by the capture that takes it in (`load_saved`)
+    guards: dict | None = None  # the guard types it kept and dropped
+    load_s: float | None = None  # seconds its load took here
+    load_error: str | None = None  # why it was not loaded (the capture traces it here instead)
 
 
 def job_kind(family: tuple, branch: Any, args: tuple) -> tuple:
@@ -87,6 +101,7 @@ class _Compiler:
         self.functions: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
         self.settled = 0  # tickets that left "pending": first use compares it on each call
         self.broken: str | None = None  # why the worker is gone, once it is
+        self.files = ""  # the directory the worker saves compiled functions in (made with the worker)
 
     def submit(self, owner: Any, fn: Any, job: dict, deadline_s: float = DEADLINE_S) -> Ticket:
         """Send `job` (a call of `fn`, compiled for `owner`, one per graphified function) to
@@ -98,6 +113,9 @@ class _Compiler:
             try:
                 _importable(fn)
                 self._start()
+                if job.pop("whole", True) and _aot.available():
+                    job["aot_path"] = ticket.aot_path = os.path.join(self.files, f"{ticket.id}.aot")
+                    _aot.preimport()
                 fn_id = self.functions.get(owner)
                 shared = parameters_of(fn)
                 if fn_id is None:  # the function once (its parameters by IPC handle), then calls of it
@@ -127,6 +145,7 @@ class _Compiler:
             raise RuntimeError(self.broken)
         if self.proc is not None:
             return
+        self.files = tempfile.mkdtemp(prefix="graphify-compiled-")  # the functions saved whole
         ours, theirs = socket_pair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen(  # its own session: a Ctrl-C this process survives leaves it running
@@ -151,6 +170,7 @@ class _Compiler:
                 if kind == "started" and (ticket := self.tickets.get(job_id)) is not None:
                     ticket.started = time.monotonic()
                 elif kind == "done":
+                    self._saved(job_id, rest[1] if len(rest) > 1 else None)
                     self._settle(job_id, "ready", None, rest[0])
                 elif kind == "failed":
                     self._settle(job_id, "failed", rest[0], rest[1])
@@ -160,6 +180,13 @@ class _Compiler:
                 self.broken = self.broken or f"the compile worker ended (exit code {code}, {type(exc).__name__})"
                 for job_id, t in list(self.tickets.items()):
                     self._settle(job_id, "failed", self.broken)
+
+    def _saved(self, job_id: int, guards: dict | None) -> None:
+        """The worker saved a job's compiled function whole (`guards`: what it kept and dropped):
+        the capture that takes it in loads it (`load_saved`)."""
+        ticket = self.tickets.get(job_id)
+        if ticket is not None and ticket.aot_path is not None and guards is not None:
+            ticket.guards = guards
 
     def _past_deadline(self) -> None:
         """Stop the worker when the job it runs is past its deadline: that job fails with the
@@ -194,6 +221,7 @@ class _Compiler:
         proc, conn = self.proc, self.conn
         if proc is None:
             return
+        shutil.rmtree(self.files, ignore_errors=True)
         self.broken = self.broken or "the compile worker was closed"
         self.outbox.put(None)
         try:  # wakes the reading thread (it settles what is pending) and tells the worker
@@ -246,6 +274,25 @@ def forget(owner: Any) -> None:
         fn_id = _compiler.functions.pop(owner, None)
         if fn_id is not None:
             _compiler._forget(fn_id)
+
+
+def load_saved(ticket: Ticket) -> Any:
+    """The compiled function the worker saved whole for `ticket`, loaded once (None where it was
+    not saved, or did not load: the capture then compiles here, from the caches). Loaded on the
+    caller's thread, at the capture that takes it in: loading on the thread that reads the
+    worker's answers hung CUDA runs (2026-11-27)."""
+    if ticket.loaded is None and ticket.guards is not None and ticket.load_error is None:
+        start = time.perf_counter()
+        try:
+            ticket.loaded = _aot.load(ticket.aot_path)
+        except Exception as exc:  # noqa: BLE001 - the capture traces the function here instead
+            ticket.load_error = f"{type(exc).__name__}: {exc}"
+            log.warning("graphify: a compiled function from the worker did not load (%s); the capture compiles "
+                        "it here from the caches", ticket.load_error)
+        ticket.load_s = time.perf_counter() - start
+        with contextlib.suppress(OSError):
+            os.remove(ticket.aot_path)
+    return ticket.loaded
 
 
 def settled() -> int:

@@ -2,8 +2,9 @@
 
 First use asks, per capture, for the job of its kind of call (`graphify._background.job_kind`:
 calls of one kind share one compile under dynamic shapes). A job whose compile is ready
-means: capture compiled (this process's compile then loads from the caches the worker
-filled). Otherwise the capture records the function as written and sends the job, once per
+means: capture compiled, through the compiled function the worker saved whole and this
+process loaded (`graphify._aot`), or else by this process's compile, which loads from the
+caches the worker filled. Otherwise the capture records the function as written and sends the job, once per
 kind. When jobs settle, the structures holding plain graphs whose compile is now ready are
 handed back to be dropped; a failed compile is warned of once and its calls keep plain graphs.
 """
@@ -43,6 +44,14 @@ class Job:
         ticket = self.jobs.tickets.get(self.kind)
         return ticket is not None and ticket.state == "ready"
 
+    def take_loaded(self) -> None:
+        """The compiled function the worker saved whole for this kind, loaded here: the
+        function's captures call it (`graphify._aot.AotLoads`) instead of tracing the model."""
+        ticket = self.jobs.tickets.get(self.kind)
+        loads = getattr(self.jobs.spec.compiled, "aot_loads", None)
+        if ticket is not None and loads is not None and _background.load_saved(ticket) is not None:
+            loads.add(ticket.loaded, ticket.guards.get("identities", ()))
+
     def try_again_later(self) -> bool:
         """After a compiled capture ran out of memory (memory another call held may be free by
         then): whether this kind tries compiled again, at the next call, rather than give up
@@ -64,7 +73,8 @@ class Job:
         if self.kind not in tickets:
             spec = self.jobs.spec
             how = spec.options.compile
-            job = {"label": spec.label, "how": how, "layout": self.layout, "args": self.args}
+            whole = how.get("whole", True) if isinstance(how, dict) else True
+            job = {"label": spec.label, "how": how, "layout": self.layout, "args": self.args, "whole": whole}
             deadline = how.get("deadline_s", _background.DEADLINE_S) if isinstance(how, dict) else _background.DEADLINE_S
             tickets[self.kind] = _background.submit(self.jobs, spec.fn, job, deadline)
         return tickets[self.kind]
@@ -138,6 +148,7 @@ def capture_with(job: "Job | None", capture: Callable[[bool], Any], strict: bool
     plain = job is not None and not job.ready
     if job is None or plain:
         return capture(plain), plain
+    job.take_loaded()
     try:
         return capture(False), False
     except CaptureError as exc:

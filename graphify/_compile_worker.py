@@ -6,7 +6,8 @@ Reads messages from the connection on file descriptor FD: `("fn", id, payload)` 
 (with the objects it is bound to), `("job", id, fn id, payload)` one call of it to compile,
 as a capture's warm-up calls it, under the caller's settings (`graphify._job_pickle`),
 `("forget", id)`. Each job is announced `("started", id)` when its compile begins (the parent
-times it against the job's deadline from then) and answered `("done", id, seconds)` or
+times it against the job's deadline from then) and answered `("done", id, seconds, guards)`
+(guards: those kept and dropped where the job's compiled function was saved whole) or
 `("failed", id, why, seconds)`. A thread reads the connection while a compile runs, so the parent never waits to
 send. It runs at a lower priority than its parent, whose decode loop must not wait on it,
 gives its GPU memory back after each job, and ends when the parent closes its end or is gone.
@@ -26,8 +27,11 @@ from multiprocessing.connection import Connection
 import torch
 
 
-def run_job(fn, job: dict, compiled: dict) -> None:
-    """Compile `fn` as the parent does and call it once on the job's call (its own copy)."""
+def run_job(fn, job: dict, compiled: dict) -> dict | None:
+    """Compile `fn` as the parent does and call it once on the job's call (its own copy).
+    With `aot_path` in the job: compiled whole and saved there for the parent to load
+    (`graphify._aot`), with the guards kept and dropped (returned); where that cannot be
+    done, compiled as the parent's own compile will look it up in the caches (None)."""
     from graphify._compiled import compile_for_captures
     from graphify._job_pickle import applied
     from graphify._state_types import capture_contexts
@@ -37,6 +41,7 @@ def run_job(fn, job: dict, compiled: dict) -> None:
     from graphify._job_pickle import scrub
 
     args, how = job["args"], job["how"]
+    scrub(getattr(fn, "__self__", fn))  # again, with the hooks of libraries imported since (transforms.hf)
     for a in args:
         if isinstance(a, torch.nn.Module):
             scrub(a)
@@ -46,10 +51,36 @@ def run_job(fn, job: dict, compiled: dict) -> None:
     device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
     if device is not None:
         torch.cuda.set_device(device)
+    guards = None
     with applied(job["state"]), torch.no_grad(), capture_contexts():
-        job["layout"].caller(compiled[key])(*args)
+        if job.get("aot_path"):
+            guards = save_whole(fn, job, how)
+        if guards is None:
+            job["layout"].caller(compiled[key])(*args)
     if device is not None:
         torch.cuda.synchronize(device)
+    return guards
+
+
+def save_whole(fn, job: dict, how) -> dict | None:
+    """`graphify._aot.save` of the job's call as the parent's captures make it; None (logged
+    to the parent's stderr) where torch cannot compile or save it so."""
+    from graphify import _aot
+    from graphify._compiled import DYNAMO_CONFIG, compile_settings
+
+    calls = []
+    job["layout"].caller(lambda *a, **k: calls.append((a, k)))(*job["args"])
+    try:
+        # One eager call first: the caller ran the function before it captured, and libraries
+        # fill registries on a first call (transformers' output-capturing registry of model
+        # classes), which the compiled function's kept guards then read as the caller has them.
+        fn(*calls[0][0], **calls[0][1])
+        return _aot.save(fn, *calls[0], compile_settings(how), job["aot_path"], DYNAMO_CONFIG)
+    except Exception:  # noqa: BLE001 - the parent's own compile traces it instead, from the caches
+        print("graphify: the compile worker could not save the compiled function whole; the caller will trace it",
+              file=sys.stderr)
+        traceback.print_exc()
+        return None
 
 
 def read_into(conn: Connection, inbox: queue.SimpleQueue) -> None:
@@ -102,8 +133,8 @@ def main(fd: int, parent: int) -> None:
             fn = functions.get(fn_id)
             if isinstance(fn, str):
                 raise RuntimeError(fn)
-            run_job(fn, pickle.loads(payload), compiled[fn_id])
-            answer = ("done", ident, time.perf_counter() - start)
+            guards = run_job(fn, pickle.loads(payload), compiled[fn_id])
+            answer = ("done", ident, time.perf_counter() - start, guards)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which keeps its plain graphs
             why = f"{type(exc).__name__}: {exc}"
             if kind == "fn":

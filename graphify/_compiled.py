@@ -16,10 +16,12 @@ from collections.abc import Callable
 
 import torch
 
+from ._aot import AotLoads
 from ._gqa_fold import fold_grouped_query_decode
 from .extend import as_split
 
-__all__ = ["compile_for_captures", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend", "forget_compiled"]
+__all__ = ["compile_for_captures", "compile_settings", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend",
+           "forget_compiled"]
 
 # Dynamo settings while the function compiles. With dynamic shapes dynamo makes every float
 # it meets a symbol (a module's `eps`, attention `scaling`); AOTAutograd's pass that turns
@@ -85,15 +87,23 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     # sizes and cache lengths all the time, and dynamo's default (static first, dynamic on a
     # change, 0/1 specialised) compiled 5 times over 10 chat-like calls where this compiles
     # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
+    how = compile_settings(how)
+    dynamic, fold_gqa = how.pop("dynamic"), how.pop("fold_gqa")
+    backend = shared_backend(how.pop("backend"), how.pop("mode"), how.pop("options"), dynamic, fold_gqa)
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs
+    return _with_dynamo_config(compiled, dict(DYNAMO_CONFIG), AotLoads(fn))
+
+
+def compile_settings(how: "bool | str | dict") -> dict:
+    """`Options.compile` as torch.compile's settings: backend, mode, options, dynamic (True
+    unless given), fold_gqa, and any other torch.compile keyword given."""
     how = dict(how) if isinstance(how, dict) else {}
     how.pop("background", None)  # where it compiles (`graphify._background`) and for how long, not how
     how.pop("deadline_s", None)
-    dynamic = how.pop("dynamic", True)
-    fold_gqa = how.pop("fold_gqa", True)
-    backend = shared_backend(how.pop("backend", "inductor"), how.pop("mode", None), how.pop("options", None), dynamic,
-                             fold_gqa)
-    compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs
-    return _with_dynamo_config(compiled, dict(DYNAMO_CONFIG))
+    how.pop("whole", None)
+    return {"backend": how.pop("backend", "inductor"), "mode": how.pop("mode", None),
+            "options": how.pop("options", None), "dynamic": how.pop("dynamic", True),
+            "fold_gqa": how.pop("fold_gqa", True), **how}
 
 
 # Live backends by what makes them: dynamo guards every compiled entry of a code object on its
@@ -118,18 +128,22 @@ def shared_backend(backend="inductor", mode=None, options=None, dynamic=None, fo
     return found
 
 
-def _with_dynamo_config(compiled: Callable, config: dict) -> Callable:
-    """`compiled`, called with dynamo's `config` in force (it applies when a call compiles).
-    Keeps what marks it as torch.compile'd (`_torchdynamo_orig_callable`): captures find its
-    eager original through it."""
-    if not config:
-        return compiled
+def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads) -> Callable:
+    """`compiled`, called with dynamo's `config` in force (it applies when a call compiles),
+    or through a compiled function loaded from the worker (`loads`, its `aot_loads`) whose
+    guards pass. Keeps what marks it as torch.compile'd (`_torchdynamo_orig_callable`):
+    captures find its eager original through it."""
 
     @functools.wraps(compiled)
     def configured(*args, **kwargs):
+        if loads.loaded:
+            hit, out = loads.call(args, kwargs)
+            if hit:
+                return out
         with torch._dynamo.config.patch(**config):
             return compiled(*args, **kwargs)
 
+    configured.aot_loads = loads
     return configured
 
 
@@ -141,9 +155,14 @@ def forget_compiled(spec) -> None:
     captured again. For a module, its class's `forward` and the module call path dynamo
     compiles, `Module._wrapped_call_impl` (other modules compiled the same way compile
     again on their next call)."""
+    if spec.compiled is None:
+        return
+    loads = getattr(spec.compiled, "aot_loads", None)
+    if loads is not None:  # compiled in the worker over the old state; guards on identity not kept
+        loads.forget()
     reset = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
     reset = getattr(reset, "reset_code", None)
-    if reset is None or spec.compiled is None:
+    if reset is None:
         return
     target = getattr(spec.fn, "_orig_mod", spec.fn)
     codes = []

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's tensor reductions (CUDA IPC) with ForkingPickler
 
-__all__ = ["DROPPED", "dumps", "parameters_of", "torch_state", "applied", "scrub"]
+__all__ = ["DROPPED", "dumps", "parameters_of", "torch_state", "applied", "scrub", "register_rebuilt"]
 
 
 class _Dropped:
@@ -154,13 +154,29 @@ def parameters_of(fn: Any) -> frozenset:
     return frozenset(id(p) for p in owner.parameters())
 
 
+# Called in the worker on each object (and submodule) rebuilt there: what a library records per
+# process when an object is made, which unpickling skips (`graphify.extend.register_rebuilt`).
+REBUILT: list = []
+
+
 def scrub(obj) -> None:
-    """Remove what stood for graphify's callables in `obj` and, for a module, its submodules."""
+    """Remove what stood for graphify's callables in `obj` and, for a module, its submodules;
+    then the `REBUILT` hooks on each."""
     modules = obj.modules() if isinstance(obj, torch.nn.Module) else [obj]
     for m in modules:
         attributes = getattr(m, "__dict__", {})
         for name in [n for n, v in attributes.items() if v is DROPPED]:
             del attributes[name]
+        for hook in REBUILT:
+            hook(m)
+
+
+def register_rebuilt(hook) -> None:
+    """`hook(obj)` runs in the compile worker on each object rebuilt there from the caller's
+    copy: for a library that records an object in a registry of its own when it is made
+    (unpickling does not make it), so the worker's trace sees the registry as the caller has it."""
+    if hook not in REBUILT:
+        REBUILT.append(hook)
 
 
 # -- the process state a compile depends on ------------------------------------------------------

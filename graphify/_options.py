@@ -55,8 +55,12 @@ def _compile_choice(instance, attribute, value):
         )
     if isinstance(value, dict) and not isinstance(value.get("background", False), bool):
         raise TypeError(f"Options: compile's 'background' must be True or False, got {value['background']!r}")
-    if isinstance(value, dict) and not isinstance(value.get("fold_gqa", True), bool):
-        raise TypeError(f"Options: compile's 'fold_gqa' must be True or False, got {value['fold_gqa']!r}")
+    for switch in ("fold_gqa", "whole"):
+        if isinstance(value, dict) and not isinstance(value.get(switch, True), bool):
+            raise TypeError(f"Options: compile's {switch!r} must be True or False, got {value[switch]!r}")
+    if isinstance(value, dict) and "whole" in value and value.get("background") is not True:
+        raise ValueError("Options: compile's 'whole' says how a compile in the background comes back; add "
+                         "'background': True")
     if isinstance(value, dict) and "deadline_s" in value:
         deadline = value["deadline_s"]
         if value.get("background") is not True:
@@ -149,8 +153,11 @@ class Options:
       it (`torch._dynamo.reset()` does not free it). "background" (or `"background": True`
       in the dict): calls capture plain graphs at once while a worker process compiles the
       same calls (`graphify._background`: the weights cross by CUDA IPC, not copied) into
-      torch's on-disk caches; once a call's compile is there, its graphs are captured again
-      with the compiled function, whose compile in this process then loads from those caches.
+      torch's on-disk caches and saves it whole (torch's `aot_compile`); once a call's
+      compile is there, this process loads it (no trace of the model here) and captures its
+      graphs again with it. Where it was not saved whole (`"whole":
+      False` in the dict, or a torch that cannot), the compile in this process traces the
+      model and loads inductor's output from those caches, a stall of seconds.
       The first `generate()` costs what the plain line's does; a restarted process finds the
       caches filled. A compile running past `"deadline_s"` (default 1200) stops the worker:
       its calls keep plain graphs, with one warning. `capture()` compiles in its own process.

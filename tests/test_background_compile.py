@@ -61,8 +61,8 @@ def twins(cls, device: str) -> tuple:
     return model, twin
 
 
-def background(backend: str) -> Options:
-    return Options(compile={"background": True, "backend": backend})
+def background(backend: str, whole: bool = True) -> Options:
+    return Options(compile={"background": True, "backend": backend, "whole": whole})
 
 
 def compiles_here(backend: str) -> int:
@@ -80,10 +80,13 @@ def fresh_worker():
 
 
 @LINES
-def test_plain_graphs_serve_at_once_and_compiled_graphs_after_the_worker(backend):
+@pytest.mark.parametrize("whole", [True, False], ids=["loaded-whole", "traced-here"])
+def test_plain_graphs_serve_at_once_and_compiled_graphs_after_the_worker(backend, whole):
+    """Whole: the worker saves the compiled function and this process loads it, compiling
+    nothing. Not whole: this process traces the function and loads the backend's output."""
     _, device, compiler = backend
     block, eager = twins(Block, device)
-    block.forward = graphify(block.forward, options=background(compiler))
+    block.forward = graphify(block.forward, options=background(compiler, whole))
     before = compiles_here(compiler)
     with torch.no_grad():
         for _ in range(4):  # a warm-up, then plain graphs: nothing compiles in this process
@@ -94,10 +97,14 @@ def test_plain_graphs_serve_at_once_and_compiled_graphs_after_the_worker(backend
         assert block.forward.wait_compiles(WAIT_S)
         (ticket,) = block.forward._first_use.jobs.tickets.values()
         assert ticket.state == "ready", ticket.error
-        for _ in range(5):  # the plain graphs give way; the call captures again, compiled here from the caches
+        assert (ticket.guards is not None) == whole  # saved whole, loaded by the capture below
+        for _ in range(5):  # the plain graphs give way; the call captures again, compiled
             x = torch.randn(3, 16, device=device)
             torch.testing.assert_close(block(x), eager(x))
-    assert compiles_here(compiler) == before + 1
+    loads = block.forward._first_use.spec.compiled.aot_loads
+    assert (ticket.loaded is not None) == whole, ticket.load_error
+    assert compiles_here(compiler) == before + (0 if whole else 1)
+    assert (loads.calls > 0) == whole  # the capture's calls went through the loaded function
     assert calls_by_mode(block.forward)[Mode.FULL] >= 3 + 3
 
 
@@ -111,7 +118,7 @@ def test_the_callers_compile_loads_what_the_worker_compiled(backend, fresh_worke
     _, device, _ = backend
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # empty: the worker (started now) fills it
     block, eager = twins(CacheProbe, device)  # code no other test compiles: dynamo compiles it here
-    block.forward = graphify(block.forward, options=background("inductor"))
+    block.forward = graphify(block.forward, options=background("inductor", whole=False))
     with torch.no_grad():
         for _ in range(3):
             block(torch.randn(3, 16, device=device))
@@ -289,7 +296,9 @@ def test_transformers_generate_under_the_background_line_equals_eager(backend):
     assert all(t.state == "ready" for t in m.forward._first_use.jobs.tickets.values()), \
         [t.error for t in m.forward._first_use.jobs.tickets.values()]
     torch.testing.assert_close(generate(m, ids), want, rtol=0, atol=0)
-    assert compiles_here(compiler) > before  # the decode step, compiled here from the worker's caches
+    loads = m.forward._first_use.spec.compiled.aot_loads
+    assert loads.calls > 0, loads.refused  # the decode step, loaded as the worker saved it whole
+    assert compiles_here(compiler) == before
     assert calls_by_mode(m.forward)[Mode.FULL] > first
 
 
@@ -315,7 +324,7 @@ def test_other_families_take_their_compiled_graphs_in_with_eager_tokens(backend,
             torch.testing.assert_close(generate(model, "static", device), want, rtol=0, atol=0)
     tickets = model.forward._first_use.jobs.tickets.values()
     assert tickets and all(t.state == "ready" for t in tickets), [t.error for t in tickets]
-    assert compiles_here(compiler) > before
+    assert compiles_here(compiler) > before or model.forward._first_use.spec.compiled.aot_loads.calls > 0
     assert not [w for w in seen if "eager" in str(w.message) or "background" in str(w.message)], \
         [str(w.message) for w in seen]
     assert calls_by_mode(model.forward)[Mode.FULL] >= 3 * (8 - 3)
@@ -445,6 +454,9 @@ class _Job:
 
     def give_up(self, why):
         self.why = why
+
+    def take_loaded(self):
+        pass
 
     def try_again_later(self):
         self.tries += 1

@@ -125,7 +125,8 @@ def _register() -> None:
         from transformers.utils import import_utils
     except ImportError:
         return
-    from graphify.extend import StateType, register_capture_context, register_forward_adapter, register_state_type
+    from graphify.extend import (StateType, register_capture_context, register_forward_adapter, register_rebuilt,
+                                 register_state_type)
 
     from ._hf_masks import pad_masks_in_forward
 
@@ -137,6 +138,21 @@ def _register() -> None:
     if hasattr(import_utils, "is_cuda_stream_capturing"):
         register_capture_context(_seen_as_capturing)
     register_forward_adapter(pad_masks_in_forward)
+    register_rebuilt(_recorded_again)
+
+
+def _recorded_again(module) -> None:
+    """In the compile worker: a transformers model rebuilt from the caller's copy skipped its
+    `__init__`, which records the model's class in the output-capturing registry; the forward
+    reads that registry, so a compiled function saved there would guard on its absence and
+    never pass here. Recorded again."""
+    try:
+        from transformers.modeling_utils import PreTrainedModel
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # an older transformers: no such registry
+        return
+    if isinstance(module, PreTrainedModel) and hasattr(module, "_can_record_outputs"):
+        _CAN_RECORD_REGISTRY[module] = module._can_record_outputs
 
 
 _register()

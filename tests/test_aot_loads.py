@@ -1,0 +1,205 @@
+"""Compiled functions the worker saves whole and this process loads (`graphify._aot`): the
+guards torch cannot save (the identity of functions, classes, modules, builtins and closure
+cells) are stood for by identities checked here at each capture, and by graphify's watch at
+each call. A change to any of them, made before the job was sent (the worker imports the
+module as written) or after the loaded graphs replay, must give eager's answer."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+from graphify import Mode, Options, graphify
+from graphify import _aot, _background
+
+WAIT_S = 240
+
+pytestmark = pytest.mark.skipif(not _aot.available(), reason="this torch cannot save compiled functions whole")
+
+
+def helper(x):
+    return torch.tanh(x)
+
+
+def other_helper(x):
+    return torch.sigmoid(x) - 0.5
+
+
+def make_act(f):
+    def act(x):
+        return f(x) * 2
+
+    return act
+
+
+ACT = make_act(torch.tanh)
+
+
+class Helped(torch.nn.Module):
+    """Reads a module global (a function) and a closure cell (through another global)."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return ACT(helper(self.lin(x)))
+
+
+class ShiftedLinear(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x) + 1.0
+
+
+# (graphify backend, device, the worker's compile backend)
+LINES = pytest.mark.parametrize("backend", [
+    pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
+    pytest.param(("cuda", "cuda", "inductor"), id="cuda", marks=[pytest.mark.cuda, requires_cuda]),
+])
+
+
+@pytest.fixture(autouse=True)
+def fresh_worker():
+    _background.reset()
+    yield
+    _background.reset()
+
+
+@pytest.fixture
+def this_module():
+    return sys.modules[__name__]
+
+
+def twins(device: str):
+    torch.manual_seed(0)
+    model, twin = Helped().to(device).eval(), Helped().to(device).eval()
+    twin.load_state_dict(model.state_dict())
+    return model, twin
+
+
+def swapped_in(model, eager, device: str):
+    """Calls until the worker's compile is in: plain graphs, the wait, then the compiled capture."""
+    model.forward = graphify(model.forward, options=Options(compile={"background": True, "backend": device[2]}))
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(3, 16, device=device[1])
+            torch.testing.assert_close(model(x), eager(x))
+        assert model.forward.wait_compiles(WAIT_S)
+        (ticket,) = model.forward._first_use.jobs.tickets.values()
+        assert ticket.state == "ready", ticket.error
+        for _ in range(3):
+            x = torch.randn(3, 16, device=device[1])
+            torch.testing.assert_close(model(x), eager(x))
+    return ticket, model.forward._first_use.spec.compiled.aot_loads
+
+
+def agree(model, eager, device: str, calls: int = 4) -> None:
+    with torch.no_grad():
+        for _ in range(calls):
+            x = torch.randn(3, 16, device=device)
+            torch.testing.assert_close(model(x), eager(x))
+
+
+@LINES
+def test_the_loaded_function_serves_and_its_dropped_guards_are_named(backend):
+    model, eager = twins(backend[1])
+    ticket, loads = swapped_in(model, eager, backend)
+    assert ticket.loaded is not None, ticket.load_error
+    assert loads.calls > 0
+    names = [name for name, _ in ticket.guards["identities"]]
+    assert any("helper" in n for n in names)  # the global function: dropped, stood for here
+    assert any("__closure__" in n for n in names)  # the closure cell's function
+    assert ticket.guards["dropped"] and ticket.guards["kept"]
+
+
+@LINES
+def test_a_global_replaced_before_the_job_is_sent_is_not_taken_from_the_worker(backend, monkeypatch, this_module):
+    """The worker imports this module as written: its trace met `helper`, this process holds
+    `other_helper` there. The loaded function is passed over; the capture compiles here."""
+    monkeypatch.setattr(this_module, "helper", other_helper)
+    model, eager = twins(backend[1])
+    ticket, loads = swapped_in(model, eager, backend)
+    assert ticket.loaded is not None, ticket.load_error
+    assert loads.calls == 0 and any("helper" in n for n in loads.refused)
+
+
+@LINES
+def test_a_closure_cell_changed_before_the_job_is_sent_is_not_taken_from_the_worker(backend, monkeypatch):
+    cell = ACT.__closure__[0]
+    monkeypatch.setattr(cell, "cell_contents", torch.sigmoid)
+    model, eager = twins(backend[1])
+    ticket, loads = swapped_in(model, eager, backend)
+    assert loads.calls == 0 and any("__closure__" in n for n in loads.refused)
+
+
+@LINES
+@pytest.mark.parametrize("change", ["global", "closure", "class"])
+def test_a_change_after_the_loaded_graphs_replay_gives_eagers_answer(backend, change, monkeypatch, this_module):
+    model, eager = twins(backend[1])
+    _, loads = swapped_in(model, eager, backend)
+    assert loads.calls > 0
+    if change == "global":
+        monkeypatch.setattr(this_module, "helper", other_helper)
+    elif change == "closure":
+        monkeypatch.setattr(ACT.__closure__[0], "cell_contents", torch.sigmoid)
+    else:
+        model.lin.__class__ = eager.lin.__class__ = ShiftedLinear
+    agree(model, eager, backend[1])
+
+
+def test_identities_tell_objects_apart_across_processes_by_name_and_code():
+    def f(x):
+        return x + 1
+
+    def g(x):
+        return x + 1
+
+    def h(x):
+        return x - 1
+
+    same = _aot.identity
+    assert same(helper) == same(sys.modules[__name__].helper)
+    assert same(helper) != same(other_helper)
+    assert same(f) != same(h)  # another body
+    assert same(f)[2] != same(g)[2]  # another name
+    assert same(torch) == ("module", "torch")
+    assert same(len) == ("builtin", "builtins", "len")
+    assert same(torch.nn.Linear) == ("class", "torch.nn.modules.linear", "Linear")
+    assert same(3) == ("value", "int", "3") and same(None) != same(0)
+    assert same(types.SimpleNamespace())[0] == "object"
+    assert same(ACT) != same(make_act(torch.tanh))[:0]  # a closure is a function: by name and code
+
+
+@LINES
+def test_a_transformers_decode_step_is_taken_in_as_the_worker_saved_it(backend):
+    """generate() over a static cache: the swap loads the worker's compiled decode step (the
+    model's output-capturing registry is recorded again in the worker, `transforms.hf`), and
+    the tokens are eager's."""
+    transformers = pytest.importorskip("transformers")
+    _, device, compiler = backend
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+
+    def model():
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(config).to(device).eval()
+
+    def generate(m, ids):
+        return m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, min_new_tokens=8,
+                          do_sample=False, cache_implementation="static", pad_token_id=0, disable_compile=True)
+
+    ids = torch.randint(1, 96, (2, 3), generator=torch.Generator().manual_seed(7)).to(device)
+    want = generate(model(), ids)
+    m = model()
+    m.forward = graphify(m.forward, options=Options(compile={"background": True, "backend": compiler}))
+    torch.testing.assert_close(generate(m, ids), want, rtol=0, atol=0)
+    assert m.forward.wait_compiles(WAIT_S)
+    torch.testing.assert_close(generate(m, ids), want, rtol=0, atol=0)
+    loads = m.forward._first_use.spec.compiled.aot_loads
+    tickets = list(m.forward._first_use.jobs.tickets.values())
+    assert loads.calls > 0, (loads.refused, [t.load_error for t in tickets])
+    torch.testing.assert_close(generate(m, ids), want, rtol=0, atol=0)
