@@ -226,7 +226,7 @@ def preimport() -> None:
 
 class AotLoads:
     """The compiled functions loaded for one graphified function: a call goes to the first
-    whose guards pass (`find`); `forget` drops them all (what they were traced over changed)."""
+    whose guards pass (`call`); `forget` drops them all (what they were traced over changed)."""
 
     def __init__(self, fn: Callable):
         self.fn = fn  # the function the trampoline calls
@@ -241,10 +241,24 @@ class AotLoads:
     def forget(self) -> None:
         self.loaded = []
 
+    def drop(self, compiled) -> None:
+        self.loaded = [(c, i) for c, i in self.loaded if c is not compiled]
+
+    def serves(self, args: tuple, kwargs: dict) -> bool:
+        """Whether a loaded function would serve a call with `args`, `kwargs` (see `call`)."""
+        return self._pick(args, kwargs) is not None
+
     def call(self, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         """(True, output) through the first loaded function whose kept guards pass and whose
         dropped ones' objects are the worker's (`identity_changes`), else (False, None). One
         whose objects changed is dropped, logged: the in-process compile traces the call."""
+        compiled = self._pick(args, kwargs)
+        if compiled is None:
+            return False, None
+        self.calls += 1
+        return True, compiled.fn(self.fn, args, kwargs)
+
+    def _pick(self, args: tuple, kwargs: dict):
         for compiled, identities in tuple(self.loaded):
             if not compiled.guard_check(self.fn, args, kwargs):
                 if log.isEnabledFor(logging.DEBUG):
@@ -254,12 +268,11 @@ class AotLoads:
                 continue
             changed = identity_changes(compiled, identities, (self.fn, args, kwargs), {})
             if changed:
-                self.loaded = [(c, i) for c, i in self.loaded if c is not compiled]
+                self.drop(compiled)
                 self.refused += changed
                 log.info("graphify: a compiled function from the worker was traced over other objects than this "
                          "process holds (%s%s); compiling here instead", ", ".join(changed[:3]),
                          "..." if len(changed) > 3 else "")
                 continue
-            self.calls += 1
-            return True, compiled.fn(self.fn, args, kwargs)
-        return False, None
+            return compiled
+        return None

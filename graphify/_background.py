@@ -68,10 +68,11 @@ class Ticket:
     started: float | None = None  # monotonic time the worker began it
     done: threading.Event = attrs.field(factory=threading.Event)
     aot_path: str | None = None  # where the worker saves the compiled function whole
-    loaded: Any = None  # that function, loaded here by the capture that takes it in (`load_saved`)
+    loaded: Any = None  # that function, loaded here before the ticket is ready (`load_saved`)
     guards: dict | None = None  # the guard types it kept and dropped
     load_s: float | None = None  # seconds its load took here
     load_error: str | None = None  # why it was not loaded (the capture traces it here instead)
+    loading: threading.Lock = attrs.field(factory=threading.Lock)  # one load, whichever thread asks first
 
 
 def job_kind(family: tuple, branch: Any, args: tuple) -> tuple:
@@ -113,9 +114,12 @@ class _Compiler:
             try:
                 _importable(fn)
                 self._start()
-                if job.pop("whole", True) and _aot.available():
-                    job["aot_path"] = ticket.aot_path = os.path.join(self.files, f"{ticket.id}.aot")
+                if job.pop("whole", True) and _aot.available():  # where the worker saves it whole: the store, or here
+                    job["aot_path"] = ticket.aot_path = job.get("aot_path") or os.path.join(self.files,
+                                                                                             f"{ticket.id}.aot")
                     _aot.preimport()
+                else:
+                    job.pop("aot_path", None)
                 fn_id = self.functions.get(owner)
                 shared = parameters_of(fn)
                 if fn_id is None:  # the function once (its parameters by IPC handle), then calls of it
@@ -183,10 +187,12 @@ class _Compiler:
 
     def _saved(self, job_id: int, guards: dict | None) -> None:
         """The worker saved a job's compiled function whole (`guards`: what it kept and dropped):
-        the capture that takes it in loads it (`load_saved`)."""
+        loaded here, on the thread that reads the worker's answers, before the job is ready, so
+        the call that takes it in only captures."""
         ticket = self.tickets.get(job_id)
         if ticket is not None and ticket.aot_path is not None and guards is not None:
             ticket.guards = guards
+            load_saved(ticket)
 
     def _past_deadline(self) -> None:
         """Stop the worker when the job it runs is past its deadline: that job fails with the
@@ -278,9 +284,15 @@ def forget(owner: Any) -> None:
 
 def load_saved(ticket: Ticket) -> Any:
     """The compiled function the worker saved whole for `ticket`, loaded once (None where it was
-    not saved, or did not load: the capture then compiles here, from the caches). Loaded on the
-    caller's thread, at the capture that takes it in: loading on the thread that reads the
-    worker's answers hung CUDA runs (2026-11-27)."""
+    not saved, or did not load: the capture then compiles here, from the caches). The thread
+    that reads the worker's answers loads it (no call waits on the load; inductor's kernels
+    are loaded there, not launched, and graphify captures in CUDA's thread-local mode, which
+    lets other threads load modules meanwhile)."""
+    with ticket.loading:
+        return _load_once(ticket)
+
+
+def _load_once(ticket: Ticket) -> Any:
     if ticket.loaded is None and ticket.guards is not None and ticket.load_error is None:
         start = time.perf_counter()
         try:
@@ -290,8 +302,9 @@ def load_saved(ticket: Ticket) -> Any:
             log.warning("graphify: a compiled function from the worker did not load (%s); the capture compiles "
                         "it here from the caches", ticket.load_error)
         ticket.load_s = time.perf_counter() - start
-        with contextlib.suppress(OSError):
-            os.remove(ticket.aot_path)
+        if _compiler is not None and os.path.dirname(ticket.aot_path) == _compiler.files:  # not kept for later
+            with contextlib.suppress(OSError):
+                os.remove(ticket.aot_path)
     return ticket.loaded
 
 

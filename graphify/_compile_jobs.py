@@ -19,7 +19,9 @@ from typing import Any
 import attrs
 import torch
 
-from . import _background
+from . import _aot, _aot_store, _background
+from ._compiled import compile_settings
+from ._job_pickle import torch_state
 from ._errors import CaptureError, StateReplacedError
 
 __all__ = ["CompileJobs", "Job", "capture_with", "OOM_TRIES"]
@@ -43,6 +45,49 @@ class Job:
     def ready(self) -> bool:
         ticket = self.jobs.tickets.get(self.kind)
         return ticket is not None and ticket.state == "ready"
+
+    @property
+    def whole(self) -> bool:
+        """Whether the worker saves this job's compiled function whole (`graphify._aot`), to be
+        loaded here and kept for later processes."""
+        how = self.jobs.spec.options.compile
+        # Inductor's freezing folds the weights into the compiled code: a function kept whole
+        # would serve other weights with the old ones. Compiled here (from the caches) then.
+        frozen = bool(getattr(torch._inductor.config, "freezing", False))
+        return (how.get("whole", True) if isinstance(how, dict) else True) and not frozen and _aot.available()
+
+    def store_path(self) -> str | None:
+        """Where this kind's compiled function is kept for later processes (`graphify._aot_store`)."""
+        if not self.whole:
+            return None
+        return _aot_store.path_for(self.jobs.spec.fn, self.kind, compile_settings(self.jobs.spec.options.compile),
+                                   torch_state())
+
+    def from_store(self) -> bool:
+        """Whether a compiled function an earlier process (or job) kept for this kind serves
+        this call: loaded (once per kind) and passing its guards and identities here. Then
+        the capture takes it, and no job is sent."""
+        loads = getattr(self.jobs.spec.compiled, "aot_loads", None)
+        if loads is None or self.kind in self.jobs.store_tried:
+            return False
+        self.jobs.store_tried.add(self.kind)
+        path = self.store_path()
+        guards = _aot_store.read_guards(path) if path is not None else None
+        if guards is None:
+            return False
+        try:
+            loaded = _aot.load(path)
+        except Exception as exc:  # noqa: BLE001 - a file of another build: plain graphs, and the job
+            log.info("%s: a kept compiled function did not load (%s: %s)", self.jobs.spec.label, type(exc).__name__,
+                     exc)
+            return False
+        calls = []
+        self.layout.caller(lambda *a, **k: calls.append((a, k)))(*self.args)
+        loads.add(loaded, guards.get("identities", ()))
+        if loads.serves(*calls[0]):
+            return True
+        loads.drop(loaded)
+        return False
 
     def take_loaded(self) -> None:
         """The compiled function the worker saved whole for this kind, loaded here: the
@@ -73,8 +118,8 @@ class Job:
         if self.kind not in tickets:
             spec = self.jobs.spec
             how = spec.options.compile
-            whole = how.get("whole", True) if isinstance(how, dict) else True
-            job = {"label": spec.label, "how": how, "layout": self.layout, "args": self.args, "whole": whole}
+            job = {"label": spec.label, "how": how, "layout": self.layout, "args": self.args, "whole": self.whole,
+                   "aot_path": self.store_path()}
             deadline = how.get("deadline_s", _background.DEADLINE_S) if isinstance(how, dict) else _background.DEADLINE_S
             tickets[self.kind] = _background.submit(self.jobs, spec.fn, job, deadline)
         return tickets[self.kind]
@@ -89,6 +134,7 @@ class CompileJobs:
         self.seen = 0  # `_background.settled()` when last looked at
         self.warned = False
         self.out_of_memory: dict[tuple, int] = {}  # compiled captures that ran out of memory, by kind
+        self.store_tried: set[tuple] = set()  # kinds whose kept compiled function was looked for
 
     @classmethod
     def for_spec(cls, spec) -> "CompileJobs | None":
@@ -135,6 +181,7 @@ class CompileJobs:
         function, and later captures send it and their jobs again."""
         _background.forget(self)
         self.tickets = {}
+        self.store_tried = set()
 
     def wait(self, timeout: float | None) -> bool:
         return _background.wait(tuple(self.tickets.values()), timeout)
@@ -145,7 +192,7 @@ def capture_with(job: "Job | None", capture: Callable[[bool], Any], strict: bool
     compiled capture that fails gives the job up and captures plain instead (unless
     `strict`): the function as written had graphs before, and keeps them. One that ran out
     of device memory captures plain this time and tries compiled again later."""
-    plain = job is not None and not job.ready
+    plain = job is not None and not job.ready and not job.from_store()
     if job is None or plain:
         return capture(plain), plain
     job.take_loaded()

@@ -65,7 +65,7 @@ def run_job(fn, job: dict, compiled: dict) -> dict | None:
 def save_whole(fn, job: dict, how) -> dict | None:
     """`graphify._aot.save` of the job's call as the parent's captures make it; None (logged
     to the parent's stderr) where torch cannot compile or save it so."""
-    from graphify import _aot
+    from graphify import _aot, _aot_store
     from graphify._compiled import DYNAMO_CONFIG, compile_settings
 
     calls = []
@@ -75,7 +75,10 @@ def save_whole(fn, job: dict, how) -> dict | None:
         # fill registries on a first call (transformers' output-capturing registry of model
         # classes), which the compiled function's kept guards then read as the caller has them.
         fn(*calls[0][0], **calls[0][1])
-        return _aot.save(fn, *calls[0], compile_settings(how), job["aot_path"], DYNAMO_CONFIG)
+        os.makedirs(os.path.dirname(job["aot_path"]), exist_ok=True)
+        guards = _aot.save(fn, *calls[0], compile_settings(how), job["aot_path"], DYNAMO_CONFIG)
+        _aot_store.write_guards(job["aot_path"], guards)  # for later processes (`graphify._aot_store`)
+        return guards
     except Exception:  # noqa: BLE001 - the parent's own compile traces it instead, from the caches
         print("graphify: the compile worker could not save the compiled function whole; the caller will trace it",
               file=sys.stderr)

@@ -36,6 +36,15 @@ def backend(request):
     return request.param
 
 
+@pytest.fixture(autouse=True)
+def _compiled_functions_kept_per_test(tmp_path, monkeypatch):
+    """Compiled functions kept for later processes (`graphify._aot_store`) go to a folder of the
+    test's own: a test never starts from what another test, or an earlier run, compiled."""
+    from graphify import _aot_store
+
+    monkeypatch.setattr(_aot_store, "DIRECTORY", str(tmp_path / "graphify-whole"))
+
+
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(1234)

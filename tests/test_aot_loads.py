@@ -12,9 +12,10 @@ import types
 import pytest
 import torch
 
-from conftest import requires_cuda
+from conftest import calls_by_mode, requires_cuda
 from graphify import Mode, Options, graphify
 from graphify import _aot, _background
+from test_background_compile import compiles_here
 
 WAIT_S = 240
 
@@ -196,10 +197,55 @@ def test_a_transformers_decode_step_is_taken_in_as_the_worker_saved_it(backend):
     want = generate(model(), ids)
     m = model()
     m.forward = graphify(m.forward, options=Options(compile={"background": True, "backend": compiler}))
+    before = compiles_here(compiler)
     torch.testing.assert_close(generate(m, ids), want, rtol=0, atol=0)
+    first = calls_by_mode(m.forward)[Mode.FULL]
+    assert first > 0  # plain graphs meanwhile
     assert m.forward.wait_compiles(WAIT_S)
     torch.testing.assert_close(generate(m, ids), want, rtol=0, atol=0)
     loads = m.forward._first_use.spec.compiled.aot_loads
     tickets = list(m.forward._first_use.jobs.tickets.values())
     assert loads.calls > 0, (loads.refused, [t.load_error for t in tickets])
+    assert compiles_here(compiler) == before  # nothing compiled, nor traced, in this process
     torch.testing.assert_close(generate(m, ids), want, rtol=0, atol=0)
+    assert calls_by_mode(m.forward)[Mode.FULL] > first
+
+
+@LINES
+@pytest.mark.parametrize("moved", [False, True], ids=["same-objects", "global-replaced"])
+def test_a_later_graphified_model_captures_compiled_graphs_from_its_first_capture(backend, moved, monkeypatch,
+                                                                                  this_module):
+    """What a restarted process does: the compiled function an earlier worker kept
+    (`graphify._aot_store`) is loaded at the first capture and captured at once, no job sent,
+    unless an object its dropped guards stood for is another here (then plain graphs and a job)."""
+    model, eager = twins(backend[1])
+    swapped_in(model, eager, backend)
+    _background.reset()  # as if in a new process: no worker, nothing loaded
+    if moved:
+        monkeypatch.setattr(this_module, "helper", other_helper)
+    later, twin = twins(backend[1])
+    later.forward = graphify(later.forward, options=Options(compile={"background": True, "backend": backend[2]}))
+    agree(later, twin, backend[1], calls=3)
+    first_use = later.forward._first_use
+    loads = first_use.spec.compiled.aot_loads
+    if moved:
+        assert loads.calls == 0 and any("helper" in n for n in loads.refused)
+        assert first_use.jobs.tickets  # plain graphs, and the job sent
+    else:
+        assert loads.calls > 0 and not first_use.jobs.tickets
+    agree(later, twin, backend[1])
+
+
+def test_kept_functions_are_named_by_function_kind_settings_and_sizes():
+    from graphify import _aot_store
+
+    small, large = Helped(16), Helped(32)
+    kind, settings, state = ("family", 1), {"backend": "inductor"}, {"default_dtype": torch.float32}
+    name = _aot_store.path_for
+    assert name(small.forward, kind, settings, state) == name(Helped(16).forward, kind, settings, state)
+    assert name(small.forward, kind, settings, state) != name(large.forward, kind, settings, state)
+    assert name(small.forward, kind, settings, state) != name(small.forward, ("family", 2), settings, state)
+    assert name(small.forward, kind, settings, state) != name(small.forward, kind, {"backend": "aot_eager"}, state)
+    assert name(small.forward, kind, settings, state) != name(small.forward, kind, settings,
+                                                              {"default_dtype": torch.float64})
+    assert name(small.forward, kind, settings, state) != name(ShiftedLinear(16, 16).forward, kind, settings, state)

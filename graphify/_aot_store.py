@@ -1,0 +1,70 @@
+"""Compiled functions saved whole, kept on disk for the processes that come later
+(`Options(compile="background")`): a restarted service captures compiled graphs from its
+first decode step, where it would otherwise serve plain graphs until its worker compiled.
+
+The worker writes each job's compiled function (and the guards it kept and dropped) under a
+name made of what the compile depends on: the function (by name and code), the kind of call,
+the compile settings, torch's version and the process settings a compile reads. The name only
+finds a candidate. What makes it safe to use is what makes a function loaded from this
+process's own worker safe: its kept guards pass on the call, and the objects its dropped
+guards stood for are the ones this process holds (`graphify._aot.AotLoads`); otherwise the
+call captures plain graphs and sends its job, whose compile writes the file anew.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+
+import torch
+
+from . import _aot
+
+__all__ = ["path_for", "read_guards", "write_guards", "STORE_VERSION"]
+
+STORE_VERSION = 1  # bump when what is written changes
+DIRECTORY: str | None = None  # where the store is, if not under inductor's cache (tests: one per test)
+
+
+def directory() -> str:
+    """Under inductor's cache directory (TORCHINDUCTOR_CACHE_DIR where set): the caches a
+    compiled function's kernels come from live there too."""
+    if DIRECTORY is not None:
+        return DIRECTORY
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return os.path.join(cache_dir(), "graphify-whole")
+
+
+def path_for(fn, kind: tuple, settings: dict, state: dict) -> str:
+    """Where the compiled function of `fn` for calls of `kind`, compiled with `settings` under
+    the process `state` (`graphify._job_pickle.torch_state`), is kept. A bound module's
+    parameter names, shapes and dtypes are part of the name: two models of one class and other
+    sizes keep one file each."""
+    module = getattr(fn, "__self__", None)
+    shapes = (tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
+              if isinstance(module, torch.nn.Module) else ())
+    what = repr((STORE_VERSION, torch.__version__, _aot.identity(fn), shapes, kind, sorted(settings.items(), key=str),
+                 sorted(state.items(), key=str)))
+    return os.path.join(directory(), hashlib.sha256(what.encode()).hexdigest()[:40] + ".aot")
+
+
+def write_guards(path: str, guards: dict) -> None:
+    """Beside the function at `path`: the guards it kept and dropped (written last: a file
+    with its guards is whole)."""
+    tmp = f"{path}.guards.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        pickle.dump(guards, f)
+    os.replace(tmp, path + ".guards")
+
+
+def read_guards(path: str) -> dict | None:
+    """The guards kept beside the function at `path`; None where there is none (or it cannot
+    be read)."""
+    try:
+        with open(path + ".guards", "rb") as f:
+            guards = pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        return None
+    return guards if isinstance(guards, dict) and os.path.exists(path) else None
