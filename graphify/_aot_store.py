@@ -45,9 +45,21 @@ def path_for(fn, kind: tuple, settings: dict, state: dict) -> str:
     module = getattr(fn, "__self__", None)
     shapes = (tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
               if isinstance(module, torch.nn.Module) else ())
-    what = repr((STORE_VERSION, torch.__version__, _aot.identity(fn), shapes, kind, sorted(settings.items(), key=str),
-                 sorted(state.items(), key=str)))
+    what = canonical((STORE_VERSION, torch.__version__, _aot.identity(fn), shapes, kind, settings, state))
     return os.path.join(directory(), hashlib.sha256(what.encode()).hexdigest()[:40] + ".aot")
+
+
+def canonical(value) -> str:
+    """`repr` that two processes agree on: dicts by sorted keys, sets sorted (their order
+    follows string hashes, which differ between processes)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(sorted(f"{canonical(k)}: {canonical(v)}" for k, v in value.items())) + "}"
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(map(canonical, value))) + "}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(map(canonical, value))
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    return repr(value)
 
 
 def write_guards(path: str, guards: dict) -> None:

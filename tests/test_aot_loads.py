@@ -249,3 +249,50 @@ def test_kept_functions_are_named_by_function_kind_settings_and_sizes():
     assert name(small.forward, kind, settings, state) != name(small.forward, kind, settings,
                                                               {"default_dtype": torch.float64})
     assert name(small.forward, kind, settings, state) != name(ShiftedLinear(16, 16).forward, kind, settings, state)
+
+
+RESTARTED = """
+import sys, torch
+sys.path[:0] = {paths!r}
+from graphify import Options, graphify
+from test_aot_loads import twins
+model, eager = twins("cpu")
+model.forward = graphify(model.forward, options=Options(compile={{"background": True, "backend": "aot_eager"}}))
+with torch.no_grad():
+    for _ in range(4):
+        x = torch.randn(3, 16)
+        torch.testing.assert_close(model(x), eager(x))
+fu = model.forward._first_use
+print("RESULT", fu.spec.compiled.aot_loads.calls, len(fu.jobs.tickets))
+"""
+
+
+def test_a_restarted_process_captures_compiled_graphs_from_its_first_capture(monkeypatch, tmp_path):
+    """A real second process (the simulation, AOTAutograd's backend): the kept function loads
+    there, with its modules and builtins found by name, and serves from the first capture."""
+    import subprocess
+
+    from graphify import _aot_store
+
+    monkeypatch.setattr(_aot_store, "DIRECTORY", None)  # inductor's cache directory, shared with the child
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model, eager = twins("cpu")
+    swapped_in(model, eager, ("sim", "cpu", "aot_eager"))
+    assert list((tmp_path / "inductor" / "graphify-whole").glob("*.aot"))
+    code = RESTARTED.format(paths=[p for p in sys.path if p])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line is not None, done.stderr[-3000:]
+    calls, tickets = map(int, line.split()[1:])
+    assert calls > 0 and tickets == 0  # compiled from its first capture, no job sent
+
+
+def test_names_do_not_follow_set_or_dict_order():
+    """Set order follows string hashes, which differ between processes (a restarted process
+    named its kept functions apart before `canonical`)."""
+    from graphify._aot_store import canonical
+
+    words = [f"w{i}" for i in range(40)]
+    assert canonical({"s": set(words), "d": dict.fromkeys(words, 1)}) == \
+        canonical({"d": dict.fromkeys(reversed(words), 1), "s": set(reversed(words))})
+    assert canonical([1, (2, 3)]) != canonical((1, [2, 3]))
