@@ -14,9 +14,12 @@ argument, so its guards name it as one. The guards torch cannot save are dropped
 cells the trace met). Two checks stand in for them:
 - at each capture through a loaded function, each dropped guard's object is looked up here by
   dynamo's own source name and compared with what the worker's trace met (`identity`: a
-  module's name, a function's qualified name and code, a class's name). The worker imports
-  modules as written, so a global or closure cell this process changed before the job was
-  sent is caught here, and the call is compiled in this process instead;
+  module's name, a function's qualified name and code, a class's name; an object with no
+  identity across processes makes the function unusable), and so are the code entries of the
+  namespaces of the classes the call reaches (`class_namespaces`: dynamo keeps no guard on a
+  class's methods). The worker imports modules as written, so a global, a closure cell or a
+  class method this process changed before the job was sent is caught here, and the call is
+  compiled in this process instead;
 - on every call, graphify's watch of what the call reads (globals, module attributes,
   closures, hooks); a change drops the loaded functions (`AotLoads.forget`, from
   `forget_compiled`) with the graphs, so the next capture traces the state as it is.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import builtins
 import enum
 import hashlib
+import io
 import logging
 import re
 import sys
@@ -116,22 +120,78 @@ def save(fn: Callable, args: tuple, kwargs: dict, how: dict, path: str, dynamo_c
                                          backend=backend, dynamic=dynamic)
         compiled.save_compiled_function(path)
     compiled(fn, args, kwargs)
+    counts["classes"] = class_namespaces(fn, args, kwargs)
     return counts
+
+
+def classes_reached(fn, args: tuple, kwargs: dict) -> list[type]:
+    """The classes whose methods a trace of `fn` on this call may inline: those of the module
+    `fn` is bound to and its submodules, of the arguments and of their attributes (a cache's
+    layers), with their bases; not Python's or torch's own (`TORCH_OWN`)."""
+    owner = getattr(fn, "__self__", None)
+    objects = list(owner.modules()) if isinstance(owner, torch.nn.Module) else ([owner] if owner is not None else [])
+    for a in (*args, *kwargs.values()):
+        objects.append(a)
+        for v in list(getattr(a, "__dict__", {}).values()):
+            objects += list(v) if isinstance(v, (list, tuple)) else [v]
+    seen: dict[int, type] = {}
+    for obj in objects:
+        if obj is None or isinstance(obj, (torch.Tensor, int, float, bool, str)):
+            continue
+        for cls in type(obj).__mro__:
+            if not cls.__module__.startswith(TORCH_OWN):
+                seen.setdefault(id(cls), cls)
+    return list(seen.values())
+
+
+# Classes left out of the namespace check: Python's and torch's own, which both processes import
+# as released, apart from the patches torch (dynamo's generation tags on `Module.__init__`) and
+# graphify (its watch on `Module.__setattr__`) make in a process that compiles or watches.
+TORCH_OWN = ("builtins", "torch.")
+
+
+def class_namespaces(fn, args: tuple, kwargs: dict) -> list[tuple]:
+    """(module, qualified name, identity of its namespace) of each class `classes_reached`: a
+    method the caller's process patched on a class (as libraries that rewrite a model class's
+    methods do) differs here from the class the worker imported as written."""
+    return [(c.__module__, c.__qualname__, identity(vars(c))) for c in classes_reached(fn, args, kwargs)]
+
+
+def class_changes(recorded, fn, args: tuple, kwargs: dict) -> list[str]:
+    """The classes among `recorded` whose namespace here is not the worker's (or that are not
+    found here)."""
+    here = {(c.__module__, c.__qualname__): c for c in classes_reached(fn, args, kwargs)}
+    changed = []
+    for module, qualname, want in recorded:
+        cls = here.get((module, qualname))
+        if cls is None or _code_of(identity(vars(cls))) != _code_of(want):
+            changed.append(f"{module}.{qualname}")
+    return changed
+
+
+CODE_KINDS = frozenset({"function", "method", "builtin", "code", "property", "staticmethod", "classmethod"})
+
+
+def _code_of(namespace: tuple) -> dict:
+    """A class namespace's identity, its code entries alone: plain values there are caches a
+    library fills on first use (transformers' `_can_set_experts_implementation_cached_value`),
+    and a value the trace read is guarded by a kept guard anyway."""
+    return {k: v for k, v in namespace[1] if v[:1] and v[0] in CODE_KINDS} if namespace[:1] == ("dict",) else {}
 
 
 def identity(value: Any, depth: int = 0) -> tuple:
     """What stands for an object's identity in another process: a module's name, a class's
-    or function's qualified name (a function's code and defaults too), a builtin's name, a
-    small constant's value; for any other object its type alone."""
+    qualified name, a function's qualified name, code (bytecode, constants, names) and
+    defaults, a builtin's name, a small constant's value, a dict's (a class's namespace)
+    entries by key. For any other object there is none (`UNVERIFIABLE`): a loaded function
+    whose dropped guards name one is not used."""
     if isinstance(value, types.ModuleType):
         return ("module", value.__name__)
     if isinstance(value, type):
         return ("class", value.__module__, value.__qualname__)
     if isinstance(value, types.FunctionType):
-        code = value.__code__
         defaults = tuple(identity(d, depth + 1) for d in (value.__defaults__ or ())) if depth < 2 else ()
-        return ("function", value.__module__, value.__qualname__, code.co_firstlineno,
-                hashlib.sha1(code.co_code).hexdigest(), defaults)
+        return ("function", value.__module__, value.__qualname__, code_hash(value.__code__), defaults)
     if isinstance(value, types.MethodType):
         return ("method", identity(value.__func__, depth + 1), identity(type(value.__self__), depth + 1))
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
@@ -139,11 +199,26 @@ def identity(value: Any, depth: int = 0) -> tuple:
         where = owner.__name__ if isinstance(owner, types.ModuleType) else getattr(value, "__module__", None)
         return ("builtin", where, getattr(value, "__qualname__", value.__name__))
     if isinstance(value, types.CodeType):
-        return ("code", value.co_qualname if hasattr(value, "co_qualname") else value.co_name,
-                hashlib.sha1(value.co_code).hexdigest())
+        return ("code", code_hash(value))
     if value is None or isinstance(value, (bool, int, float, str, enum.Enum)):
         return ("value", type(value).__qualname__, repr(value))
-    return ("object", type(value).__module__, type(value).__qualname__)
+    if isinstance(value, (dict, types.MappingProxyType)) and depth < 2:
+        return ("dict", tuple(sorted((str(k), identity(v, depth + 1)) for k, v in value.items())))
+    if isinstance(value, (property, staticmethod, classmethod)) and depth < 3:
+        parts = (value.fget, value.fset) if isinstance(value, property) else (value.__func__,)
+        return (type(value).__name__, tuple(identity(f, depth + 1) for f in parts))
+    return UNVERIFIABLE + (type(value).__module__, type(value).__qualname__)
+
+
+UNVERIFIABLE = ("unverifiable",)
+
+
+def code_hash(code: types.CodeType) -> str:
+    """A code object's bytecode, constants (nested code by its own hash) and names: two
+    versions of a function that differ in a constant or a callee differ here."""
+    consts = tuple(code_hash(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts)
+    what = repr((code.co_code, consts, code.co_names, code.co_firstlineno, code.co_filename.rsplit("/", 1)[-1]))
+    return hashlib.sha1(what.encode()).hexdigest()
 
 
 def identity_changes(compiled, identities, args: tuple, kwargs: dict) -> list[str]:
@@ -154,7 +229,8 @@ def identity_changes(compiled, identities, args: tuple, kwargs: dict) -> list[st
 
     scope = {**_get_closure_vars(), **compiled.prepare_f_locals(*args, **kwargs),
              "G": _trace_globals(compiled.fn.__globals__, [name for name, _ in identities])}
-    return [name for name, want in identities if _identity_at(name, scope) != want]
+    return [name for name, want in identities
+            if want[:1] == UNVERIFIABLE or _identity_at(name, scope) != want]
 
 
 def _trace_globals(f_globals: dict, names: list[str]) -> dict:
@@ -179,15 +255,17 @@ def _identity_at(name: str, scope: dict) -> tuple | None:
         return None
 
 
-def load(path: str) -> Callable:
-    """In the caller: the compiled function saved at `path`. Its code names the modules it uses
-    as `___module_<dotted name, dots as _>_<id>_c<n>` globals of the compiling process; each is
-    the module of that name here."""
+def load(path: str, data: bytes | None = None) -> Callable:
+    """In the caller: the compiled function saved at `path` (or its bytes, `data`). Its code
+    names the modules it uses as `___module_<dotted name, dots as _>_<id>_c<n>` globals of the
+    compiling process; each is the module of that name here."""
+    if data is None:
+        with open(path, "rb") as f:
+            data = f.read()
     f_globals = dict(TRAMPOLINE_GLOBALS)
     for _ in range(3):
         try:
-            with open(path, "rb") as f:
-                return torch.compiler.load_compiled_function(f, f_globals=f_globals)
+            return torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
         except RuntimeError as exc:
             missing = re.findall(r"'(___module_\w+?)'", str(exc))
             if not missing:
@@ -230,13 +308,15 @@ class AotLoads:
 
     def __init__(self, fn: Callable):
         self.fn = fn  # the function the trampoline calls
-        self.loaded: list = []  # (compiled function, the identities its dropped guards stood for)
+        self.loaded: list = []  # (compiled function, what stands for its dropped guards)
         self.calls = 0  # calls that ran a loaded function (tests, logs)
         self.refused: list[str] = []  # names whose identity changed, of loaded functions passed over
 
-    def add(self, compiled, identities=()) -> None:
+    def add(self, compiled, guards: dict | None = None) -> None:
+        """`compiled` with what stands for its dropped guards (`guards`: the worker's record of
+        identities and class namespaces)."""
         if compiled is not None and all(compiled is not c for c, _ in self.loaded):
-            self.loaded.append((compiled, tuple(identities)))
+            self.loaded.append((compiled, guards or {}))
 
     def forget(self) -> None:
         self.loaded = []
@@ -255,24 +335,46 @@ class AotLoads:
         compiled = self._pick(args, kwargs)
         if compiled is None:
             return False, None
+        try:
+            out = compiled.fn(self.fn, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - not this process's to run: compiled here instead
+            self.drop(compiled)
+            log.warning("graphify: a compiled function from the worker failed here (%s: %s); compiling here instead",
+                        type(exc).__name__, exc)
+            return False, None
         self.calls += 1
-        return True, compiled.fn(self.fn, args, kwargs)
+        return True, out
 
     def _pick(self, args: tuple, kwargs: dict):
-        for compiled, identities in tuple(self.loaded):
-            if not compiled.guard_check(self.fn, args, kwargs):
-                if log.isEnabledFor(logging.DEBUG):
-                    f_locals = compiled.prepare_f_locals(self.fn, args, kwargs)
-                    log.debug("graphify: a loaded compiled function's guards fail here: %s",
-                              compiled._artifacts.guard_manager.check_verbose(f_locals))
-                continue
-            changed = identity_changes(compiled, identities, (self.fn, args, kwargs), {})
-            if changed:
+        for compiled, guards in tuple(self.loaded):
+            try:
+                usable = self._usable(compiled, guards, args, kwargs)
+            except Exception as exc:  # noqa: BLE001 - a check that cannot run here: not used
+                log.info("graphify: a loaded compiled function could not be checked here (%s: %s)",
+                         type(exc).__name__, exc)
+                usable = False
                 self.drop(compiled)
-                self.refused += changed
-                log.info("graphify: a compiled function from the worker was traced over other objects than this "
-                         "process holds (%s%s); compiling here instead", ", ".join(changed[:3]),
-                         "..." if len(changed) > 3 else "")
-                continue
-            return compiled
+            if usable:
+                return compiled
         return None
+
+    def _usable(self, compiled, guards: dict, args: tuple, kwargs: dict) -> bool:
+        """Its kept guards pass on this call, its dropped ones' objects are the worker's, and
+        so are the namespaces of the classes the call reaches."""
+        if not compiled.guard_check(self.fn, args, kwargs):
+            if log.isEnabledFor(logging.DEBUG):
+                f_locals = compiled.prepare_f_locals(self.fn, args, kwargs)
+                log.debug("graphify: a loaded compiled function's guards fail here: %s",
+                          compiled._artifacts.guard_manager.check_verbose(f_locals))
+            return False
+        changed = identity_changes(compiled, guards.get("identities", ()), (self.fn, args, kwargs), {})
+        changed += class_changes(guards.get("classes", ()), self.fn, args, kwargs) if "classes" in guards \
+            else ["(no record of the classes the worker's trace reached)"]
+        if changed:
+            self.drop(compiled)
+            self.refused += changed
+            log.info("graphify: a compiled function from the worker was traced over other objects than this "
+                     "process holds, or ones it cannot compare (%s%s); compiling here instead",
+                     ", ".join(changed[:3]), "..." if len(changed) > 3 else "")
+            return False
+        return True

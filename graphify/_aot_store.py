@@ -13,6 +13,7 @@ call captures plain graphs and sends its job, whose compile writes the file anew
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -21,7 +22,7 @@ import torch
 
 from . import _aot
 
-__all__ = ["path_for", "read_guards", "write_guards", "STORE_VERSION"]
+__all__ = ["path_for", "read", "write_guards", "forget", "canonical", "STORE_VERSION"]
 
 STORE_VERSION = 1  # bump when what is written changes
 DIRECTORY: str | None = None  # where the store is, if not under inductor's cache (tests: one per test)
@@ -63,20 +64,38 @@ def canonical(value) -> str:
 
 
 def write_guards(path: str, guards: dict) -> None:
-    """Beside the function at `path`: the guards it kept and dropped (written last: a file
-    with its guards is whole)."""
+    """Beside the function at `path`: the guards it kept and dropped, with the hash of the
+    function's bytes (a reader pairs them only where the hash matches: another process may
+    replace the function between the two writes)."""
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
     tmp = f"{path}.guards.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        pickle.dump(guards, f)
-    os.replace(tmp, path + ".guards")
+    try:
+        with open(tmp, "wb") as f:
+            pickle.dump({**guards, "sha256": digest}, f)
+        os.replace(tmp, path + ".guards")
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
 
 
-def read_guards(path: str) -> dict | None:
-    """The guards kept beside the function at `path`; None where there is none (or it cannot
-    be read)."""
+def read(path: str) -> tuple[bytes, dict] | None:
+    """(the function's bytes, its guards) kept at `path`, where both are there and belong
+    together; None otherwise (nothing kept, a half-written pair, a file this build cannot read)."""
     try:
         with open(path + ".guards", "rb") as f:
             guards = pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        with open(path, "rb") as f:
+            data = f.read()
+    except Exception:  # noqa: BLE001 - missing, truncated, or of another build: not used
         return None
-    return guards if isinstance(guards, dict) and os.path.exists(path) else None
+    if not isinstance(guards, dict) or guards.get("sha256") != hashlib.sha256(data).hexdigest():
+        return None
+    return data, guards
+
+
+def forget(path: str) -> None:
+    """Remove what is kept at `path` (a save that did not finish)."""
+    for p in (path, path + ".guards"):
+        with contextlib.suppress(OSError):
+            os.remove(p)

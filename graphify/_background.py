@@ -41,7 +41,7 @@ from typing import Any
 import attrs
 import torch
 
-from . import _aot
+from . import _aot, _aot_store
 from ._job_pickle import dumps, parameters_of, torch_state
 
 log = logging.getLogger("graphify")
@@ -296,15 +296,17 @@ def _load_once(ticket: Ticket) -> Any:
     if ticket.loaded is None and ticket.guards is not None and ticket.load_error is None:
         start = time.perf_counter()
         try:
-            ticket.loaded = _aot.load(ticket.aot_path)
+            kept = _aot_store.read(ticket.aot_path)
+            if kept is None:
+                raise RuntimeError("the saved function and its guards are not a pair (another process saved over it?)")
+            ticket.loaded, ticket.guards = _aot.load(ticket.aot_path, kept[0]), kept[1]
         except Exception as exc:  # noqa: BLE001 - the capture traces the function here instead
             ticket.load_error = f"{type(exc).__name__}: {exc}"
             log.warning("graphify: a compiled function from the worker did not load (%s); the capture compiles "
                         "it here from the caches", ticket.load_error)
         ticket.load_s = time.perf_counter() - start
         if _compiler is not None and os.path.dirname(ticket.aot_path) == _compiler.files:  # not kept for later
-            with contextlib.suppress(OSError):
-                os.remove(ticket.aot_path)
+            _aot_store.forget(ticket.aot_path)
     return ticket.loaded
 
 

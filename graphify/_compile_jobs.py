@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 import torch
+import torch._inductor.config  # noqa: F401 - freezing, read before a job is sent
 
 from . import _aot, _aot_store, _background
 from ._compiled import compile_settings
@@ -49,41 +50,53 @@ class Job:
     @property
     def whole(self) -> bool:
         """Whether the worker saves this job's compiled function whole (`graphify._aot`), to be
-        loaded here and kept for later processes."""
+        loaded here and kept for later processes. Not under inductor's freezing (global or in
+        the compile's options), which folds the weights into the compiled code: a function kept
+        whole would serve other weights with the old ones."""
         how = self.jobs.spec.options.compile
-        # Inductor's freezing folds the weights into the compiled code: a function kept whole
-        # would serve other weights with the old ones. Compiled here (from the caches) then.
-        frozen = bool(getattr(torch._inductor.config, "freezing", False))
+        options = compile_settings(how).get("options") or {}
+        frozen = bool(getattr(torch._inductor.config, "freezing", False)) or bool(
+            isinstance(options, dict) and options.get("freezing"))
         return (how.get("whole", True) if isinstance(how, dict) else True) and not frozen and _aot.available()
 
     def store_path(self) -> str | None:
-        """Where this kind's compiled function is kept for later processes (`graphify._aot_store`)."""
+        """Where this kind's compiled function is kept for later processes (`graphify._aot_store`);
+        None where it is not saved whole, or its name cannot be made."""
         if not self.whole:
             return None
-        return _aot_store.path_for(self.jobs.spec.fn, self.kind, compile_settings(self.jobs.spec.options.compile),
-                                   torch_state())
+        try:
+            return _aot_store.path_for(self.jobs.spec.fn, self.kind, compile_settings(self.jobs.spec.options.compile),
+                                       torch_state())
+        except Exception as exc:  # noqa: BLE001 - saved whole for this process alone
+            log.info("%s: no name for a kept compiled function (%s: %s)", self.jobs.spec.label, type(exc).__name__, exc)
+            return None
 
     def from_store(self) -> bool:
         """Whether a compiled function an earlier process (or job) kept for this kind serves
         this call: loaded (once per kind) and passing its guards and identities here. Then
-        the capture takes it, and no job is sent."""
+        the capture takes it, and no job is sent. Never after what the calls read changed in
+        this process (`CompileJobs.start_over`): a kept function was compiled over the state
+        before, and only a job sent since may serve."""
         loads = getattr(self.jobs.spec.compiled, "aot_loads", None)
-        if loads is None or self.kind in self.jobs.store_tried:
+        if loads is None or self.jobs.changed or self.kind in self.jobs.store_tried:
             return False
         self.jobs.store_tried.add(self.kind)
-        path = self.store_path()
-        guards = _aot_store.read_guards(path) if path is not None else None
-        if guards is None:
-            return False
         try:
-            loaded = _aot.load(path)
-        except Exception as exc:  # noqa: BLE001 - a file of another build: plain graphs, and the job
-            log.info("%s: a kept compiled function did not load (%s: %s)", self.jobs.spec.label, type(exc).__name__,
+            return self._serve_from_store(loads)
+        except Exception as exc:  # noqa: BLE001 - plain graphs, and the job
+            log.info("%s: a kept compiled function was not used (%s: %s)", self.jobs.spec.label, type(exc).__name__,
                      exc)
             return False
+
+    def _serve_from_store(self, loads) -> bool:
+        path = self.store_path()
+        kept = _aot_store.read(path) if path is not None else None
+        if kept is None:
+            return False
+        loaded = _aot.load(path, kept[0])
         calls = []
         self.layout.caller(lambda *a, **k: calls.append((a, k)))(*self.args)
-        loads.add(loaded, guards.get("identities", ()))
+        loads.add(loaded, kept[1])
         if loads.serves(*calls[0]):
             return True
         loads.drop(loaded)
@@ -94,8 +107,12 @@ class Job:
         function's captures call it (`graphify._aot.AotLoads`) instead of tracing the model."""
         ticket = self.jobs.tickets.get(self.kind)
         loads = getattr(self.jobs.spec.compiled, "aot_loads", None)
-        if ticket is not None and loads is not None and _background.load_saved(ticket) is not None:
-            loads.add(ticket.loaded, ticket.guards.get("identities", ()))
+        try:
+            if ticket is not None and loads is not None and _background.load_saved(ticket) is not None:
+                loads.add(ticket.loaded, ticket.guards)
+        except Exception as exc:  # noqa: BLE001 - the capture compiles here instead
+            log.info("%s: a loaded compiled function was not taken (%s: %s)", self.jobs.spec.label,
+                     type(exc).__name__, exc)
 
     def try_again_later(self) -> bool:
         """After a compiled capture ran out of memory (memory another call held may be free by
@@ -135,6 +152,7 @@ class CompileJobs:
         self.warned = False
         self.out_of_memory: dict[tuple, int] = {}  # compiled captures that ran out of memory, by kind
         self.store_tried: set[tuple] = set()  # kinds whose kept compiled function was looked for
+        self.changed = False  # what the calls read changed since the first capture: kept functions not used
 
     @classmethod
     def for_spec(cls, spec) -> "CompileJobs | None":
@@ -181,7 +199,7 @@ class CompileJobs:
         function, and later captures send it and their jobs again."""
         _background.forget(self)
         self.tickets = {}
-        self.store_tried = set()
+        self.changed = True
 
     def wait(self, timeout: float | None) -> bool:
         return _background.wait(tuple(self.tickets.values()), timeout)

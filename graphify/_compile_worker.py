@@ -70,6 +70,7 @@ def save_whole(fn, job: dict, how) -> dict | None:
 
     calls = []
     job["layout"].caller(lambda *a, **k: calls.append((a, k)))(*job["args"])
+    kept = False
     try:
         # One eager call first: the caller ran the function before it captured, and libraries
         # fill registries on a first call (transformers' output-capturing registry of model
@@ -78,12 +79,16 @@ def save_whole(fn, job: dict, how) -> dict | None:
         os.makedirs(os.path.dirname(job["aot_path"]), exist_ok=True)
         guards = _aot.save(fn, *calls[0], compile_settings(how), job["aot_path"], DYNAMO_CONFIG)
         _aot_store.write_guards(job["aot_path"], guards)  # for later processes (`graphify._aot_store`)
+        kept = True
         return guards
     except Exception:  # noqa: BLE001 - the parent's own compile traces it instead, from the caches
         print("graphify: the compile worker could not save the compiled function whole; the caller will trace it",
               file=sys.stderr)
         traceback.print_exc()
         return None
+    finally:
+        if not kept:  # nothing half-written stays for a later process
+            _aot_store.forget(job["aot_path"])
 
 
 def read_into(conn: Connection, inbox: queue.SimpleQueue) -> None:

@@ -41,14 +41,18 @@ ACT = make_act(torch.tanh)
 
 
 class Helped(torch.nn.Module):
-    """Reads a module global (a function) and a closure cell (through another global)."""
+    """Reads a module global (a function), a closure cell (through another global) and a
+    method of its class."""
 
     def __init__(self, width: int = 16):
         super().__init__()
         self.lin = torch.nn.Linear(width, width)
 
     def forward(self, x):
-        return ACT(helper(self.lin(x)))
+        return self.post(ACT(helper(self.lin(x))))
+
+    def post(self, y):
+        return y + 0.25
 
 
 class ShiftedLinear(torch.nn.Linear):
@@ -68,6 +72,23 @@ def fresh_worker():
     _background.reset()
     yield
     _background.reset()
+
+
+@pytest.fixture(autouse=True)
+def loaded_outputs_checked(monkeypatch):
+    """On the CPU the simulation records the eager function for its replays, so a wrong loaded
+    function would pass unseen there: each call through one is compared with the eager
+    function on the same arguments here (before the test's own checks)."""
+    real = _aot.AotLoads.call
+
+    def checked(self, args, kwargs):
+        hit, out = real(self, args, kwargs)
+        if hit and not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+            with torch.no_grad():
+                torch.testing.assert_close(out, self.fn(*args, **kwargs))
+        return hit, out
+
+    monkeypatch.setattr(_aot.AotLoads, "call", checked)
 
 
 @pytest.fixture
@@ -138,6 +159,15 @@ def test_a_closure_cell_changed_before_the_job_is_sent_is_not_taken_from_the_wor
 
 
 @LINES
+def test_a_method_patched_on_its_class_before_the_job_is_sent_is_not_taken_from_the_worker(backend, monkeypatch):
+    """As a library that rewrites a model class's methods in the caller's process does."""
+    monkeypatch.setattr(Helped, "post", lambda self, y: y * 3)
+    model, eager = twins(backend[1])
+    _, loads = swapped_in(model, eager, backend)
+    assert loads.calls == 0 and loads.refused
+
+
+@LINES
 @pytest.mark.parametrize("change", ["global", "closure", "class"])
 def test_a_change_after_the_loaded_graphs_replay_gives_eagers_answer(backend, change, monkeypatch, this_module):
     model, eager = twins(backend[1])
@@ -162,17 +192,19 @@ def test_identities_tell_objects_apart_across_processes_by_name_and_code():
     def h(x):
         return x - 1
 
+    two = [eval("lambda x: torch.tanh(x) * 2", {"torch": torch}), eval("lambda x: torch.sigmoid(x) * 3", {"torch": torch})]
     same = _aot.identity
     assert same(helper) == same(sys.modules[__name__].helper)
     assert same(helper) != same(other_helper)
     assert same(f) != same(h)  # another body
     assert same(f)[2] != same(g)[2]  # another name
+    assert same(two[0]) != same(two[1])  # one line, one bytecode shape: other constants and callees
     assert same(torch) == ("module", "torch")
     assert same(len) == ("builtin", "builtins", "len")
     assert same(torch.nn.Linear) == ("class", "torch.nn.modules.linear", "Linear")
     assert same(3) == ("value", "int", "3") and same(None) != same(0)
-    assert same(types.SimpleNamespace())[0] == "object"
-    assert same(ACT) != same(make_act(torch.tanh))[:0]  # a closure is a function: by name and code
+    assert same(vars(Helped)) != same(vars(ShiftedLinear))  # a class's namespace, entry by entry
+    assert same(types.SimpleNamespace())[:1] == _aot.UNVERIFIABLE  # no identity across processes
 
 
 @LINES
@@ -296,3 +328,32 @@ def test_names_do_not_follow_set_or_dict_order():
     assert canonical({"s": set(words), "d": dict.fromkeys(words, 1)}) == \
         canonical({"d": dict.fromkeys(reversed(words), 1), "s": set(reversed(words))})
     assert canonical([1, (2, 3)]) != canonical((1, [2, 3]))
+
+
+def test_a_kept_function_that_cannot_be_read_is_passed_over_without_raising(tmp_path):
+    """A truncated or foreign file where a kept function should be: plain graphs and a job."""
+    from graphify import _aot_store
+
+    model, eager = twins("cpu")
+    swapped_in(model, eager, ("sim", "cpu", "aot_eager"))
+    (kept,) = (tmp_path / "graphify-whole").glob("*.aot")
+    (tmp_path / "graphify-whole" / (kept.name + ".guards")).write_bytes(b"\x80\x09junk")
+    assert _aot_store.read(str(kept)) is None
+    _background.reset()
+    later, twin = twins("cpu")
+    later.forward = graphify(later.forward, options=Options(compile={"background": True, "backend": "aot_eager"}))
+    agree(later, twin, "cpu")
+    assert later.forward._first_use.jobs.tickets  # plain graphs, and the job sent
+    kept.write_bytes(kept.read_bytes()[:-7])  # a function that is not the one its guards were written for
+    assert _aot_store.read(str(kept)) is None
+
+
+@pytest.mark.parametrize("how", [{"background": True}, {"background": True, "options": {"freezing": True}},
+                                 {"background": True, "whole": False}])
+def test_a_function_is_saved_whole_unless_asked_not_to_or_its_weights_would_be_folded_in(how):
+    from graphify._compile_jobs import Job
+
+    jobs = types.SimpleNamespace(spec=types.SimpleNamespace(options=Options(compile=how)))
+    assert Job(jobs, (), None, ()).whole == (how.get("options") is None and how.get("whole", True))
+    with torch._inductor.config.patch(freezing=True):
+        assert not Job(jobs, (), None, ()).whole
