@@ -30,20 +30,21 @@ over for the in-process compile.
 from __future__ import annotations
 
 import builtins
-import enum
-import hashlib
 import io
 import logging
 import re
 import sys
 import threading
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["TRAMPOLINE", "UNSAVED_GUARDS", "AotLoads", "available", "save", "load", "preimport"]
+from ._aot_identity import (UNVERIFIABLE, VALUE_GUARDS, class_changes, class_namespaces, identity,
+                            identity_changes, rebuilt_from_caller, value_changes, value_print)
+
+__all__ = ["TRAMPOLINE", "UNSAVED_GUARDS", "AotLoads", "available", "save", "load", "preimport", "identity",
+           "UNVERIFIABLE"]
 
 log = logging.getLogger("graphify")
 
@@ -97,7 +98,7 @@ def save(fn: Callable, args: tuple, kwargs: dict, how: dict, path: str, dynamo_c
     from torch._dynamo.aot_compile import aot_compile_fullgraph
     from torch._dynamo.hooks import Hooks
 
-    counts: dict = {"kept": {}, "dropped": {}, "identities": []}
+    counts: dict = {"kept": {}, "dropped": {}, "identities": [], "values": []}
 
     def keep(entries) -> list[bool]:
         out = []
@@ -108,6 +109,9 @@ def save(fn: Callable, args: tuple, kwargs: dict, how: dict, path: str, dynamo_c
             side[g.guard_type] = side.get(g.guard_type, 0) + 1
             if not ok and g.has_value:
                 counts["identities"].append((g.name, identity(g.value)))
+            elif ok and g.has_value and g.guard_type in VALUE_GUARDS and rebuilt_from_caller(g):
+                counts["values"].append((g.name, VALUE_GUARDS[g.guard_type], value_print(VALUE_GUARDS[g.guard_type],
+                                                                                         g.value)))
             out.append(ok)
         return out
 
@@ -122,137 +126,6 @@ def save(fn: Callable, args: tuple, kwargs: dict, how: dict, path: str, dynamo_c
     compiled(fn, args, kwargs)
     counts["classes"] = class_namespaces(fn, args, kwargs)
     return counts
-
-
-def classes_reached(fn, args: tuple, kwargs: dict) -> list[type]:
-    """The classes whose methods a trace of `fn` on this call may inline: those of the module
-    `fn` is bound to and its submodules, of the arguments and of their attributes (a cache's
-    layers), with their bases; not Python's or torch's own (`TORCH_OWN`)."""
-    owner = getattr(fn, "__self__", None)
-    objects = list(owner.modules()) if isinstance(owner, torch.nn.Module) else ([owner] if owner is not None else [])
-    for a in (*args, *kwargs.values()):
-        objects.append(a)
-        for v in list(getattr(a, "__dict__", {}).values()):
-            objects += list(v) if isinstance(v, (list, tuple)) else [v]
-    seen: dict[int, type] = {}
-    for obj in objects:
-        if obj is None or isinstance(obj, (torch.Tensor, int, float, bool, str)):
-            continue
-        for cls in type(obj).__mro__:
-            if not cls.__module__.startswith(TORCH_OWN):
-                seen.setdefault(id(cls), cls)
-    return list(seen.values())
-
-
-# Classes left out of the namespace check: Python's and torch's own, which both processes import
-# as released, apart from the patches torch (dynamo's generation tags on `Module.__init__`) and
-# graphify (its watch on `Module.__setattr__`) make in a process that compiles or watches.
-TORCH_OWN = ("builtins", "torch.")
-
-
-def class_namespaces(fn, args: tuple, kwargs: dict) -> list[tuple]:
-    """(module, qualified name, identity of its namespace) of each class `classes_reached`: a
-    method the caller's process patched on a class (as libraries that rewrite a model class's
-    methods do) differs here from the class the worker imported as written."""
-    return [(c.__module__, c.__qualname__, identity(vars(c))) for c in classes_reached(fn, args, kwargs)]
-
-
-def class_changes(recorded, fn, args: tuple, kwargs: dict) -> list[str]:
-    """The classes among `recorded` whose namespace here is not the worker's (or that are not
-    found here)."""
-    here = {(c.__module__, c.__qualname__): c for c in classes_reached(fn, args, kwargs)}
-    changed = []
-    for module, qualname, want in recorded:
-        cls = here.get((module, qualname))
-        if cls is None or _code_of(identity(vars(cls))) != _code_of(want):
-            changed.append(f"{module}.{qualname}")
-    return changed
-
-
-CODE_KINDS = frozenset({"function", "method", "builtin", "code", "property", "staticmethod", "classmethod"})
-
-
-def _code_of(namespace: tuple) -> dict:
-    """A class namespace's identity, its code entries alone: plain values there are caches a
-    library fills on first use (transformers' `_can_set_experts_implementation_cached_value`),
-    and a value the trace read is guarded by a kept guard anyway."""
-    return {k: v for k, v in namespace[1] if v[:1] and v[0] in CODE_KINDS} if namespace[:1] == ("dict",) else {}
-
-
-def identity(value: Any, depth: int = 0) -> tuple:
-    """What stands for an object's identity in another process: a module's name, a class's
-    qualified name, a function's qualified name, code (bytecode, constants, names) and
-    defaults, a builtin's name, a small constant's value, a dict's (a class's namespace)
-    entries by key. For any other object there is none (`UNVERIFIABLE`): a loaded function
-    whose dropped guards name one is not used."""
-    if isinstance(value, types.ModuleType):
-        return ("module", value.__name__)
-    if isinstance(value, type):
-        return ("class", value.__module__, value.__qualname__)
-    if isinstance(value, types.FunctionType):
-        defaults = tuple(identity(d, depth + 1) for d in (value.__defaults__ or ())) if depth < 2 else ()
-        return ("function", value.__module__, value.__qualname__, code_hash(value.__code__), defaults)
-    if isinstance(value, types.MethodType):
-        return ("method", identity(value.__func__, depth + 1), identity(type(value.__self__), depth + 1))
-    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
-        owner = getattr(value, "__self__", None)
-        where = owner.__name__ if isinstance(owner, types.ModuleType) else getattr(value, "__module__", None)
-        return ("builtin", where, getattr(value, "__qualname__", value.__name__))
-    if isinstance(value, types.CodeType):
-        return ("code", code_hash(value))
-    if value is None or isinstance(value, (bool, int, float, str, enum.Enum)):
-        return ("value", type(value).__qualname__, repr(value))
-    if isinstance(value, (dict, types.MappingProxyType)) and depth < 2:
-        return ("dict", tuple(sorted((str(k), identity(v, depth + 1)) for k, v in value.items())))
-    if isinstance(value, (property, staticmethod, classmethod)) and depth < 3:
-        parts = (value.fget, value.fset) if isinstance(value, property) else (value.__func__,)
-        return (type(value).__name__, tuple(identity(f, depth + 1) for f in parts))
-    return UNVERIFIABLE + (type(value).__module__, type(value).__qualname__)
-
-
-UNVERIFIABLE = ("unverifiable",)
-
-
-def code_hash(code: types.CodeType) -> str:
-    """A code object's bytecode, constants (nested code by its own hash) and names: two
-    versions of a function that differ in a constant or a callee differ here."""
-    consts = tuple(code_hash(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts)
-    what = repr((code.co_code, consts, code.co_names, code.co_firstlineno, code.co_filename.rsplit("/", 1)[-1]))
-    return hashlib.sha1(what.encode()).hexdigest()
-
-
-def identity_changes(compiled, identities, args: tuple, kwargs: dict) -> list[str]:
-    """The names (dynamo's sources) among `identities` whose object here is not the one the
-    worker's trace met: evaluated over this call of the trampoline (`args`, `kwargs`), as
-    dynamo's own guards would be."""
-    from torch._dynamo.guards import _get_closure_vars
-
-    scope = {**_get_closure_vars(), **compiled.prepare_f_locals(*args, **kwargs),
-             "G": _trace_globals(compiled.fn.__globals__, [name for name, _ in identities])}
-    return [name for name, want in identities
-            if want[:1] == UNVERIFIABLE or _identity_at(name, scope) != want]
-
-
-def _trace_globals(f_globals: dict, names: list[str]) -> dict:
-    """The globals the worker's trace named, as this process has them: the compiled function's,
-    and the names dynamo gave there to the builtins (`__builtins_dict___<n>`) and to imported
-    modules (`__import_<dotted name, dots as _dot_>`)."""
-    g = dict(f_globals)
-    for key in {k for name in names for k in re.findall(r"G\['(\w+)'\]", name)} - g.keys():
-        if key.startswith("__builtins_dict___"):
-            g[key] = vars(builtins)
-        elif key.startswith("__import_"):
-            module = sys.modules.get(key.removeprefix("__import_").replace("_dot_", "."))
-            if module is not None:
-                g[key] = module
-    return g
-
-
-def _identity_at(name: str, scope: dict) -> tuple | None:
-    try:
-        return identity(eval(name, scope))  # noqa: S307 - dynamo's own source names, over this call
-    except Exception:  # noqa: BLE001 - not found here: a change
-        return None
 
 
 def load(path: str, data: bytes | None = None) -> Callable:
@@ -368,6 +241,8 @@ class AotLoads:
                           compiled._artifacts.guard_manager.check_verbose(f_locals))
             return False
         changed = identity_changes(compiled, guards.get("identities", ()), (self.fn, args, kwargs), {})
+        changed += value_changes(compiled, guards.get("values", ()), (self.fn, args, kwargs), {}) \
+            if "values" in guards else ["(no record of the kept guards' values)"]
         changed += class_changes(guards.get("classes", ()), self.fn, args, kwargs) if "classes" in guards \
             else ["(no record of the classes the worker's trace reached)"]
         if changed:
