@@ -79,8 +79,10 @@ class Net(torch.nn.Module):
         return y
 
 
-@pytest.fixture(autouse=True)
-def fresh_worker():
+@pytest.fixture(autouse=True, scope="module")
+def one_worker():
+    """One worker for the module's tests (it imports this module as written, whatever a test
+    changed here): a worker's start costs seconds."""
     _background.reset()
     yield
     _background.reset()

@@ -67,8 +67,10 @@ LINES = pytest.mark.parametrize("backend", [
 ])
 
 
-@pytest.fixture(autouse=True)
-def fresh_worker():
+@pytest.fixture(autouse=True, scope="module")
+def one_worker():
+    """One worker for the module's tests (it imports this module as written, whatever a test
+    changed here): a worker's start costs seconds."""
     _background.reset()
     yield
     _background.reset()
