@@ -21,7 +21,6 @@ import, a compile error) leaves the plain graphs serving, with one warning.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import itertools
 import logging
 import os
@@ -114,12 +113,10 @@ class _Compiler:
             try:
                 _importable(fn)
                 self._start()
-                if job.pop("whole", True) and _aot.available():  # where the worker saves it whole: the store, or here
+                if job.pop("whole", False):  # where the worker saves it whole: the store, or here
                     job["aot_path"] = ticket.aot_path = job.get("aot_path") or os.path.join(self.files,
                                                                                              f"{ticket.id}.aot")
                     _aot.preimport()
-                else:
-                    job.pop("aot_path", None)
                 fn_id = self.functions.get(owner)
                 shared = parameters_of(fn)
                 if fn_id is None:  # the function once (its parameters by IPC handle), then calls of it

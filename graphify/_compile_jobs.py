@@ -94,10 +94,8 @@ class Job:
         if kept is None:
             return False
         loaded = _aot.load(path, kept[0])
-        calls = []
-        self.layout.caller(lambda *a, **k: calls.append((a, k)))(*self.args)
         loads.add(loaded, kept[1])
-        if loads.serves(*calls[0]):
+        if loads.serves(*self.layout.call_of(self.args)):
             return True
         loads.drop(loaded)
         return False

@@ -68,16 +68,15 @@ def save_whole(fn, job: dict, how) -> dict | None:
     from graphify import _aot, _aot_store
     from graphify._compiled import DYNAMO_CONFIG, compile_settings
 
-    calls = []
-    job["layout"].caller(lambda *a, **k: calls.append((a, k)))(*job["args"])
+    args, kwargs = job["layout"].call_of(job["args"])
     kept = False
     try:
         # One eager call first: the caller ran the function before it captured, and libraries
         # fill registries on a first call (transformers' output-capturing registry of model
         # classes), which the compiled function's kept guards then read as the caller has them.
-        fn(*calls[0][0], **calls[0][1])
+        fn(*args, **kwargs)
         os.makedirs(os.path.dirname(job["aot_path"]), exist_ok=True)
-        guards = _aot.save(fn, *calls[0], compile_settings(how), job["aot_path"], DYNAMO_CONFIG)
+        guards = _aot.save(fn, args, kwargs, compile_settings(how), job["aot_path"], DYNAMO_CONFIG)
         _aot_store.write_guards(job["aot_path"], guards)  # for later processes (`graphify._aot_store`)
         kept = True
         return guards

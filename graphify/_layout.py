@@ -264,6 +264,12 @@ class CallLayout:
         return tuple(out)
 
     # -- slots -> call --------------------------------------------------------------------
+    def call_of(self, slots) -> tuple[tuple, dict]:
+        """(positional arguments, keywords) the function gets for `slots`, as `caller` calls it."""
+        calls = []
+        self.caller(lambda *a, **k: calls.append((a, k)))(*slots)
+        return calls[0]
+
     def caller(self, fn: Callable) -> Callable:
         """`fn` taking the slot tuple positionally: itself when the example passed every
         slot positionally, else a wrapper that calls it as the example did (its positional

@@ -45,6 +45,17 @@ def _compiled_functions_kept_per_test(tmp_path, monkeypatch):
     monkeypatch.setattr(_aot_store, "DIRECTORY", str(tmp_path / "graphify-whole"))
 
 
+@pytest.fixture(scope="module")
+def one_compile_worker():
+    """One compile worker for a module's tests (`usefixtures`): a worker's start costs
+    seconds, and it imports the test module as written, whatever a test changed here."""
+    from graphify import _background
+
+    _background.reset()
+    yield
+    _background.reset()
+
+
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(1234)

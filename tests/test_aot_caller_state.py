@@ -17,7 +17,8 @@ from graphify import Options, graphify
 from graphify import _aot, _background
 
 WAIT_S = 240
-pytestmark = pytest.mark.skipif(not _aot.available(), reason="this torch cannot save compiled functions whole")
+pytestmark = [pytest.mark.skipif(not _aot.available(), reason="this torch cannot save compiled functions whole"),
+              pytest.mark.usefixtures("one_compile_worker")]
 
 SCALE = 2.0
 COUNT = 2
@@ -77,15 +78,6 @@ class Net(torch.nn.Module):
         if w == "flag":
             return y * 3 if self.flag else y
         return y
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_worker():
-    """One worker for the module's tests (it imports this module as written, whatever a test
-    changed here): a worker's start costs seconds."""
-    _background.reset()
-    yield
-    _background.reset()
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from test_background_compile import compiles_here
 
 WAIT_S = 240
 
-pytestmark = pytest.mark.skipif(not _aot.available(), reason="this torch cannot save compiled functions whole")
+pytestmark = [pytest.mark.skipif(not _aot.available(), reason="this torch cannot save compiled functions whole"),
+              pytest.mark.usefixtures("one_compile_worker")]
 
 
 def helper(x):
@@ -65,15 +66,6 @@ LINES = pytest.mark.parametrize("backend", [
     pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
     pytest.param(("cuda", "cuda", "inductor"), id="cuda", marks=[pytest.mark.cuda, requires_cuda]),
 ])
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_worker():
-    """One worker for the module's tests (it imports this module as written, whatever a test
-    changed here): a worker's start costs seconds."""
-    _background.reset()
-    yield
-    _background.reset()
 
 
 @pytest.fixture(autouse=True)
