@@ -355,3 +355,34 @@ def test_a_function_is_saved_whole_unless_asked_not_to_or_its_weights_would_be_f
     assert Job(jobs, (), None, ()).whole == (how.get("options") is None and how.get("whole", True))
     with torch._inductor.config.patch(freezing=True):
         assert not Job(jobs, (), None, ()).whole
+
+
+def test_a_loaded_function_that_fails_here_is_dropped_and_the_call_compiles_here(caplog):
+    class Failing:
+        def guard_check(self, *args):
+            return True
+
+        def prepare_f_locals(self, *args):
+            return {}
+
+        def fn(self, *args):
+            raise RuntimeError("kernels for another device")
+
+    loads = _aot.AotLoads(helper)
+    loads.add(Failing(), {"identities": (), "values": (), "classes": ()})
+    with caplog.at_level("WARNING", logger="graphify"):
+        assert loads.call((torch.randn(2),), {}) == (False, None)
+    assert not loads.loaded and loads.calls == 0
+    assert "kernels for another device" in caplog.text  # its own failure, logged, not a check's
+
+
+def test_a_saved_function_whose_guards_are_not_its_pair_is_not_loaded(tmp_path):
+    from graphify import _aot_store
+
+    path = str(tmp_path / "f.aot")
+    (tmp_path / "f.aot").write_bytes(b"compiled")
+    _aot_store.write_guards(path, {"identities": []})
+    assert _aot_store.read(path) == (b"compiled", {"identities": [], "sha256": _aot_store.read(path)[1]["sha256"]})
+    (tmp_path / "f.aot").write_bytes(b"another compile")
+    ticket = _background.Ticket(1, aot_path=path, guards={"identities": []})
+    assert _background.load_saved(ticket) is None and "not a pair" in ticket.load_error
