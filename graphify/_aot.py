@@ -184,6 +184,10 @@ class AotLoads:
         self.loaded: list = []  # (compiled function, what stands for its dropped guards)
         self.calls = 0  # calls that ran a loaded function (tests, logs)
         self.refused: list[str] = []  # names whose identity changed, of loaded functions passed over
+        # Every function a call ran through, kept while this lives (as long as the graphified
+        # function): graphs captured through one launch its kernels after it is no longer a
+        # candidate (`drop`, `forget`).
+        self.served: list = []
 
     def add(self, compiled, guards: dict | None = None) -> None:
         """`compiled` with what stands for its dropped guards (`guards`: the worker's record of
@@ -216,6 +220,8 @@ class AotLoads:
                         type(exc).__name__, exc)
             return False, None
         self.calls += 1
+        if all(compiled is not c for c in self.served):
+            self.served.append(compiled)
         return True, out
 
     def _pick(self, args: tuple, kwargs: dict):
