@@ -121,3 +121,22 @@ def test_inductor_pieces_on_the_cpu_equal_eager():
         ref = cache.clone()
         torch.testing.assert_close(g(*batch, cache), step(*batch, ref), rtol=1e-4, atol=1e-4)
     assert calls_by_mode(g) == counted(full=1, piecewise=1)  # the decode batch FULL, the mixed one in pieces
+
+
+def test_inductor_pieces_traced_where_tokens_equal_heads_serve_every_size():
+    """The dynamic compile keeps the trace's symbols: traced with 4 tokens over 4 heads and 2
+    requests over 2 KV heads, the pieces still serve other sizes. (On torch 2.11 a fresh fake
+    mode made heads the tokens' symbol, and every other size failed inductor's shape assert:
+    the 8B shape at TP=4, 8 heads a GPU, first seen on four H200s.)"""
+    pytest.importorskip("torch._inductor")
+    cfg = DecoderConfig.tiny(max_seq_len=256, layers=2)
+    assert (cfg.heads, cfg.kv_heads) == (4, 2)
+    step = varlen_step(cfg, init_params(cfg, seed=0, device="cpu"), "unified")
+    cache = new_paged_cache(cfg, 64, 16, device="cpu", seed=1)
+    tables = BlockTables(64, 16, 16)
+    example = tables.batch(cfg, (0, 1), (3, 1), (3, 5), device="cpu", seed=0)  # 4 tokens, 2 requests
+    pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=True)
+    for q, ctx in (((1, 1, 1), (7, 30, 2)), ((5, 2, 1), (0, 9, 20)), ((1,) * 8, tuple(range(3, 11)))):
+        batch = tables.batch(cfg, tuple(range(10, 10 + len(q))), q, ctx, device="cpu", seed=len(q))
+        ref = cache.clone()
+        torch.testing.assert_close(pw(*batch, cache), step(*batch, ref), rtol=1e-4, atol=1e-4)

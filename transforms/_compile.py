@@ -157,9 +157,23 @@ def _compile(gm: torch.fx.GraphModule, inputs: Sequence[Any], shapes: str, optio
     try:
         from torch._inductor import standalone_compile
 
+        if shapes == "from_graph":
+            _carry_fake_mode(gm)
         return standalone_compile(gm, list(inputs), dynamic_shapes=shapes, options={"config_patches": options})
     except Exception as exc:  # an older torch, or a graph standalone compilation refuses
         log.warning("graphify: inductor's standalone compile failed (%s: %s); using torch.compile",
                     type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         twin = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # its own code object: its own compile cache
         return torch.compile(twin, dynamic=shapes == "from_graph", fullgraph=True, options=options or None)
+
+
+def _carry_fake_mode(gm: torch.fx.GraphModule) -> None:
+    """Give the piece's outputs their traced fake values as `example_value`, where
+    standalone_compile's "from_graph" looks for the fake mode to compile in. Without it,
+    torch 2.11 compiles in a fresh one that re-makes every dimension of the inputs
+    symbolic, sizes that are equal in the example sharing one symbol: a piece traced with 8
+    tokens and 8 heads (8B at TP=4) then asserts tokens == heads at every other size."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    for node in torch.utils._pytree.tree_leaves(out.args[0]):
+        if isinstance(node, torch.fx.Node) and "example_value" not in node.meta and "val" in node.meta:
+            node.meta["example_value"] = node.meta["val"]
