@@ -145,14 +145,16 @@ def _recorded_again(module) -> None:
     """In the compile worker: a transformers model rebuilt from the caller's copy skipped its
     `__init__`, which records the model's class in the output-capturing registry; the forward
     reads that registry, so a compiled function saved there would guard on its absence and
-    never pass here. Recorded again."""
+    never pass here. Recorded again, keyed as this transformers keys it: newer ones take the
+    model and store its class's name, older ones (5.17) are a plain dict keyed by that name."""
     try:
         from transformers.modeling_utils import PreTrainedModel
         from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
     except ImportError:  # an older transformers: no such registry
         return
     if isinstance(module, PreTrainedModel) and hasattr(module, "_can_record_outputs"):
-        _CAN_RECORD_REGISTRY[module] = module._can_record_outputs
+        key = str(module.__class__) if type(_CAN_RECORD_REGISTRY) is dict else module
+        _CAN_RECORD_REGISTRY[key] = module._can_record_outputs
 
 
 _register()
