@@ -43,7 +43,7 @@ import torch
 from ._aot_identity import (UNVERIFIABLE, VALUE_GUARDS, class_changes, class_namespaces, identity,
                             identity_changes, rebuilt_from_caller, value_changes, value_print)
 
-__all__ = ["TRAMPOLINE", "UNSAVED_GUARDS", "AotLoads", "available", "save", "load", "preimport", "identity",
+__all__ = ["TRAMPOLINE", "UNSAVED_GUARDS", "AotLoads", "available", "saves", "save", "load", "preimport", "identity",
            "UNVERIFIABLE"]
 
 log = logging.getLogger("graphify")
@@ -65,6 +65,16 @@ def available() -> bool:
     """Whether this torch saves and loads compiled functions (2.11 and later)."""
     return (hasattr(torch.compiler, "load_compiled_function")
             and hasattr(getattr(torch._dynamo, "aot_compile", None) or _import_aot(), "aot_compile_fullgraph"))
+
+
+def saves(backend: str) -> bool:
+    """Whether this torch saves functions compiled with `backend` whole. Inductor's always;
+    others from torch 2.13: 2.11's aot_compile bundles AOTAutograd's cache entry, which asks
+    for inductor's output code ("expected OutputCode, got <class 'function'>" for aot_eager).
+    2.12 is not known here, so it is treated as 2.11: a job not saved whole is traced here."""
+    if backend == "inductor":
+        return available()
+    return available() and tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 13)
 
 
 def _import_aot():

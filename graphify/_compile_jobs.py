@@ -52,12 +52,15 @@ class Job:
         """Whether the worker saves this job's compiled function whole (`graphify._aot`), to be
         loaded here and kept for later processes. Not under inductor's freezing (global or in
         the compile's options), which folds the weights into the compiled code: a function kept
-        whole would serve other weights with the old ones."""
+        whole would serve other weights with the old ones; nor with a backend this torch cannot
+        save (`graphify._aot.saves`)."""
         how = self.jobs.spec.options.compile
-        options = compile_settings(how).get("options") or {}
+        settings = compile_settings(how)
+        options = settings.get("options") or {}
         frozen = bool(getattr(torch._inductor.config, "freezing", False)) or bool(
             isinstance(options, dict) and options.get("freezing"))
-        return (how.get("whole", True) if isinstance(how, dict) else True) and not frozen and _aot.available()
+        return ((how.get("whole", True) if isinstance(how, dict) else True) and not frozen
+                and isinstance(settings["backend"], str) and _aot.saves(settings["backend"]))
 
     def store_path(self) -> str | None:
         """Where this kind's compiled function is kept for later processes (`graphify._aot_store`);

@@ -15,6 +15,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, settings
 
+from graphify import _aot  # noqa: E402
+
 settings.register_profile("ci", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", deadline=None, max_examples=600)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
@@ -23,6 +25,10 @@ if os.environ.get("OMP_NUM_THREADS") == "1":
     torch.set_num_threads(1)  # torch may have been imported before this file (a plugin)
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+# The simulation's compiled functions (AOTAutograd's aot_eager) are saved whole from torch 2.13;
+# torch 2.11 (the GPU machines') saves only inductor's, so there only the CUDA tests load them.
+saves_aot_eager = pytest.mark.skipif(not _aot.saves("aot_eager"),
+                                     reason="this torch saves only inductor's compiled functions whole (graphify._aot.saves)")
 
 BACKENDS = [
     pytest.param(("sim", "cpu"), id="sim-cpu"),

@@ -13,12 +13,12 @@ import sys
 import pytest
 import torch
 
+from conftest import saves_aot_eager
 from graphify import Options, graphify
 from graphify import _aot, _background
 
 WAIT_S = 240
-pytestmark = [pytest.mark.skipif(not _aot.available(), reason="this torch cannot save compiled functions whole"),
-              pytest.mark.usefixtures("one_compile_worker")]
+pytestmark = [saves_aot_eager, pytest.mark.usefixtures("one_compile_worker")]  # aot_eager: the simulation's compiles
 
 SCALE = 2.0
 COUNT = 2
