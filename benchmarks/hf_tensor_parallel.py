@@ -331,6 +331,9 @@ def run_lines(model, args, rank: int, device: torch.device, limit: StepLimit) ->
                     want[b] = row["tokens"]
                 row.pop("tokens", None)
                 rows.append(row)
+                if rank == 0:  # as it comes: a run cut at its limit still shows the lines it finished
+                    print("row:", json.dumps({k: v for k, v in row.items() if not isinstance(v, (list, dict))},
+                                             default=str), flush=True)
         finally:
             teardown_line(name, model, device)
         dist.barrier()
