@@ -166,6 +166,8 @@ BENCHES: tuple[Bench, ...] = (
                 Col("ttft_ms", "time to first token ms", ".2f"), Col("ttft_vs_eager", "÷ eager", ".3f"),
                 Col("first_longer_ms_per_token", "first longer call, ms/token", ".1f"),
                 Col("gpu_ms_per_token", "GPU ms/token", ".2f"), Col("kernels_per_token", "kernels/token", ".0f"),
+                Col("gpu_idle_us_per_token", "GPU idle µs/token", ".0f"), Col("achieved_gb_s", "GB/s", ".0f"),
+                Col("gpu_vs_floor", "GPU ÷ weight+KV floor", ".2f"),
                 Col("max_logit_diff", "max logit diff vs eager", ".3g"),
                 Col("max_logit_diff_fp32", "vs fp32", ".3g"), Col("rms_logit_diff_fp32", "rms vs fp32", ".3g"),
             ), rows_with("ms_per_token")),

@@ -175,6 +175,17 @@ def cuda_spans(call, steps: int = 5) -> list[tuple[float, float, str]]:
             if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+PEAK_HBM_BYTES_S = (("H200", 4.8e12), ("H100", 3.35e12))  # the data sheets' peak HBM bandwidth (SXM)
+
+
+def peak_bandwidth(device: torch.device) -> float | None:
+    """Peak HBM bytes/s of `device`'s GPU, from its name (None: a GPU not in the table, or the CPU)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((bw for key, bw in PEAK_HBM_BYTES_S if key in name), None)
+
+
 def kernels(call, steps: int = 5) -> tuple[float, float, float, list[tuple[str, int, float]]]:
     """(kernels per step, GPU ms per step, GPU idle µs per step, top kernels (name,
     count/step, µs/step)). Idle is the time between one kernel's end and the next one's

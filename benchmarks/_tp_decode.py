@@ -43,7 +43,7 @@ from transforms import split
 
 from ._floor import HandWrittenGraph
 from ._ranks import maybe_fail
-from ._report import cuda_spans, host_pipelined_us, summarise, time_per_call
+from ._report import cuda_spans, host_pipelined_us, peak_bandwidth, summarise, time_per_call
 
 __all__ = ["BATCHES", "MODELS", "LEVERS", "Groups", "decode_model", "model_setup", "peak_bandwidth", "max_err"]
 
@@ -68,7 +68,6 @@ LEVERS = {
     "pieces+splitkv": "pieces, with split-KV attention (a token's keys over several programs, then joined)",
     "pieces+vocab+splitkv": "pieces+vocab with split-KV attention",
 }
-PEAK_HBM_BYTES_S = (("H200", 4.8e12), ("H100", 3.35e12))  # the data sheets' peak HBM bandwidth (SXM)
 PROFILE_STEPS = 5
 
 
@@ -100,14 +99,6 @@ def model_setup(name: str, device: torch.device) -> tuple[DecoderConfig, str, in
         return DecoderConfig.tiny(max_seq_len=128, hidden=128, heads=8, kv_heads=4, ffn=128, dtype=dtype), "tiny", 24
     make, label, kv_len = MODELS[name]
     return make(), label, kv_len
-
-
-def peak_bandwidth(device: torch.device) -> float | None:
-    """Peak HBM bytes/s of `device`'s GPU, from its name (None: a GPU not in the table, or the CPU)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((bw for key, bw in PEAK_HBM_BYTES_S if key in name), None)
 
 
 def weight_bytes(cfg: DecoderConfig, vocab_parallel: bool = False) -> int:

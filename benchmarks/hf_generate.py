@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-from ._report import environment, publish, run_process, sync, worker_arguments
+from ._report import environment, peak_bandwidth, publish, run_process, sync, worker_arguments
 
 SHAPES = {
     "qwen0.5b": ("Qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -184,15 +184,44 @@ def exact_logits(model, sequences: torch.Tensor, prompt_len: int, steps: int = L
         return model(sequences).logits[:, prompt_len:prompt_len + steps].float().cpu()
 
 
-def gpu_per_token(call, prefill, new: int) -> dict:
-    """Kernels and GPU milliseconds per new token of `call` (a `new`-token generate()), less
-    those of `prefill` (a 1-token one), from torch.profiler, which sees kernels inside graph
-    replays. Against ms/token it tells GPU work from host time the GPU waits out."""
+def gpu_per_token(call, prefill, new: int, read_bytes: float | None = None, peak: float | None = None) -> dict:
+    """Kernels, GPU milliseconds and GPU idle microseconds (between kernels) per new token of
+    `call` (a `new`-token generate()), less those of `prefill` (a 1-token one), from
+    torch.profiler, which sees kernels inside graph replays. Against ms/token it tells GPU work
+    from host time the GPU waits out. With `read_bytes` (what a decode step must read at least,
+    `decode_read_bytes`) and `peak` (HBM bytes/s): the achieved GB/s, the floor (those bytes at
+    peak bandwidth) and the GPU time over it."""
     from ._report import kernels
 
-    count, gpu_ms, _, _ = kernels(call, steps=1)
-    count_1, gpu_ms_1, _, _ = kernels(prefill, steps=1)
-    return {"kernels_per_token": (count - count_1) / (new - 1), "gpu_ms_per_token": (gpu_ms - gpu_ms_1) / (new - 1)}
+    count, gpu_ms, idle_us, _ = kernels(call, steps=1)
+    count_1, gpu_ms_1, idle_us_1, _ = kernels(prefill, steps=1)
+    out = {"kernels_per_token": (count - count_1) / (new - 1), "gpu_ms_per_token": (gpu_ms - gpu_ms_1) / (new - 1),
+           "gpu_idle_us_per_token": (idle_us - idle_us_1) / (new - 1)}
+    if read_bytes and out["gpu_ms_per_token"] > 0:
+        out["read_gb_per_token"] = read_bytes / 1e9
+        out["achieved_gb_s"] = read_bytes / (out["gpu_ms_per_token"] / 1e3) / 1e9
+        if peak:
+            out["floor_ms_per_token"] = read_bytes / peak * 1e3
+            out["gpu_vs_floor"] = out["gpu_ms_per_token"] / out["floor_ms_per_token"]
+    return out
+
+
+def decode_read_bytes(model, batch: int, prompt_len: int, new: int) -> int:
+    """Bytes one decode step must read at least, averaged over a `new`-token call: every
+    weight once (the input embedding only where it is also the LM head: a step reads `batch`
+    rows of it otherwise), and each sequence's keys and values up to its length (the prompt
+    plus half the new tokens, on average). The weight-read floor of the tables is these bytes
+    at the GPU's peak bandwidth."""
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if tied or p is not embed)
+    cfg = model.config.get_text_config(decoder=True)
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * embed.element_size()
+    return int(weights + per_token * batch * (prompt_len + new / 2))
 
 
 def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: int, ref_dir: str) -> list[dict]:
@@ -220,7 +249,8 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
             row["first_longer_ms_per_token"] = (timed(lambda: generate(model, name, ids, longer)) - call) * 1e3 / (longer - new)  # noqa: B023
             row["steady_ms_per_token"] = steady_ms_per_token(lambda n: generate(model, name, ids, n), new, longer, reps)  # noqa: B023
         if device == "cuda":  # the GPU's share of a token: kernels and their time, prefill taken out
-            row.update(gpu_per_token(lambda: generate(model, name, ids, new), lambda: generate(model, name, ids, 1), new))  # noqa: B023
+            row.update(gpu_per_token(lambda: generate(model, name, ids, new), lambda: generate(model, name, ids, 1), new,  # noqa: B023
+                                     decode_read_bytes(model, batch, prompt_len, new), peak_bandwidth(ids.device)))
         out = generate(model, name, ids, LOGIT_STEPS + 1, output_logits=True, return_dict_in_generate=True)
         logits = torch.stack(out.logits[1:], 1).float().cpu()  # the decode steps' logits
         ref_path = Path(ref_dir) / f"{shape}-{batch}.pt"
@@ -303,6 +333,8 @@ COLUMNS = [
     ("model", "model", ""), ("batch", "B", "d"), ("config", "configuration", ""), ("process", "process", "d"),
     ("ms_per_token", "ms/token, 64-token call", ".2f"), ("vs_peer", "÷ peer", ".2f"),
     ("gpu_ms_per_token", "GPU ms/token", ".2f"), ("kernels_per_token", "kernels/token", ".0f"),
+    ("gpu_idle_us_per_token", "GPU idle µs/token", ".0f"), ("achieved_gb_s", "GB/s", ".0f"),
+    ("floor_ms_per_token", "floor ms/token", ".2f"), ("gpu_vs_floor", "GPU ÷ floor", ".2f"),
     ("steady_ms_per_token", "steady ms/token", ".2f"), ("steady_vs_peer", "÷ peer", ".2f"),
     ("first_longer_ms_per_token", "first 192-token call, ms/extra token", ".1f"),
     ("first_generate_s", "first generate() s", ".1f"), ("first_vs_peer", "÷ peer", ".2f"),

@@ -172,3 +172,36 @@ def test_every_line_is_compared_over_the_same_steps(tmp_path):
     assert rows["graphify"]["max_vs_eager"] == pytest.approx(2.0) and rows["hf_compile"]["max_vs_eager"] == pytest.approx(1.0)
     assert rows["graphify"]["rms_vs_eager"] == pytest.approx((2.5) ** 0.5)
     assert rows["eager"]["max_vs_fp32"] == pytest.approx(0.01, abs=1e-6)  # float32: x + 0.01 - x rounds
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_decode_steps_floor_counts_each_weight_once_and_the_kv_it_reads(tied):
+    """The weight-read floor's bytes: every weight once (the input embedding only where it is
+    the LM head too), and the keys and values up to each sequence's mean length."""
+    transformers = pytest.importorskip("transformers")
+    from benchmarks.hf_generate import decode_read_bytes
+
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    everything = sum(p.numel() for p in model.parameters()) * 2  # bf16; a tied embedding is one parameter
+    embedding = 96 * 32 * 2
+    kv_a_token = 2 * 3 * 2 * (32 // 4) * 2  # keys and values, 3 layers, 2 KV heads of 8, bf16
+    weights = everything if tied else everything - embedding
+    assert decode_read_bytes(model, batch=4, prompt_len=10, new=6) == weights + kv_a_token * 4 * (10 + 3)
+    assert decode_read_bytes(model, batch=1, prompt_len=10, new=6) < decode_read_bytes(model, batch=2, prompt_len=10, new=6)
+
+
+def test_a_tokens_gpu_share_is_the_long_call_less_the_one_token_call(monkeypatch):
+    """Per new token: kernels, GPU ms and idle of a `new`-token call less a 1-token call's, and
+    with the bytes a step reads, the GB/s achieved and the GPU time over the floor."""
+    import benchmarks._report as report
+    from benchmarks.hf_generate import gpu_per_token
+
+    profiles = {"long": (1000.0, 21.0, 500.0, []), "one": (100.0, 1.0, 100.0, [])}
+    monkeypatch.setattr(report, "kernels", lambda call, steps: profiles[call()])
+    got = gpu_per_token(lambda: "long", lambda: "one", new=11, read_bytes=4e9, peak=4e12)
+    assert got["kernels_per_token"] == 90 and got["gpu_ms_per_token"] == 2.0 and got["gpu_idle_us_per_token"] == 40
+    assert got["achieved_gb_s"] == pytest.approx(2000) and got["floor_ms_per_token"] == pytest.approx(1.0)
+    assert got["gpu_vs_floor"] == pytest.approx(2.0)
+    assert "achieved_gb_s" not in gpu_per_token(lambda: "long", lambda: "one", new=11)
