@@ -164,6 +164,7 @@ BENCHES: tuple[Bench, ...] = (
                 Col("ms_per_token", "ms/token", ".2f"), Col("steady_ms_per_token", "steady ms/token", ".2f"),
                 Col("first_generate_s", "first generate() s", ".1f"),
                 Col("ttft_ms", "time to first token ms", ".2f"), Col("ttft_vs_eager", "÷ eager", ".3f"),
+                Col("ttft_gpu_ms", "its GPU ms", ".2f"),
                 Col("first_longer_ms_per_token", "first longer call, ms/token", ".1f"),
                 Col("gpu_ms_per_token", "GPU ms/token", ".2f"), Col("kernels_per_token", "kernels/token", ".0f"),
                 Col("gpu_idle_us_per_token", "GPU idle µs/token", ".0f"), Col("achieved_gb_s", "GB/s", ".0f"),

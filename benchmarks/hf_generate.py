@@ -196,7 +196,9 @@ def gpu_per_token(call, prefill, new: int, read_bytes: float | None = None, peak
     count, gpu_ms, idle_us, _ = kernels(call, steps=1)
     count_1, gpu_ms_1, idle_us_1, _ = kernels(prefill, steps=1)
     out = {"kernels_per_token": (count - count_1) / (new - 1), "gpu_ms_per_token": (gpu_ms - gpu_ms_1) / (new - 1),
-           "gpu_idle_us_per_token": (idle_us - idle_us_1) / (new - 1)}
+           "gpu_idle_us_per_token": (idle_us - idle_us_1) / (new - 1),
+           # the 1-token call itself (the prompt's prefill): its GPU work beside its wall time, ttft_ms
+           "ttft_kernels": count_1, "ttft_gpu_ms": gpu_ms_1, "ttft_gpu_idle_ms": idle_us_1 / 1e3}
     if read_bytes and out["gpu_ms_per_token"] > 0:
         out["read_gb_per_token"] = read_bytes / 1e9
         out["achieved_gb_s"] = read_bytes / (out["gpu_ms_per_token"] / 1e3) / 1e9
@@ -339,6 +341,7 @@ COLUMNS = [
     ("first_longer_ms_per_token", "first 192-token call, ms/extra token", ".1f"),
     ("first_generate_s", "first generate() s", ".1f"), ("first_vs_peer", "÷ peer", ".2f"),
     ("ttft_ms", "time to first token ms", ".2f"), ("ttft_vs_eager", "÷ eager", ".3f"),
+    ("ttft_gpu_ms", "its GPU ms", ".2f"), ("ttft_gpu_idle_ms", "its GPU idle ms", ".2f"), ("ttft_kernels", "its kernels", ".0f"),
     ("compiled_ready_s", "compiled kernels ready s", ".1f"), ("swap_generate_s", "generate() that takes them in s", ".1f"),
     ("replayed_share", "calls replayed", ".2f"), ("max_logit_diff", f"max logit Δ vs eager, {LOGIT_STEPS} steps", ".3g"),
     ("max_logit_diff_same_process", "same, eager in this process", ".3g"),

@@ -204,4 +204,5 @@ def test_a_tokens_gpu_share_is_the_long_call_less_the_one_token_call(monkeypatch
     assert got["kernels_per_token"] == 90 and got["gpu_ms_per_token"] == 2.0 and got["gpu_idle_us_per_token"] == 40
     assert got["achieved_gb_s"] == pytest.approx(2000) and got["floor_ms_per_token"] == pytest.approx(1.0)
     assert got["gpu_vs_floor"] == pytest.approx(2.0)
+    assert (got["ttft_kernels"], got["ttft_gpu_ms"], got["ttft_gpu_idle_ms"]) == (100.0, 1.0, 0.1)  # the prefill's own
     assert "achieved_gb_s" not in gpu_per_token(lambda: "long", lambda: "one", new=11)
