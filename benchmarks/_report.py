@@ -175,7 +175,8 @@ def cuda_spans(call, steps: int = 5) -> list[tuple[float, float, str]]:
             if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-PEAK_HBM_BYTES_S = (("H200", 4.8e12), ("H100", 3.35e12))  # the data sheets' peak HBM bandwidth (SXM)
+# the data sheets' peak HBM bandwidth, by a part of the GPU's name; first match wins (the SXM parts last)
+PEAK_HBM_BYTES_S = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12))
 
 
 def peak_bandwidth(device: torch.device) -> float | None:

@@ -211,19 +211,27 @@ def gpu_per_token(call, prefill, new: int, read_bytes: float | None = None, peak
 def decode_read_bytes(model, batch: int, prompt_len: int, new: int) -> int:
     """Bytes one decode step must read at least, averaged over a `new`-token call: every
     weight once (the input embedding only where it is also the LM head: a step reads `batch`
-    rows of it otherwise), and each sequence's keys and values up to its length (the prompt
-    plus half the new tokens, on average). The weight-read floor of the tables is these bytes
-    at the GPU's peak bandwidth."""
+    rows of it otherwise; a mixture of experts' expert weights in the share of experts that
+    `batch` tokens reach under even routing), and each sequence's keys and values up to its
+    length (the prompt plus half the new tokens, on average; a sliding-window layer's up to its
+    window). The weight-read floor of the tables is these bytes at the GPU's peak bandwidth."""
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
-    weights = sum(p.numel() * p.element_size() for p in model.parameters() if tied or p is not embed)
     cfg = model.config.get_text_config(decoder=True)
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    used = getattr(cfg, "num_experts_per_tok", None)
+    reached = 1 - (1 - used / experts) ** batch if experts and used else 1.0
+    weights = sum(p.numel() * p.element_size() * (reached if ".experts." in f".{name}." else 1.0)
+                  for name, p in model.named_parameters() if tied or p is not embed)
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * embed.element_size()
-    return int(weights + per_token * batch * (prompt_len + new / 2))
+    length = prompt_len + new / 2
+    window = getattr(cfg, "sliding_window", None)
+    kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    lengths = sum(min(length, window) if window and kind == "sliding_attention" else length for kind in kinds)
+    return int(weights + 2 * kv_heads * head_dim * embed.element_size() * batch * lengths)
 
 
 def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: int, ref_dir: str) -> list[dict]:

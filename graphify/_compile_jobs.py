@@ -53,7 +53,8 @@ class Job:
         loaded here and kept for later processes. Not under inductor's freezing (global or in
         the compile's options), which folds the weights into the compiled code: a function kept
         whole would serve other weights with the old ones; nor with a backend this torch cannot
-        save (`graphify._aot.saves`)."""
+        save (`graphify._aot.saves`), nor with a backend given as a callable (it has no name a
+        later process could compile with)."""
         how = self.jobs.spec.options.compile
         settings = compile_settings(how)
         options = settings.get("options") or {}

@@ -6,6 +6,7 @@ module as written) or after the loaded graphs replay, must give eager's answer."
 
 from __future__ import annotations
 
+import copy
 import sys
 import types
 
@@ -75,18 +76,37 @@ def loaded_outputs_checked(monkeypatch):
     function on the same arguments here (before the test's own checks)."""
     real = _aot.AotLoads.call
 
-    def stateless(args, kwargs) -> bool:  # CPU tensors and plain values: a second call sees what the first saw
-        return all(isinstance(x, (int, float, bool, str, type(None))) or (isinstance(x, torch.Tensor) and not x.is_cuda)
-                   for x in torch.utils._pytree.tree_leaves((args, kwargs)))
+    def on_cpu(tree) -> bool:  # CUDA calls are compared by their tests (inductor's kernels round otherwise)
+        return not any(isinstance(x, torch.Tensor) and x.is_cuda for x in torch.utils._pytree.tree_leaves(tree))
+
+    def tensors(tree) -> list:  # the tensors in `tree`, a cache object's keys and values included
+        out = []
+        for leaf in torch.utils._pytree.tree_leaves(tree):
+            if isinstance(leaf, torch.Tensor):
+                out.append(leaf)
+            for layer in getattr(leaf, "layers", ()):  # transformers' caches
+                out += [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                        if isinstance(t, torch.Tensor)]
+        return out
+
+    wrong = []  # raised inside a capture, a mismatch would only turn into graphify's fallback warning
 
     def checked(self, args, kwargs):
+        twin = copy.deepcopy((args, kwargs)) if on_cpu((args, kwargs)) else None  # eager runs on its own state
         hit, out = real(self, args, kwargs)
-        if hit and stateless(args, kwargs):  # not a cache object, which each call advances (its test compares tokens)
+        if hit and twin is not None:
             with torch.no_grad():
-                torch.testing.assert_close(out, self.fn(*args, **kwargs))
+                want = self.fn(*twin[0], **twin[1])
+            try:
+                torch.testing.assert_close(tensors(out), tensors(want))  # the outputs
+                torch.testing.assert_close(tensors((args, kwargs)), tensors(twin))  # and what each wrote in its state
+            except AssertionError as exc:
+                wrong.append(str(exc))
         return hit, out
 
     monkeypatch.setattr(_aot.AotLoads, "call", checked)
+    yield
+    assert not wrong, wrong[0]
 
 
 @pytest.fixture

@@ -140,3 +140,12 @@ def test_inductor_pieces_traced_where_tokens_equal_heads_serve_every_size():
         batch = tables.batch(cfg, tuple(range(10, 10 + len(q))), q, ctx, device="cpu", seed=len(q))
         ref = cache.clone()
         torch.testing.assert_close(pw(*batch, cache), step(*batch, ref), rtol=1e-4, atol=1e-4)
+    # what the fix does, seen on any torch: each compiled piece's outputs name the trace's fake
+    # mode, where standalone_compile("from_graph") takes the mode it compiles in
+    for piece in (p.module.shared.gm for p in pw.pieces if p.kind == "graph"):
+        mode = next(n.meta["val"].fake_mode for n in piece.graph.nodes
+                    if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor))
+        out = next(n for n in piece.graph.nodes if n.op == "output")
+        shown = [a.meta["example_value"] for a in torch.utils._pytree.tree_leaves(out.args[0])
+                 if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("example_value"), torch.Tensor)]
+        assert shown and all(v.fake_mode is mode for v in shown)

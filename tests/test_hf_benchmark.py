@@ -206,3 +206,26 @@ def test_a_tokens_gpu_share_is_the_long_call_less_the_one_token_call(monkeypatch
     assert got["gpu_vs_floor"] == pytest.approx(2.0)
     assert (got["ttft_kernels"], got["ttft_gpu_ms"], got["ttft_gpu_idle_ms"]) == (100.0, 1.0, 0.1)  # the prefill's own
     assert "achieved_gb_s" not in gpu_per_token(lambda: "long", lambda: "one", new=11)
+
+
+def test_a_mixture_of_experts_floor_counts_the_experts_its_tokens_reach_and_windows_cap_the_kv():
+    """Expert weights in the share of experts `batch` tokens reach under even routing; a
+    sliding-window layer's keys and values up to its window."""
+    transformers = pytest.importorskip("transformers")
+    from benchmarks.hf_generate import decode_read_bytes
+
+    moe = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False))
+    sizes = {n: p.numel() * p.element_size() for n, p in moe.named_parameters()}
+    expert = sum(v for n, v in sizes.items() if ".experts." in n)
+    rest = sum(sizes.values()) - expert - sizes["model.embed_tokens.weight"]
+    kv = 2 * 2 * 1 * 8 * 4  # keys and values, 2 layers, one KV head of 8, fp32
+    for batch in (1, 3):
+        reached = 1 - (1 - 2 / 4) ** batch
+        assert decode_read_bytes(moe, batch, 10, 4) == int(rest + expert * reached + kv * batch * 12)
+    window = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, use_sliding_window=True, sliding_window=4, max_window_layers=2))
+    weights = decode_read_bytes(window, 1, 0, 0)
+    assert decode_read_bytes(window, 1, 100, 0) - weights == 2 * 1 * 8 * 4 * (100 + 100 + 4 + 4)  # 2 full, 2 windowed
