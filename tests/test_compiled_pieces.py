@@ -149,3 +149,28 @@ def test_inductor_pieces_traced_where_tokens_equal_heads_serve_every_size():
         shown = [a.meta["example_value"] for a in torch.utils._pytree.tree_leaves(out.args[0])
                  if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("example_value"), torch.Tensor)]
         assert shown and all(v.fake_mode is mode for v in shown)
+
+
+def test_a_compiled_piece_that_fails_at_run_time_runs_as_traced_with_one_warning(recorded):
+    """A call eager can run does not raise: a compiled piece whose code fails (the shape assert
+    torch 2.11 once tripped) runs as traced from then on, warned once, the answer eager's."""
+    cfg, step, cache, tables, example = tiny(layers=3)
+    pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes(), compile=True)
+    pieces = [p.module for p in pw.pieces if p.kind == "graph"]
+    broken = pieces[1].shared
+
+    def fails(*inputs):
+        raise AssertionError("expected size 4==6, stride 64==96 at dim=0")
+
+    broken.dynamic = fails
+    batch = tables.batch(cfg, (10, 11, 12), (2, 1, 3), (5, 9, 0), device="cpu", seed=3)
+    with pytest.warns(UserWarning, match="compiled piece failed at run time.*AssertionError"):
+        ref = cache.clone()
+        torch.testing.assert_close(pw(*batch, cache), step(*batch, ref))
+    assert broken.failed and not any(p.shared.failed for p in pieces if p.shared is not broken)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        ref = cache.clone()
+        torch.testing.assert_close(pw(*batch, cache), step(*batch, ref))

@@ -29,6 +29,7 @@ import copy
 import logging
 import re
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -80,6 +81,7 @@ class _Shared:
         self.dynamic: Callable | None = None
         self.static: dict = {}
         self.lock = threading.Lock()
+        self.failed: str | None = None  # why inductor's code for this piece failed at run time, once it has
 
     def run(self, inputs: Sequence[Any]):
         tokens = getattr(_local, "tokens", None)
@@ -116,9 +118,18 @@ class CompiledPiece:
         # simulation records ATen ops (inductor's kernels hide them), and under a dispatch
         # mode (capture's op guard, its write recorder): a compile made there fails or
         # falls back to eager for good, and that fallback would be kept for the size.
-        if taping() or _get_current_dispatch_mode() is not None:
+        if taping() or _get_current_dispatch_mode() is not None or self.shared.failed:
             return self.original(*inputs)
-        return self.shared.run(inputs)
+        try:
+            return self.shared.run(inputs)
+        except torch.OutOfMemoryError:
+            raise  # the piece as traced needs the memory too
+        except Exception as exc:  # noqa: BLE001 - a call eager can run does not raise (inductor's shape asserts, say)
+            self.shared.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            warnings.warn(f"graphify: an inductor-compiled piece failed at run time ({self.shared.failed}); this "
+                          "piece runs as traced from now on, and the others stay compiled. Report it with the "
+                          "shapes of the call, or use split(..., compile=False)", stacklevel=2)
+            return self.original(*inputs)
 
     @property
     def static_compiles(self) -> int:
