@@ -45,7 +45,7 @@ from ._floor import HandWrittenGraph
 from ._ranks import maybe_fail
 from ._report import cuda_spans, host_pipelined_us, peak_bandwidth, summarise, time_per_call
 
-__all__ = ["BATCHES", "MODELS", "LEVERS", "Groups", "decode_model", "model_setup", "peak_bandwidth", "max_err"]
+__all__ = ["BATCHES", "MODELS", "LEVERS", "Groups", "decode_model", "model_setup", "max_err"]
 
 BATCHES = (1, 8, 64)
 BLOCK = 16

@@ -11,7 +11,8 @@ import attrs
 import pytest
 import torch
 
-from benchmarks._tp_decode import peak_bandwidth, weight_bytes
+from benchmarks._report import peak_bandwidth
+from benchmarks._tp_decode import weight_bytes
 from benchmarks._tp_report import TARGET_8B, targets
 from benchmarks.tensor_parallel import serving_name
 from models import Decoder, DecoderConfig, init_params, init_shard_params, shard_config, shard_params
