@@ -109,6 +109,11 @@ class CallStructure:
     def alive(self) -> bool:
         return self.default.capture.alive()
 
+    def known_keys(self) -> frozenset:
+        """(branch, (mode, key)) captured here or by its kin: what a kin of it captures with
+        no warm-up."""
+        return self.kin_keys | {(key, pair) for key, b in self.branches.items() for pair in b.runtime.table.entries}
+
     def settle(self) -> None:
         """Count the references to the objects' tensors now that the tables moved on (the
         baseline `graphify._takeover.can_take_over` compares with)."""

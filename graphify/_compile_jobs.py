@@ -77,20 +77,25 @@ class Job:
 
     def from_store(self) -> bool:
         """Whether a compiled function an earlier process (or job) kept for this kind serves
-        this call: loaded (once per kind) and passing its guards and identities here. Then
-        the capture takes it, and no job is sent. Never after what the calls read changed in
+        this call: loaded (once per kind) and passing its guards and identities here, at the
+        kind's first capture and at its later ones (other sizes). Then the capture takes it,
+        and no job is sent. Never after what the calls read changed in
         this process (`CompileJobs.start_over`): a kept function was compiled over the state
         before, and only a job sent since may serve."""
         loads = getattr(self.jobs.spec.compiled, "aot_loads", None)
-        if loads is None or self.jobs.changed or self.kind in self.jobs.store_tried:
+        if loads is None or self.jobs.changed:
             return False
-        self.jobs.store_tried.add(self.kind)
         try:
-            return self._serve_from_store(loads)
+            if self.kind in self.jobs.store_tried:  # loaded once: it serves this kind's other sizes where it can
+                return self.kind in self.jobs.store_served and loads.serves(*self.layout.call_of(self.args))
+            self.jobs.store_tried.add(self.kind)
+            if self._serve_from_store(loads):
+                self.jobs.store_served.add(self.kind)
+                return True
         except Exception as exc:  # noqa: BLE001 - plain graphs, and the job
             log.info("%s: a kept compiled function was not used (%s: %s)", self.jobs.spec.label, type(exc).__name__,
                      exc)
-            return False
+        return False
 
     def _serve_from_store(self, loads) -> bool:
         path = self.store_path()
@@ -154,7 +159,9 @@ class CompileJobs:
         self.warned = False
         self.out_of_memory: dict[tuple, int] = {}  # compiled captures that ran out of memory, by kind
         self.store_tried: set[tuple] = set()  # kinds whose kept compiled function was looked for
+        self.store_served: set[tuple] = set()  # of those, the kinds it served (loaded, guards passing)
         self.changed = False  # what the calls read changed since the first capture: kept functions not used
+        self.dropped: list = []  # (family, keys) of the structures compiled graphs replace (families: not hashable)
 
     @classmethod
     def for_spec(cls, spec) -> "CompileJobs | None":
@@ -183,8 +190,23 @@ class CompileJobs:
         once."""
         self.seen = _background.settled()
         self.warn_failed()
-        return [s for s in tuple(structures)  # snapshots: another thread's capture may add to them
-                if any(t.state == "ready" for b in tuple(s.branches.values()) for t in tuple(b.waiting.values()))]
+        found = [s for s in tuple(structures)  # snapshots: another thread's capture may add to them
+                 if any(t.state == "ready" for b in tuple(s.branches.values()) for t in tuple(b.waiting.values()))]
+        self.dropped += [(s.family, s.known_keys()) for s in found]
+        return found
+
+    def replaced(self, family: tuple) -> bool:
+        """Whether compiled graphs replace a structure of `family`: the next one opened is its
+        kin, captured at its first call (no eager warm-up call), its keys without the op guard
+        and code recording that the plain captures ran over the same code."""
+        return any(f == family for f, _ in self.dropped)
+
+    def take_replaced(self, family: tuple) -> frozenset:
+        """The keys the replaced structures of `family` captured (`CallStructure.kin_keys`
+        of the new one), forgotten here."""
+        keys = frozenset().union(*(k for f, k in self.dropped if f == family))
+        self.dropped = [(f, k) for f, k in self.dropped if f != family]
+        return keys
 
     def warn_failed(self) -> None:
         failed = next((t for t in tuple(self.tickets.values()) if t.state == "failed"), None)
@@ -202,6 +224,7 @@ class CompileJobs:
         _background.forget(self)
         self.tickets = {}
         self.changed = True
+        self.dropped = []  # code over the changed state is checked afresh
 
     def wait(self, timeout: float | None) -> bool:
         return _background.wait(tuple(self.tickets.values()), timeout)

@@ -14,8 +14,10 @@ again. Nothing below calls back up here. The policy:
   layer's counter) splits a structure into *branches*, a table each; the state is advanced
   after each replay as the type predicts, and checked against each eager run.
 - Under `Options(compile="background")` captures record the function as written until a
-  worker has compiled their kind of call; then they capture again. So do structures whose
-  graphs a process group's teardown released (`graphify._distributed.release_all`).
+  worker has compiled their kind of call; then they capture again, as kin of the structures
+  they replace (no eager warm-up call; the op guard and code recording not run again). So
+  do structures whose graphs a process group's teardown released
+  (`graphify._distributed.release_all`).
 - What cannot be graphed runs eagerly with one warning naming the cause and the fix; other
   sizes and branches keep their graphs. `Options(first_use="strict")` raises instead.
 - What a call reads beyond its arguments is checked before every replay: a structure over
@@ -93,7 +95,7 @@ class FirstUse:
                                 "the callable release() returned")
         if self.jobs is not None and self.jobs.settled():
             for structure in self.jobs.superseded(self.structures):
-                self._drop(structure)  # its calls capture again, compiled
+                self._drop(structure)  # its calls capture again, compiled, as its kin (`CompileJobs.replaced`)
         for structure in tuple(self.structures):
             if structure.torn_down():  # its graphs went with a process group: capture anew
                 self._drop(structure)
@@ -186,7 +188,8 @@ class FirstUse:
         # kin: the same call with new static objects (a new cache, maybe of another length)
         kin = next((s for s in self.structures if s.family == family and s.graphs), None) if objects else None
         previous, self.pending = self.pending, Pending(layout, specs, self.spec.label)
-        if kin is None and (previous is None or not fits(previous, layout, slots)):
+        replaced = self.jobs is not None and self.jobs.replaced(family)
+        if kin is None and not replaced and (previous is None or not fits(previous, layout, slots)):
             return self._eager(args, kwargs)  # a first sighting: its warm-up
         with self.lock:  # another thread may have made it meanwhile
             structure = fitting(self.structures, args, kwargs) or self._open_within_bounds(
@@ -206,9 +209,9 @@ class FirstUse:
                 self.spec.label, MAX_STRUCTURES,
             )
             return None
-        kin_keys = frozenset()
+        kin_keys = self.jobs.take_replaced(family) if self.jobs is not None else frozenset()
         if kin is not None:
-            kin_keys = kin.kin_keys | {(key, pair) for key, b in kin.branches.items() for pair in b.runtime.table.entries}
+            kin_keys |= kin.known_keys()
         structure = CallStructure(prepared.layout, {}, self.spec.sizes is None, family,
                                   likeness_of(prepared.layout, prepared.specs), frozenset(kin_keys), stateful)
         self._add_branch(structure, branch, prepared)

@@ -30,7 +30,7 @@ from ._guard import CaptureGuard
 from ._ran import recording_now
 from ._state_types import capture_contexts, put_owned
 
-__all__ = ["StateKeeper", "schema_facts", "UNANNOTATED_VIEWS", "UNANNOTATED_WRITES"]
+__all__ = ["StateKeeper", "Unguarded", "schema_facts", "UNANNOTATED_VIEWS", "UNANNOTATED_WRITES"]
 
 log = logging.getLogger("graphify")
 _aten = torch.ops.aten
@@ -197,9 +197,28 @@ class StateKeeper:
         self.saved_bytes = 0
 
 
+class Unguarded:
+    """The eager twin of a compiled function, for a first warm-up whose writes are recorded
+    but that runs outside the op guard and the code recording: a capture of the same code
+    (a structure's kin, or the structure its compiled graphs replace) was checked and
+    recorded already. Those two cost most of a recorded run (a 32-layer model's ~1,800 ops
+    through two more Python dispatch layers)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
 def _first_run(fn: Callable, guard, *args):
     """`fn(*args)`, or its eager twin `guard(*args)`, under the op guard when `guard` is set
-    (and then the Python code it runs recorded: `graphify._ran`)."""
+    (and then the Python code it runs recorded: `graphify._ran`); an `Unguarded` twin runs
+    outside both."""
+    if isinstance(guard, Unguarded):
+        return guard(*args)
     with (CaptureGuard() if guard else contextlib.nullcontext()), (recording_now() if guard else contextlib.nullcontext()):
         return (guard if callable(guard) else fn)(*args)
 

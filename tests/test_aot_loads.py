@@ -289,6 +289,29 @@ def test_a_later_graphified_model_captures_compiled_graphs_from_its_first_captur
     agree(later, twin, backend[1])
 
 
+@LINES
+def test_a_later_graphified_models_new_sizes_capture_compiled_from_the_kept_function(backend):
+    """A restarted process meets sizes after its first capture (a new batch, a cache of another
+    length): the kept function that served the first capture serves their captures too, where its
+    guards pass, with no job sent. (It once served the first capture alone: every later capture of
+    the kind recorded plain graphs and sent a job, and a restarted service ran its plain graphs
+    while a worker started.)"""
+    model, eager = twins(backend[1])
+    swapped_in(model, eager, backend)
+    _background.reset()
+    later, twin = twins(backend[1])
+    later.forward = graphify(later.forward, options=Options(compile={"background": True, "backend": backend[2]}))
+    agree(later, twin, backend[1], calls=3)
+    loads = later.forward._first_use.spec.compiled.aot_loads
+    first = loads.calls
+    assert first > 0
+    with torch.no_grad():
+        for rows in (5, 5, 5, 7, 7, 7):
+            x = torch.randn(rows, 16, device=backend[1])
+            torch.testing.assert_close(later(x), twin(x))
+    assert loads.calls > first and not later.forward._first_use.jobs.tickets, loads.refused
+
+
 def test_kept_functions_are_named_by_function_kind_settings_and_sizes():
     from graphify import _aot_store
 

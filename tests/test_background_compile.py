@@ -112,6 +112,41 @@ def test_plain_graphs_serve_at_once_and_compiled_graphs_after_the_worker(backend
 
 
 @LINES
+def test_the_call_that_takes_compiled_graphs_in_replays_at_once_without_the_op_guard(backend, monkeypatch):
+    """The structure compiled graphs replace is the new one's kin: the call that takes them in
+    captures at once (no eager warm-up call), and its capture's first warm-up runs the eager
+    original outside the op guard and the code recording, which the plain capture ran over
+    the same code (they were most of that call's cost: 8B, H100)."""
+    from graphify._guard import CaptureGuard
+
+    _, device, compiler = backend
+    torch._dynamo.reset()
+    block, eager = twins(Block, device)
+    block.forward = graphify(block.forward, options=background(compiler))
+    guarded = []
+    through = CaptureGuard.__torch_dispatch__
+    monkeypatch.setattr(CaptureGuard, "__torch_dispatch__",
+                        lambda self, func, types, args=(), kwargs=None: guarded.append(func) or through(
+                            self, func, types, args, kwargs))
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(3, 16, device=device)
+            torch.testing.assert_close(block(x), eager(x))
+        assert guarded  # the plain capture ran the op guard
+        assert block.forward.wait_compiles(WAIT_S)
+        before, compiled_before = calls_by_mode(block.forward), compiles_here(compiler)
+        guarded.clear()
+        for _ in range(3):
+            x = torch.randn(3, 16, device=device)
+            torch.testing.assert_close(block(x), eager(x))
+    after = calls_by_mode(block.forward)
+    assert after[Mode.NONE] == before[Mode.NONE] and after[Mode.FULL] == before[Mode.FULL] + 3
+    assert not guarded
+    loads = block.forward._first_use.spec.compiled.aot_loads
+    assert loads.calls > 0 or compiles_here(compiler) > compiled_before  # the graphs are the compiled function's
+
+
+@LINES
 def test_the_callers_compile_loads_what_the_worker_compiled(backend, fresh_worker, monkeypatch, tmp_path):
     """The point of the line: the compile in this process is a cache hit (a miss is a whole
     compile inside a call). The worker runs under this process's settings, precision
@@ -222,7 +257,9 @@ def test_a_compiled_capture_that_fails_here_keeps_plain_graphs_with_one_warning(
             torch.testing.assert_close(g(x), Block.forward(block, x))
     assert ticket.state == "failed" and "could not be captured here" in ticket.error
     assert len([w for w in seen if "compile in the background failed" in str(w.message)]) == 1
-    assert calls_by_mode(g)[Mode.FULL] == 2 + 3  # plain graphs before, and again after the first call that fell back
+    # plain graphs before, and at once again: the call that fell back captured plain as the replaced
+    # structure's kin, with no eager warm-up call
+    assert calls_by_mode(g)[Mode.FULL] == 2 + 4
 
 
 def sleeps_in_the_worker(gm, example_inputs):

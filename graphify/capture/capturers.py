@@ -48,6 +48,7 @@ import attrs
 
 from .._mode import Mode
 from .._roots import global_hooks_set
+from .._state import Unguarded
 from ..backends._base import CompiledCode
 
 __all__ = ["CaptureSettings", "KeyCapture", "mode_capturers"]
@@ -169,6 +170,11 @@ class _Capturers:
             # request rows may not exist yet. Both warm-ups run the compiled code.
             return max(warmups, 2), False, True
         split = self.split is not None
+        if twin is not None and step.quick and not split:
+            # A kin captured this key (the structure these compiled graphs replace, or the same
+            # code over another cache length): its op guard and code recording ran over the
+            # same code. The first warm-up still runs the eager twin, to record what to undo.
+            return max(warmups, 2), Unguarded(twin), False
         if twin is not None:
             # torch.compile'd code called under the op guard's dispatch mode falls back to
             # eager for good, so the guard checks the eager twin; an unguarded warm-up then
