@@ -30,6 +30,7 @@ over for the in-process compile.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import io
 import logging
 import re
@@ -185,6 +186,17 @@ def preimport() -> None:
     threading.Thread(target=run, name="graphify-aot-imports", daemon=True).start()
 
 
+def _first_call_checked():
+    """AOTAutograd checks a compiled function's custom ops for aliasing on its first call, under
+    a dispatch mode over every op (about 80 ms of the call that took an 8B model's compiled
+    graphs in, H100). The worker's save made that first call on the same compiled code, so a
+    loaded function's calls here skip it."""
+    config = torch._functorch.config
+    if getattr(config, "check_custom_op_aliasing", None) is None:
+        return contextlib.nullcontext()
+    return config.patch(check_custom_op_aliasing=False)
+
+
 class AotLoads:
     """The compiled functions loaded for one graphified function: a call goes to the first
     whose guards pass (`call`); `forget` drops them all (what they were traced over changed)."""
@@ -223,7 +235,8 @@ class AotLoads:
         if compiled is None:
             return False, None
         try:
-            out = compiled.fn(self.fn, args, kwargs)
+            with _first_call_checked():
+                out = compiled.fn(self.fn, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - not this process's to run: compiled here instead
             self.drop(compiled)
             log.warning("graphify: a compiled function from the worker failed here (%s: %s); compiling here instead",

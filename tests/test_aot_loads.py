@@ -312,6 +312,25 @@ def test_a_later_graphified_models_new_sizes_capture_compiled_from_the_kept_func
     assert loads.calls > first and not later.forward._first_use.jobs.tickets, loads.refused
 
 
+@LINES
+def test_a_loaded_function_skips_the_first_call_aliasing_check_the_worker_made(backend, monkeypatch):
+    """AOTAutograd's first-call check of custom ops' aliasing runs every op through a dispatch
+    mode; the worker's save made that call on the same code, so none of the caller's calls
+    through the loaded function runs it (in-process compiles keep it)."""
+    from torch._functorch._aot_autograd import runtime_wrappers
+
+    analyzer = getattr(runtime_wrappers, "_AnalyzeCustomOpInputOutputMode", None)
+    if analyzer is None:
+        pytest.skip("this torch has no first-call aliasing check")
+    seen = []
+    through = analyzer.__torch_dispatch__
+    monkeypatch.setattr(analyzer, "__torch_dispatch__", lambda self, func, types, args=(), kwargs=None: seen.append(
+        func) or through(self, func, types, args, kwargs))
+    model, eager = twins(backend[1])
+    _, loads = swapped_in(model, eager, backend)
+    assert loads.calls > 0 and not seen
+
+
 def test_kept_functions_are_named_by_function_kind_settings_and_sizes():
     from graphify import _aot_store
 
