@@ -161,7 +161,7 @@ class CompileJobs:
         self.store_tried: set[tuple] = set()  # kinds whose kept compiled function was looked for
         self.store_served: set[tuple] = set()  # of those, the kinds it served (loaded, guards passing)
         self.changed = False  # what the calls read changed since the first capture: kept functions not used
-        self.dropped: list = []  # (family, keys) of the structures compiled graphs replace (families: not hashable)
+        self.dropped: list = []  # (family, keys, writes) of the structures compiled graphs replace (families: not hashable)
 
     @classmethod
     def for_spec(cls, spec) -> "CompileJobs | None":
@@ -192,21 +192,23 @@ class CompileJobs:
         self.warn_failed()
         found = [s for s in tuple(structures)  # snapshots: another thread's capture may add to them
                  if any(t.state == "ready" for b in tuple(s.branches.values()) for t in tuple(b.waiting.values()))]
-        self.dropped += [(s.family, s.known_keys()) for s in found]
+        self.dropped += [(s.family, s.known_keys(), s.writes()) for s in found]
         return found
 
     def replaced(self, family: tuple) -> bool:
         """Whether compiled graphs replace a structure of `family`: the next one opened is its
         kin, captured at its first call (no eager warm-up call), its keys without the op guard
         and code recording that the plain captures ran over the same code."""
-        return any(f == family for f, _ in self.dropped)
+        return any(f == family for f, _, _ in self.dropped)
 
-    def take_replaced(self, family: tuple) -> frozenset:
+    def take_replaced(self, family: tuple) -> tuple[frozenset, tuple | None]:
         """The keys the replaced structures of `family` captured (`CallStructure.kin_keys`
-        of the new one), forgotten here."""
-        keys = frozenset().union(*(k for f, k in self.dropped if f == family))
-        self.dropped = [(f, k) for f, k in self.dropped if f != family]
-        return keys
+        of the new one) and what their captures wrote (`graphify.capture.kin_writes`; None
+        unless one structure, or all alike, said), forgotten here."""
+        mine = [(k, w) for f, k, w in self.dropped if f == family]
+        self.dropped = [d for d in self.dropped if d[0] != family]
+        writes = {w for _, w in mine}
+        return frozenset().union(*(k for k, _ in mine)), writes.pop() if len(writes) == 1 else None
 
     def warn_failed(self) -> None:
         failed = next((t for t in tuple(self.tickets.values()) if t.state == "failed"), None)

@@ -209,12 +209,12 @@ class FirstUse:
                 self.spec.label, MAX_STRUCTURES,
             )
             return None
-        kin_keys = self.jobs.take_replaced(family) if self.jobs is not None else frozenset()
+        kin_keys, writes = self.jobs.take_replaced(family) if self.jobs is not None else (frozenset(), None)
         if kin is not None:
             kin_keys |= kin.known_keys()
         structure = CallStructure(prepared.layout, {}, self.spec.sizes is None, family,
                                   likeness_of(prepared.layout, prepared.specs), frozenset(kin_keys), stateful)
-        self._add_branch(structure, branch, prepared)
+        self._add_branch(structure, branch, prepared).capture.carry(writes)
         self.structures.insert(0, structure)
         return structure
 

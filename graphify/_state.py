@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass, is_traceable_wrapper_subclass_type
 
@@ -30,7 +31,7 @@ from ._guard import CaptureGuard
 from ._ran import recording_now
 from ._state_types import capture_contexts, put_owned
 
-__all__ = ["StateKeeper", "Unguarded", "schema_facts", "UNANNOTATED_VIEWS", "UNANNOTATED_WRITES"]
+__all__ = ["StateKeeper", "KinWrites", "Unguarded", "schema_facts", "UNANNOTATED_VIEWS", "UNANNOTATED_WRITES"]
 
 log = logging.getLogger("graphify")
 _aten = torch.ops.aten
@@ -138,6 +139,18 @@ class _Recorder(TorchDispatchMode):
         self.keeper.targets.add(storage)
 
 
+@attrs.define
+class KinWrites:
+    """What a structure's recorded captures wrote outside the call, for a kin that captures the
+    same code compiled (`graphify.capture.kin_writes`): `own` its last recorded capture's,
+    `carried` those of the structure it replaces, `whole` the storages the current capture
+    undoes by whole copies."""
+
+    own: tuple | None = None
+    carried: tuple | None = None
+    whole: tuple | None = None
+
+
 class StateKeeper:
     """Record one eager run's in-place writes to outside state; undo them after each run.
 
@@ -154,6 +167,9 @@ class StateKeeper:
         self.saved_bytes = 0
         self.peak_bytes = 0  # the most snapshot memory held at once
         self.restored: set[int] = set()  # storages restored over the whole capture
+        self.since: set[int] = set()  # storages restored since `since` was last emptied (one capture's)
+        self.recorded = 0  # runs recorded (not covered) since then
+        self.kin = KinWrites()
         self._covered = False
         # (object, attribute names, values) of Python state registered types own
         # (`graphify._state_types`): put back after every run, so each run sees the call's state
@@ -164,8 +180,19 @@ class StateKeeper:
         `covering()`, nothing is recorded: the record so far covers the run."""
         if not self.enabled or self._covered:
             return fn(*args)
+        self.recorded += 1
         with _Recorder(self):
             return fn(*args)
+
+    def take_whole(self, storages) -> None:
+        """Undo by whole copies of `storages`, taken now: for runs that cannot be recorded
+        (compiled code), where what they write is known (`CaptureSession.writes`); run them
+        `covering()`."""
+        for storage in storages:
+            saved = storage.clone()
+            self.undo.append(lambda s=storage, c=saved: s.copy_(c))  # noqa: E731
+            self.saved_bytes += saved.nbytes()
+            self.targets.add(storage.data_ptr())
 
     @contextlib.contextmanager
     def covering(self):
@@ -191,6 +218,7 @@ class StateKeeper:
         """Drop the snapshots (after the last run of one size has been restored)."""
         self.peak_bytes = max(self.peak_bytes, self.saved_bytes)
         self.restored |= self.targets
+        self.since |= self.targets
         self.undo.clear()
         self.seen.clear()
         self.targets = set()

@@ -146,6 +146,58 @@ def test_the_call_that_takes_compiled_graphs_in_replays_at_once_without_the_op_g
     assert loads.calls > 0 or compiles_here(compiler) > compiled_before  # the graphs are the compiled function's
 
 
+class Totals:
+    """A static object whose tensor every call adds to in place: a warm-up left undone shows."""
+
+    def __init__(self, device: str):
+        self.total = torch.randn(16, device=device)
+
+
+class Accumulates(torch.nn.Module):
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x, totals):
+        totals.total.add_(self.lin(x).sum(0))
+        return x * totals.total
+
+
+@LINES
+def test_the_swap_undoes_its_compiled_warm_up_by_the_writes_the_replaced_structure_recorded(backend, monkeypatch):
+    """The call that takes compiled graphs in warms the compiled function up without a recorded
+    eager run: the structure it replaces recorded that the call writes `totals.total`, whose
+    storage is copied whole before and put back after (`graphify.capture.kin_writes`). The
+    in-place sum matches eager's at every call only if each warm-up was undone."""
+    from graphify._state import StateKeeper
+
+    _, device, compiler = backend
+    torch._dynamo.reset()
+    model, eager = twins(Accumulates, device)
+    model.forward = graphify(model.forward, options=background(compiler))
+    wholes = []
+    take_whole = StateKeeper.take_whole
+    monkeypatch.setattr(StateKeeper, "take_whole", lambda self, storages: wholes.append(len(storages)) or take_whole(
+        self, storages))
+    mine, theirs = Totals(device), Totals(device)
+    theirs.total.copy_(mine.total)
+
+    def agree(calls: int) -> None:
+        for _ in range(calls):
+            x = torch.randn(3, 16, device=device)
+            torch.testing.assert_close(model(x, mine), eager(x, theirs))
+            torch.testing.assert_close(mine.total, theirs.total)
+
+    with torch.no_grad():
+        agree(3)
+        assert model.forward.wait_compiles(WAIT_S)
+        before = calls_by_mode(model.forward)
+        agree(4)
+    assert wholes == [1]  # the swap's capture: one storage, copied whole
+    after = calls_by_mode(model.forward)
+    assert after[Mode.NONE] == before[Mode.NONE] and after[Mode.FULL] == before[Mode.FULL] + 4
+
+
 @LINES
 def test_the_callers_compile_loads_what_the_worker_compiled(backend, fresh_worker, monkeypatch, tmp_path):
     """The point of the line: the compile in this process is a cache hit (a miss is a whole

@@ -84,6 +84,10 @@ class CallCapture:
                 log.info("%s: a capture without warm-up failed (%s); capturing with one", self.session.label, exc)
         return self.capture(pair, args, loaded, collect=collect, plain=plain)
 
+    def carry(self, writes: "tuple | None") -> None:
+        """What the structure this one's graphs replace wrote (`graphify.capture.kin_writes`)."""
+        self.session.keeper.kin.carried = writes
+
     @property
     def layout(self):
         """How calls bind to the argument slots (`graphify._layout.CallLayout`)."""

@@ -71,7 +71,8 @@ class CaptureSettings:
 class KeyCapture:
     """One key's capture, as the capturer decides its warm-ups from: `first` of its mode in
     the table; `sibling` the PIECEWISE entry of the same token count, captured already;
-    `quick` (first use, kin captured before) for no warm-up; `probe` what the state keeper
+    `quick` (first use, kin captured before) for no warm-up (compiled: no op guard; `whole`,
+    a kin's writes, undo its warm-ups without a recorded eager run); `probe` what the state keeper
     records to learn the whole function's writes; `plain` for the eager function where `fn`
     is compiled."""
 
@@ -82,6 +83,7 @@ class KeyCapture:
     sibling: Any = None
     quick: bool = False
     plain: bool = False  # record the function as written, not compiled (`graphify._background`)
+    whole: tuple | None = None  # storages whose whole copies undo compiled warm-ups (`kin_writes`)
 
 
 def mode_capturers(
@@ -130,8 +132,15 @@ class _Capturers:
             # as written: while the compile is made elsewhere, or where global module hooks are
             # set (torch 2.11's dynamo left them out of its traces: wrong graphs on the H100)
             fn, twin = twin, None
-        warmups, guard, through_schedule = self._full_policy(step, twin, settings.warmups)
         keeper = step.keeper
+        if twin is not None and step.quick and step.whole is not None and self.split is None:
+            # a kin's recorded runs said what the call writes: the compiled warm-up alone runs,
+            # undone by whole copies of those storages (`graphify.capture.kin_writes`)
+            keeper.take_whole(step.whole)
+            with keeper.covering():
+                return self.backend.capture(CompiledCode(fn), args, guard=False, keeper=keeper,
+                                            **settings.for_backend(max(settings.warmups, 1)))
+        warmups, guard, through_schedule = self._full_policy(step, twin, settings.warmups)
         with self._shaped(step.key):
             covering = contextlib.nullcontext()
             if through_schedule:

@@ -46,6 +46,7 @@ from .._state import StateKeeper
 from .._table import CaptureReport, Entry, GraphTable, Holdings, StaticBuffers
 from .capturers import CaptureSettings, KeyCapture, mode_capturers
 from .function_reads import FunctionReads
+from .kin_writes import storages_at, written_positions
 from .context import device_of, device_scope, freeze_gc, progress
 from .errors import as_capture_error
 from .outputs import consistent_out_axes, infer_out_axes
@@ -132,6 +133,9 @@ class CaptureSession:
                 _within_limits(self.label, reach)
                 snapshots = tuple(map(Snapshot.take, reach))
                 self.keeper.owned = [entry for s in snapshots for entry in s.owned]
+                self.keeper.since, self.keeper.recorded = set(), 0
+                kin = self.keeper.kin
+                kin.whole = storages_at(kin.carried, shallow) if quick else None
                 rng = RandomStates.take(self.setup.device, _generators(reach))
                 ran = CodeRan()  # what this capture's runs execute
                 try:
@@ -144,6 +148,8 @@ class CaptureSession:
                 finally:  # the runs drew random numbers; the call's replay draws what eager would
                     rng.restore()
                 self.function.after(ran, deep)  # what code that ran for the first time reads
+                if self.keeper.recorded:
+                    self.keeper.kin.own = written_positions(self.keeper, shallow)
                 _within_limits(self.label, reach)
             self.keeper.owned = []
             entries = {**self.entries, **new}
@@ -197,7 +203,8 @@ class CaptureSession:
         args = self.static.args_for(self.specs, key, example)
         t0 = time.perf_counter()
         try:
-            step = KeyCapture(key, keeper, first, setup.probe if keeper.enabled else None, sibling, quick, plain)
+            step = KeyCapture(key, keeper, first, setup.probe if keeper.enabled else None, sibling, quick, plain,
+                              keeper.kin.whole if keeper.enabled else None)
             captured = setup.capturers[mode](args, step, setup.settings)
             keeper.forget()
         except Exception as exc:
