@@ -210,8 +210,8 @@ class FirstUse:
             )
             return None
         kin_keys, writes = self.jobs.take_replaced(family) if self.jobs is not None else (frozenset(), None)
-        if kin is not None:
-            kin_keys |= kin.known_keys()
+        if kin is not None:  # (what it wrote: the new structure's compiled captures need no recorded run)
+            kin_keys, writes = kin_keys | kin.known_keys(), writes if writes is not None else kin.writes()
         structure = CallStructure(prepared.layout, {}, self.spec.sizes is None, family,
                                   likeness_of(prepared.layout, prepared.specs), frozenset(kin_keys), stateful)
         self._add_branch(structure, branch, prepared).capture.carry(writes)

@@ -149,6 +149,15 @@ class KinWrites:
     own: tuple | None = None
     carried: tuple | None = None
     whole: tuple | None = None
+    spoilt: bool = False  # a recorded capture wrote what positions cannot say: `own` stays None
+
+    def note(self, found: tuple | None) -> None:
+        """Add one recorded capture's writes (`kin_writes.written_positions`) to `own`: the
+        union over the session's captures; None for good once one could not say."""
+        if found is None or self.spoilt or (self.own is not None and self.own[0] != found[0]):
+            self.own, self.spoilt = None, True
+        else:
+            self.own = found if self.own is None else (found[0], self.own[1] | found[1])
 
 
 class StateKeeper:

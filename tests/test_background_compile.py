@@ -167,8 +167,9 @@ class Accumulates(torch.nn.Module):
 def test_the_swap_undoes_its_compiled_warm_up_by_the_writes_the_replaced_structure_recorded(backend, monkeypatch):
     """The call that takes compiled graphs in warms the compiled function up without a recorded
     eager run: the structure it replaces recorded that the call writes `totals.total`, whose
-    storage is copied whole before and put back after (`graphify.capture.kin_writes`). The
-    in-place sum matches eager's at every call only if each warm-up was undone."""
+    storage is copied whole before and put back after (`graphify.capture.kin_writes`); so is a
+    later kin's (a new object). The in-place sum matches eager's at every call only if each
+    warm-up was undone."""
     from graphify._state import StateKeeper
 
     _, device, compiler = backend
@@ -193,9 +194,13 @@ def test_the_swap_undoes_its_compiled_warm_up_by_the_writes_the_replaced_structu
         assert model.forward.wait_compiles(WAIT_S)
         before = calls_by_mode(model.forward)
         agree(4)
-    assert wholes == [1]  # the swap's capture: one storage, copied whole
-    after = calls_by_mode(model.forward)
-    assert after[Mode.NONE] == before[Mode.NONE] and after[Mode.FULL] == before[Mode.FULL] + 4
+        assert wholes == [1]  # the swap's capture: one storage, copied whole
+        after = calls_by_mode(model.forward)
+        assert after[Mode.NONE] == before[Mode.NONE] and after[Mode.FULL] == before[Mode.FULL] + 4
+        mine, theirs = Totals(device), Totals(device)  # a new object: a kin of the compiled structure
+        theirs.total.copy_(mine.total)
+        agree(3)
+    assert wholes == [1, 1]
 
 
 @LINES

@@ -85,8 +85,12 @@ class CallCapture:
         return self.capture(pair, args, loaded, collect=collect, plain=plain)
 
     def carry(self, writes: "tuple | None") -> None:
-        """What the structure this one's graphs replace wrote (`graphify.capture.kin_writes`)."""
-        self.session.keeper.kin.carried = writes
+        """What the structure this one's graphs replace wrote (`graphify.capture.kin_writes`):
+        its captures' writes too, for its own kin."""
+        kin = self.session.keeper.kin
+        kin.carried = writes
+        if writes is not None:
+            kin.note(writes)
 
     @property
     def layout(self):

@@ -149,7 +149,7 @@ class CaptureSession:
                     rng.restore()
                 self.function.after(ran, deep)  # what code that ran for the first time reads
                 if self.keeper.recorded:
-                    self.keeper.kin.own = written_positions(self.keeper, shallow)
+                    self.keeper.kin.note(written_positions(self.keeper, shallow))
                 _within_limits(self.label, reach)
             self.keeper.owned = []
             entries = {**self.entries, **new}
