@@ -40,15 +40,28 @@ class Series:
     runs: int = 0
 
 
-def _newest_on_one_card(runs, kind: str, table: str, where: dict) -> list[tuple]:
-    """(run, row) of the newest era on the card with the most such rows."""
+def _newest_on_one_card(runs, kind: str, table: str, where: dict, per: str | None = None) -> list[tuple]:
+    """(run, row) of the newest era on the card with the most such rows; with `per` (a
+    field), the newest era of each of its values (a configuration's newest runs, the peer's
+    beside, as the claims take them)."""
     from .render_results import picked
 
     rows = picked(runs, kind, table, where)
+    if per is not None:
+        values = dict.fromkeys(row.get(per) for run in runs for row in _rows(run, kind, table)
+                               if all(row.get(k) == v for k, v in where.items()))
+        rows = [pair for v in values for pair in picked(runs, kind, table, {**where, per: v})]
     cards: dict = {}
     for run, row in rows:
         cards.setdefault(run.env["device"], []).append((run, row))
     return max(cards.values(), key=len, default=[])
+
+
+def _rows(run, kind: str, table: str) -> list[dict]:
+    """The rows of `table` in `run`, where it is a run of benchmark `kind`."""
+    if run.bench.kind != kind:
+        return []
+    return next(t for t in run.bench.tables if t.name == table).rows(run.data)
 
 
 def _fill(s: Series, chosen: list[tuple], label, is_peer) -> Series:
@@ -77,7 +90,7 @@ def series(runs) -> list[Series]:
           lambda r: r["config"] == SERVING_PEER)
     hf = Series("hf-generate", "transformers generate()", (("ms_per_token", "ms / token (lower is better)"),
                                                             ("first_generate_s", "first generate() s (log)")))
-    _fill(hf, _newest_on_one_card(runs, "hf-generate", "per-token", {}),
+    _fill(hf, _newest_on_one_card(runs, "hf-generate", "per-token", {}, per="config"),
           lambda r: f"{r['model']} B={r['batch']}: {_short(r['config'])}", lambda r: r["config"] == HF_PEER)
     return [s for s in (main, hf) if s.bars]
 

@@ -69,6 +69,9 @@ HF_HOST = "a call's host time before the replay: sliding layers' state read once
 HF_GQA_FOLD = "the compile line's decode attention reads the unexpanded keys and values (graphify/_gqa_fold.py)"
 HF_STEADY_PAIRS = "steady ms/token is the median over back-to-back pairs of calls, not a difference of two medians"
 HF_MASK_MEMO = "the decode mask's padding reads the config and the cache once per pair, not every step (transforms/_hf_masks.py)"
+HF_AOT_LOAD = "the compiled line's swap loads the worker's compiled function whole: no trace in the caller (graphify/_aot.py)"
+HF_SWAP_KIN = ("the swap's capture is a kin of the plain structure it replaces: no eager warm-up call, no recorded eager "
+               "run; a restarted process's kept function serves later sizes (graphify/capture/kin_writes.py)")
 
 
 # Rows of a run's JSON, as a table reads them.
@@ -182,7 +185,8 @@ BENCHES: tuple[Bench, ...] = (
               ("2026-11-26T02:20:00+00:00", HF_VIEWS), ("2026-11-26T06:00:00+00:00", HF_MASKS),
               ("2026-11-26T07:35:00+00:00", HF_HYBRID_MASKS), ("2026-11-26T09:30:00+00:00", HF_GQA_FOLD),
               ("2026-11-26T10:30:00+00:00", HF_HOST), ("2026-11-26T12:20:00+00:00", HF_STEADY_PAIRS),
-              ("2026-11-26T12:58:00+00:00", HF_MASK_MEMO)),
+              ("2026-11-26T12:58:00+00:00", HF_MASK_MEMO), ("2026-11-27T00:00:00+00:00", HF_AOT_LOAD),
+              ("2026-11-27T16:40:00+00:00", HF_SWAP_KIN)),
     ),
     Bench(
         "hf-step-split", "transformers `generate()`: a decode step split by clocks",

@@ -18,7 +18,8 @@ def test_a_compiled_decode_step_loads_without_a_trace_and_equals_eager():
     result = aot_swap.main(["--smoke", "--model", "tiny-qwen"])
     (row,) = result["rows"]
     assert row["error"] is None, row["error"]
-    assert row["max_logit_diff"] < 1e-4, row  # fp32 on the CPU
+    # fp32 on the CPU; bf16 on a GPU, where inductor's kernels round apart from eager's (2e-3 seen on an H100)
+    assert row["max_logit_diff"] < (3e-2 if torch.cuda.is_available() else 1e-4), row
     assert row["load_again_s"] > 0 and row["aot_compile_s"] > 0 and row["today_swap_s"] > 0, row
     # object identity is what torch cannot serialise: those guards are dropped (graphify's watch
     # must stand for them), tensor and global-state guards are kept

@@ -203,6 +203,40 @@ def test_the_swap_undoes_its_compiled_warm_up_by_the_writes_the_replaced_structu
     assert wholes == [1, 1]
 
 
+class Probed(torch.nn.Module):
+    """Code of its own: whether dynamo still compiles it after a swap is this test's alone."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) + 0.125
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["loaded-whole", "traced-here"])
+def test_the_simulated_swap_leaves_the_functions_code_compilable(whole):
+    """The simulation records the eager original where a capture's function is compiled:
+    compiled code run under its recording dispatch mode made dynamo run that code eagerly in
+    every later compile of the process (a GPU test then saw no compile at all)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model, eager = twins(Probed, "cpu")
+    model.forward = graphify(model.forward, options=background("aot_eager", whole and _aot.saves("aot_eager")))
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(3, 16))
+        assert model.forward.wait_compiles(WAIT_S)
+        for _ in range(3):
+            x = torch.randn(3, 16)
+            torch.testing.assert_close(model(x), eager(x))
+        frames = counters["frames"]["ok"]
+        again = torch.compile(Probed().double().forward, backend="aot_eager", dynamic=True)
+        again(torch.randn(5, 16, dtype=torch.float64))
+    assert counters["frames"]["ok"] == frames + 1
+
+
 @LINES
 def test_the_callers_compile_loads_what_the_worker_compiled(backend, fresh_worker, monkeypatch, tmp_path):
     """The point of the line: the compile in this process is a cache hit (a miss is a whole

@@ -62,12 +62,14 @@ class Backend(Protocol):
 class CompiledCode:
     """`fn`, marked as running torch.compile'd code (the caller knows; a wrapped function's
     attributes do not tell): the CUDA backend captures it without its constant-staging mode,
-    under which dynamo would compile again, inside the capture."""
+    under which dynamo would compile again, inside the capture. `twin`: its eager original,
+    which the simulation records in its place (compiled code run under a dispatch mode makes
+    dynamo run that code eagerly from then on, in every later compile of the process)."""
 
-    __slots__ = ("fn",)
+    __slots__ = ("fn", "twin")
 
-    def __init__(self, fn: Callable):
-        self.fn = fn
+    def __init__(self, fn: Callable, twin: Callable | None = None):
+        self.fn, self.twin = fn, twin
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)

@@ -40,7 +40,7 @@ from .._errors import CaptureError
 from .._reach import has_address
 from .._guard import UNCAPTURABLE_OPS, CaptureGuard
 from .._state import eager_runs
-from ._base import Captured
+from ._base import Captured, CompiledCode
 from .graph_pool import GraphPool
 
 __all__ = ["SimBackend", "CaptureGuard", "UNCAPTURABLE_OPS", "taping", "Tape"]
@@ -222,7 +222,8 @@ class SimBackend:
         graph = SimGraph(pool.for_capture())  # counted from here, as torch counts a capture begun
         if self.rerun:
             return graph.holding(pool, _rerun_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper))
-        twin = guard if callable(guard) else getattr(fn, "_torchdynamo_orig_callable", None)
+        twin = guard if callable(guard) else (fn.twin if isinstance(fn, CompiledCode) else None) or getattr(
+            fn, "_torchdynamo_orig_callable", None)
         recorded = bool(warmups)
         if warmups:
             eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)

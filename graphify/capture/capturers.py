@@ -138,7 +138,7 @@ class _Capturers:
             # undone by whole copies of those storages (`graphify.capture.kin_writes`)
             keeper.take_whole(step.whole)
             with keeper.covering():
-                return self.backend.capture(CompiledCode(fn), args, guard=False, keeper=keeper,
+                return self.backend.capture(CompiledCode(fn, twin), args, guard=False, keeper=keeper,
                                             **settings.for_backend(max(settings.warmups, 1)))
         warmups, guard, through_schedule = self._full_policy(step, twin, settings.warmups)
         with self._shaped(step.key):
@@ -150,7 +150,7 @@ class _Capturers:
                 else:
                     keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
             if twin is not None or self.compiled:  # compiled code: see `CompiledCode`
-                fn = CompiledCode(fn)
+                fn = CompiledCode(fn, twin)
             with covering:
                 return self.backend.capture(fn, args, guard=guard, keeper=keeper, **settings.for_backend(warmups))
 
