@@ -112,7 +112,7 @@ class CallStructure:
     def writes(self) -> tuple | None:
         """What its captures wrote outside the call (`graphify.capture.kin_writes`), where it
         has one branch; else None."""
-        return self.default.capture.session.keeper.kin.own if len(self.branches) == 1 else None
+        return self.default.capture.written if len(self.branches) == 1 else None
 
     def known_keys(self) -> frozenset:
         """(branch, (mode, key)) captured here or by its kin: what a kin of it captures with

@@ -193,10 +193,14 @@ class StateKeeper:
         with _Recorder(self):
             return fn(*args)
 
+    def begin(self, whole: "tuple | None") -> None:
+        """A capture starts: what it records is counted afresh (`since`, `recorded`), and
+        `whole` (`KinWrites.whole`) undoes its compiled warm-ups where it is not None."""
+        self.since, self.recorded, self.kin.whole = set(), 0, whole
+
     def take_whole(self, storages) -> None:
         """Undo by whole copies of `storages`, taken now: for runs that cannot be recorded
-        (compiled code), where what they write is known (`CaptureSession.writes`); run them
-        `covering()`."""
+        (compiled code), where what they write is known (`KinWrites`); run them `covering()`."""
         for storage in storages:
             saved = storage.clone()
             self.undo.append(lambda s=storage, c=saved: s.copy_(c))  # noqa: E731

@@ -84,6 +84,11 @@ class CallCapture:
                 log.info("%s: a capture without warm-up failed (%s); capturing with one", self.session.label, exc)
         return self.capture(pair, args, loaded, collect=collect, plain=plain)
 
+    @property
+    def written(self) -> "tuple | None":
+        """What its recorded captures wrote outside the call (`graphify.capture.kin_writes`)."""
+        return self.session.keeper.kin.own
+
     def carry(self, writes: "tuple | None") -> None:
         """What the structure this one's graphs replace wrote (`graphify.capture.kin_writes`):
         its captures' writes too, for its own kin."""

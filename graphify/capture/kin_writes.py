@@ -14,6 +14,8 @@ warm-ups by whole copies of their storages taken before, within a bound on their
 
 from __future__ import annotations
 
+from .._reach import has_address
+
 __all__ = ["WHOLE_UNDO_BYTES", "written_positions", "storages_at"]
 
 WHOLE_UNDO_BYTES = 1 << 30  # past this, the kin's capture records the eager original's writes again
@@ -27,7 +29,8 @@ def written_positions(keeper, shallow) -> tuple | None:
         return None
     at: dict[int, int] = {}
     for i, t in enumerate(shallow.tensors):
-        at.setdefault(_storage_ptr(t), i)
+        if has_address(t):  # a tensor without storage (a subclass) is never a target
+            at.setdefault(t.untyped_storage().data_ptr(), i)
     if any(p not in at for p in keeper.since):
         return None
     return len(shallow.tensors), frozenset(at[p] for p in keeper.since)
@@ -48,10 +51,3 @@ def storages_at(writes: tuple | None, shallow) -> tuple | None:
     if sum(s.nbytes() for s in storages.values()) > WHOLE_UNDO_BYTES:
         return None
     return tuple(storages.values())
-
-
-def _storage_ptr(t) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass): never a target
-        return -1

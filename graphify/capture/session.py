@@ -133,9 +133,7 @@ class CaptureSession:
                 _within_limits(self.label, reach)
                 snapshots = tuple(map(Snapshot.take, reach))
                 self.keeper.owned = [entry for s in snapshots for entry in s.owned]
-                self.keeper.since, self.keeper.recorded = set(), 0
-                kin = self.keeper.kin
-                kin.whole = storages_at(kin.carried, shallow) if quick else None
+                self.keeper.begin(storages_at(self.keeper.kin.carried, shallow) if quick else None)
                 rng = RandomStates.take(self.setup.device, _generators(reach))
                 ran = CodeRan()  # what this capture's runs execute
                 try:
@@ -147,6 +145,7 @@ class CaptureSession:
                             _unchanged(self.label, reach, snapshots)
                 finally:  # the runs drew random numbers; the call's replay draws what eager would
                     rng.restore()
+                    self.keeper.kin.whole = None  # the call's objects' storages: not held past the capture
                 self.function.after(ran, deep)  # what code that ran for the first time reads
                 if self.keeper.recorded:
                     self.keeper.kin.note(written_positions(self.keeper, shallow))
