@@ -44,8 +44,8 @@ import torch
 from ._aot_identity import (UNVERIFIABLE, VALUE_GUARDS, class_changes, class_namespaces, identity,
                             identity_changes, rebuilt_from_caller, value_changes, value_print)
 
-__all__ = ["TRAMPOLINE", "UNSAVED_GUARDS", "AotLoads", "available", "saves", "save", "load", "preimport", "identity",
-           "UNVERIFIABLE"]
+__all__ = ["TRAMPOLINE", "UNSAVED_GUARDS", "AotLoads", "available", "checks_held", "saves", "save", "load", "preimport",
+           "identity", "UNVERIFIABLE"]
 
 log = logging.getLogger("graphify")
 
@@ -197,6 +197,33 @@ def _first_call_checked():
     return config.patch(check_custom_op_aliasing=False)
 
 
+_HELD = threading.local()  # `checks_held`'s verdicts on this thread, while one is open
+
+
+@contextlib.contextmanager
+def checks_held():
+    """Within one capture of one call, a loaded function's checks of what its dropped guards
+    stood for (identities, kept guards' values, class namespaces: `AotLoads._usable`), once
+    passed, stand for its later calls on the same objects; its kept guards still run each
+    call. Open it only where no user code runs between those calls: a capture's compiled
+    warm-ups and the capture itself run inductor's code and graphify's own, and the eager
+    original (the op guard's run) comes before the first of them. It halves what the call
+    that takes compiled graphs in spends on these checks (about 30 ms at 0.5B)."""
+    outer = getattr(_HELD, "verdicts", None)
+    if outer is None:
+        _HELD.verdicts = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _HELD.verdicts = None
+
+
+def _objects_key(args: tuple, kwargs: dict) -> tuple:
+    """The call's top-level objects by identity: a verdict holds for the same objects only."""
+    return tuple(map(id, args)), tuple((k, id(v)) for k, v in kwargs.items())
+
+
 class AotLoads:
     """The compiled functions loaded for one graphified function: a call goes to the first
     whose guards pass (`call`); `forget` drops them all (what they were traced over changed)."""
@@ -269,6 +296,10 @@ class AotLoads:
                 log.debug("graphify: a loaded compiled function's guards fail here: %s",
                           compiled._artifacts.guard_manager.check_verbose(f_locals))
             return False
+        verdicts = getattr(_HELD, "verdicts", None)
+        key = (id(compiled), _objects_key(args, kwargs))
+        if verdicts is not None and verdicts.get(key) is compiled:
+            return True
         changed = identity_changes(compiled, guards.get("identities", ()), (self.fn, args, kwargs), {})
         changed += value_changes(compiled, guards.get("values", ()), (self.fn, args, kwargs), {}) \
             if "values" in guards else ["(no record of the kept guards' values)"]
@@ -281,4 +312,6 @@ class AotLoads:
                      "process holds, or ones it cannot compare (%s%s); compiling here instead",
                      ", ".join(changed[:3]), "..." if len(changed) > 3 else "")
             return False
+        if verdicts is not None:
+            verdicts[key] = compiled  # held with the function: its id cannot be another's meanwhile
         return True

@@ -499,3 +499,71 @@ def test_a_rebuilt_transformers_model_is_recorded_as_its_transformers_records_it
     assert model.model._can_record_outputs  # LlamaModel records its layers' outputs
     assert dict.get(table, str(type(model.model))) == model.model._can_record_outputs  # what the forward reads
     assert dict.get(table, str(type(model))) == model._can_record_outputs
+
+
+class _AlwaysPasses:
+    """A stand-in loaded function: its kept guards pass; it returns its input doubled."""
+
+    def __init__(self):
+        self.guard_checks = 0
+
+    def guard_check(self, fn, args, kwargs):
+        self.guard_checks += 1
+        return True
+
+    def fn(self, f, args, kwargs):
+        return f(*args, **kwargs)
+
+
+def test_within_one_capture_the_dropped_guards_checks_run_once_for_the_same_objects(monkeypatch):
+    """`checks_held`: the identity, value and class checks of a loaded function pass once a
+    capture for the same objects (the kept guards run on every call); outside it, and for
+    other objects, every call checks."""
+    checked = []
+    monkeypatch.setattr(_aot, "identity_changes", lambda compiled, names, call, env: checked.append(call[1]) or [])
+    monkeypatch.setattr(_aot, "value_changes", lambda *a: [])
+    monkeypatch.setattr(_aot, "class_changes", lambda *a: [])
+    loads = _aot.AotLoads(lambda x: x * 2)
+    compiled = _AlwaysPasses()
+    loads.add(compiled, {"identities": (), "values": (), "classes": ()})
+    x, y = torch.randn(3), torch.randn(3)
+    for _ in range(2):
+        assert loads.call((x,), {})[0]
+    assert len(checked) == 2  # no scope: each call
+    with _aot.checks_held():
+        for _ in range(3):
+            assert loads.call((x,), {})[0]
+        assert loads.call((y,), {})[0]  # other objects: checked again
+        with _aot.checks_held():  # a nested scope keeps the outer one's verdicts
+            assert loads.call((x,), {})[0]
+    assert len(checked) == 4
+    assert loads.call((x,), {})[0]
+    assert len(checked) == 5  # the scope's verdicts went with it
+    assert compiled.guard_checks == 8  # the kept guards ran every call
+
+
+def test_a_refused_loaded_function_is_not_held(monkeypatch):
+    """A check that finds a change drops the function, inside a scope as out of it."""
+    monkeypatch.setattr(_aot, "identity_changes", lambda *a: ["G['helper']"])
+    monkeypatch.setattr(_aot, "value_changes", lambda *a: [])
+    monkeypatch.setattr(_aot, "class_changes", lambda *a: [])
+    loads = _aot.AotLoads(lambda x: x * 2)
+    loads.add(_AlwaysPasses(), {"identities": (), "values": (), "classes": ()})
+    with _aot.checks_held():
+        assert loads.call((torch.randn(3),), {}) == (False, None)
+    assert not loads.loaded and loads.refused == ["G['helper']"]
+
+
+@LINES
+def test_the_swap_checks_what_the_dropped_guards_stood_for_once_a_capture(backend, monkeypatch):
+    """A capture calls the loaded function for its warm-up and again for the capture (on a
+    GPU; the simulation records the eager original instead): the identity checks run once."""
+    checks = []
+    real = _aot.identity_changes
+    monkeypatch.setattr(_aot, "identity_changes", lambda *a: checks.append(1) or real(*a))
+    model, eager = twins(backend[1])
+    _, loads = swapped_in(model, eager, backend)
+    agree(model, eager, backend[1])
+    assert 0 < len(checks) <= loads.calls
+    if backend[0] == "cuda":
+        assert len(checks) < loads.calls, (len(checks), loads.calls)

@@ -46,6 +46,7 @@ from typing import Any
 
 import attrs
 
+from .._aot import checks_held
 from .._mode import Mode
 from .._roots import global_hooks_set
 from .._state import Unguarded
@@ -137,7 +138,7 @@ class _Capturers:
             # a kin's recorded runs said what the call writes: the compiled warm-up alone runs,
             # undone by whole copies of those storages (`graphify.capture.kin_writes`)
             keeper.take_whole(step.whole)
-            with keeper.covering():
+            with keeper.covering(), checks_held():
                 return self.backend.capture(CompiledCode(fn, twin), args, guard=False, keeper=keeper,
                                             **settings.for_backend(max(settings.warmups, 1)))
         warmups, guard, through_schedule = self._full_policy(step, twin, settings.warmups)
@@ -151,7 +152,7 @@ class _Capturers:
                     keeper.forget()  # let go of what it wrote before capturing: the pool may reuse it
             if twin is not None or self.compiled:  # compiled code: see `CompiledCode`
                 fn = CompiledCode(fn, twin)
-            with covering:
+            with covering, checks_held():  # no user code between its compiled calls (the eager twin runs first)
                 return self.backend.capture(fn, args, guard=guard, keeper=keeper, **settings.for_backend(warmups))
 
     def _full_policy(self, step: KeyCapture, twin, warmups: int) -> tuple:
