@@ -531,8 +531,11 @@ CLAIMS: tuple[Claim, ...] = (
           Cell({"config": "TP=2 symm_mem graphify FULL_AND_PIECEWISE"}, "{vs_tp1:.3f}")),
     Claim("transformers `tp_plan=\"auto\"` on two GPUs (NCCL, 1B shape), the one line's ms/token, B = 1 / 8; "
           "compared with: transformers' own compile under TP", "hf-tensor-parallel", "rows",
-          Cell({"label": "graphify one line"}, "{ms_per_token:.2f}", ("batch", (1, 8))),
-          Cell({"label": "transformers compile TP"}, "{ms_per_token:.2f}", ("batch", (1, 8)))),
+          Cell({"shape": "1b", "world": 2, "label": "graphify one line"}, "{ms_per_token:.2f}", B_1_8),
+          Cell({"shape": "1b", "world": 2, "label": "transformers compile TP"}, "{ms_per_token:.2f}", B_1_8)),
+    Claim("same at the 8B shape", "hf-tensor-parallel", "rows",
+          Cell({"shape": "8b", "world": 2, "label": "graphify one line"}, "{ms_per_token:.2f}", B_1_8),
+          Cell({"shape": "8b", "world": 2, "label": "transformers compile TP"}, "{ms_per_token:.2f}", B_1_8)),
     Claim("host time of one call, B = 1, static inputs + checked view ÷ a bare replay", "call-cost", "rows",
           Cell({"batch": 1, "what": "static + view (checked)"}, "{vs_replay:.2f}"),
           Cell({"batch": 1, "what": "replay"}, "`CUDAGraph.replay()` {us:.1f} µs")),
