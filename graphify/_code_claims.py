@@ -28,12 +28,19 @@ from typing import Any
 
 import torch
 
-__all__ = ["claim", "dynamo_guards_defaults"]
+__all__ = ["claim", "dynamo_guards_defaults", "reset_code"]
 
 log = logging.getLogger("graphify")
 
 # code object -> a weak reference to the graphified function whose compile made its entries
 _CLAIMS: "weakref.WeakKeyDictionary[types.CodeType, weakref.ref]" = weakref.WeakKeyDictionary()
+
+
+def reset_code(code: types.CodeType) -> None:
+    """Drop dynamo's compiled entries of `code` (nothing where this torch has no such call)."""
+    reset = getattr(getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None), "reset_code", None)
+    if reset is not None:
+        reset(code)
 
 
 def claim(fn: Any, owner: Any) -> None:
@@ -47,9 +54,7 @@ def claim(fn: Any, owner: Any) -> None:
     if held is not None and held() is owner:
         return
     if not dynamo_guards_defaults():
-        reset = getattr(getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None), "reset_code", None)
-        if reset is not None:
-            reset(code)
+        reset_code(code)
     _CLAIMS[code] = weakref.ref(owner)
 
 
@@ -77,7 +82,5 @@ def dynamo_guards_defaults() -> bool:
         log.debug("graphify: could not tell whether dynamo guards functions' defaults (%s)", exc)
         return False
     finally:
-        reset = getattr(getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None), "reset_code", None)
-        if reset is not None:
-            reset(step.__code__)
+        reset_code(step.__code__)
     return guarded

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from ._aot import AotLoads
-from ._code_claims import claim
+from ._code_claims import claim, reset_code
 from ._gqa_fold import fold_grouped_query_decode
 from .extend import as_split
 
@@ -162,10 +162,6 @@ def forget_compiled(spec) -> None:
     loads = getattr(spec.compiled, "aot_loads", None)
     if loads is not None:  # compiled in the worker over the old state; guards on identity not kept
         loads.forget()
-    reset = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
-    reset = getattr(reset, "reset_code", None)
-    if reset is None:
-        return
     target = getattr(spec.fn, "_orig_mod", spec.fn)
     codes = []
     if isinstance(target, torch.nn.Module):
@@ -179,4 +175,4 @@ def forget_compiled(spec) -> None:
             break
     for code in codes:
         if code is not None:
-            reset(code)
+            reset_code(code)
