@@ -5,6 +5,8 @@ transformers model's own compile of generate() is turned off by graphify(model.f
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch._dynamo
@@ -323,3 +325,33 @@ def test_models_of_one_class_with_the_same_options_share_one_compile(backend):
     assert counters["stats"]["unique_graphs"] == 1  # the first model's compile served all ten
     assert all(replays(model.forward) == 2 for model in models)
     assert models[0].forward.spec.compiled is not models[1].forward.spec.compiled
+
+
+def test_the_simulation_compares_compiled_code_with_its_eager_original_when_asked():
+    """The simulation replays a compiled function's eager original; `compiled_compared` notes
+    where the compiled code a GPU would replay answers otherwise (here a backend that doubles
+    every output: what a stale compiled entry looks like)."""
+    from graphify.backends.sim import compiled_compared
+
+    def doubling(gm, example_inputs):
+        def run(*inputs):
+            return [o * 2 if isinstance(o, torch.Tensor) else o for o in gm.forward(*inputs)]
+
+        return run
+
+    w1, w2 = torch.randn(8, 16), torch.randn(16, 8)
+
+    def step(x):
+        return mlp(x, w1, w2)
+
+    for compared in (False, True):
+        torch._dynamo.reset()
+        g = graphify(step, sizes=(4,), options=Options(backend="sim", compile={"backend": doubling}))
+        with compiled_compared() if compared else contextlib.nullcontext([]) as found:
+            for _ in range(3):
+                x = torch.randn(4, 8)
+                torch.testing.assert_close(g(x), step(x))  # the simulation's answer: the eager original's
+        assert calls_by_mode(g)[Mode.FULL] >= 1
+        assert bool(found) is compared, found
+        if compared:
+            assert "step" in found[0]

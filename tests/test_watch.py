@@ -26,10 +26,28 @@ import torch
 
 from conftest import calls_by_mode
 from graphify import CaptureError, Mode, Options, PersistentSwapError, StateChangedError, graphify
+from graphify.backends.sim import compiled_compared
 from watch_cases import CHANGES, CONTROLS, D, mlp
 
 LINES = {"plain": {}, "compiled": {"compile": {"backend": "eager"}}}
 SIZES = (4,)
+
+
+@pytest.fixture(autouse=True)
+def compiled_code_as_a_gpu_runs_it(request):
+    """The simulation replays a compiled function's eager original; a GPU replays the compiled
+    code. Each capture of compiled code here also compares the two (`compiled_compared`), so
+    a compiled entry traced over other state (dynamo's guards missing a change, or an entry
+    another world's compile made) fails here as it would on a GPU. Cases that draw random
+    numbers are left out (the warm-up draws its own)."""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    case = params.get("case")
+    if params.get("line") != "compiled" or case is None or case.seeded:
+        yield
+        return
+    with compiled_compared() as disagreements:
+        yield
+    assert not disagreements, disagreements[0]
 
 
 @contextlib.contextmanager

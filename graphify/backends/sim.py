@@ -17,7 +17,9 @@ exactly as with a real graph.
 
 Compiled code hides its kernels from dispatch: a torch.compile'd function is taped
 through its eager twin, and compiled graph pieces run their eager original while
-`taping()` is set. NumPy functions (`graphify._interop`) compute outside torch altogether:
+`taping()` is set. A GPU replays the compiled code itself, so a stale compiled entry would
+show there only; within `compiled_compared()` each capture compares the two. NumPy
+functions (`graphify._interop`) compute outside torch altogether:
 for them `SimBackend(rerun=True)` replays by running the function again on the captured
 arguments (so, unlike a GPU, their replays do see replaced objects).
 """
@@ -43,7 +45,42 @@ from .._state import eager_runs
 from ._base import Captured, CompiledCode
 from .graph_pool import GraphPool
 
-__all__ = ["SimBackend", "CaptureGuard", "UNCAPTURABLE_OPS", "taping", "Tape"]
+__all__ = ["SimBackend", "CaptureGuard", "UNCAPTURABLE_OPS", "taping", "Tape", "compiled_compared"]
+
+_COMPARED = threading.local()  # `compiled_compared`'s list on this thread, while one is open
+
+
+@contextlib.contextmanager
+def compiled_compared():
+    """Within it, each simulated capture of compiled code compares the compiled warm-up's
+    outputs with its eager original's (which the simulation records and replays) and notes
+    each disagreement in the list it yields. A GPU replays the compiled code, so a stale
+    compiled entry (dynamo's guards missing a change) shows there and nowhere in the
+    simulation: tests open this to see it on the CPU. Calls that draw random numbers differ
+    legitimately (the warm-up draws its own)."""
+    outer = getattr(_COMPARED, "found", None)
+    found = _COMPARED.found = [] if outer is None else outer
+    try:
+        yield found
+    finally:
+        _COMPARED.found = outer
+
+
+def _named(fn) -> str:
+    """The function a wrapper stands for (graphify's boxing, `__wrapped__` chains, partials), by name."""
+    for _ in range(8):
+        inner = getattr(fn, "boxes", None) or getattr(fn, "__wrapped__", None) or getattr(fn, "func", None)
+        if inner is None:
+            break
+        fn = inner
+    return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def _disagree(compiled, eager) -> bool:
+    a = [t for t in pytree.tree_leaves(compiled) if isinstance(t, torch.Tensor)]
+    b = [t for t in pytree.tree_leaves(eager) if isinstance(t, torch.Tensor)]
+    return len(a) != len(b) or any(
+        x.shape != y.shape or not torch.allclose(x.float(), y.float(), rtol=1e-4, atol=1e-5) for x, y in zip(a, b))
 
 _copy_all = torch._foreach_copy_  # bound once: replay copies are not input copies
 _local = threading.local()
@@ -225,8 +262,11 @@ class SimBackend:
         twin = guard if callable(guard) else (fn.twin if isinstance(fn, CompiledCode) else None) or getattr(
             fn, "_torchdynamo_orig_callable", None)
         recorded = bool(warmups)
+        compared = getattr(_COMPARED, "found", None) if isinstance(fn, CompiledCode) else None
+        compiled_out = None
         if warmups:
-            eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
+            compiled_out = eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups,
+                                      finish=(lambda r: pytree.tree_map(_clone_out, r)) if compared is not None else None)
             guard = False
         tape = Tape()
 
@@ -240,6 +280,8 @@ class SimBackend:
             finish=lambda r: (pytree.tree_map(_clone_out, r[0]), r[1]),
         )
         count = tape.finish()
+        if compared is not None and compiled_out is not None and _disagree(compiled_out, outputs):
+            compared.append(f"{_named(twin)}: the compiled warm-up's outputs differ from its eager original's")
         static_out = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
         if len(static_out) != len(sources):
             raise CaptureError("sim capture: the outputs could not be traced to the recorded ops")

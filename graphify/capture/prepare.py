@@ -81,4 +81,5 @@ def _boxing(fn: Callable) -> Callable:
     def boxed(*args):
         return box(fn(*args))
 
+    boxed.boxes = fn  # what it stands for, named in messages (`graphify.backends.sim`)
     return boxed
