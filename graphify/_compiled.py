@@ -149,6 +149,23 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads, fn: C
     return configured
 
 
+@functools.cache
+def _module_frame_codes() -> tuple:
+    """The code of the frames torch.compile of a module puts around it, where dynamo keeps
+    that compile's entries (torch 2.11: `external_utils.wrap_inline`'s wrapper, one code
+    object for every compiled module): left there, an entry traced over a module's old
+    submodule class kept serving after `m[1].__class__ = Tanh` (2.11 keeps no guard on it)."""
+    utils = getattr(getattr(torch, "_dynamo", None), "external_utils", None)
+    codes = []
+    for make in (lambda u: u.wrap_inline(len), lambda u: u.wrap_inline_with_error_on_graph_break(len, True),
+                 lambda u: u.wrap_inline_with_error_on_graph_break(len, False)):
+        try:
+            codes.append(make(utils).__code__)
+        except Exception:  # noqa: BLE001 - this torch makes no such frame
+            continue
+    return tuple(codes)
+
+
 def forget_compiled(spec) -> None:
     """Drop dynamo's compiled entries for the code of `spec`'s function (a `FunctionSpec`),
     where it is compiled (`Options(compile=...)`), so its next compile traces the Python
@@ -167,7 +184,7 @@ def forget_compiled(spec) -> None:
     if isinstance(target, torch.nn.Module):
         forward = getattr(type(target), "forward", None)
         codes += [getattr(forward, "__code__", None), torch.nn.Module._wrapped_call_impl.__code__,
-                  torch.nn.Module._call_impl.__code__]
+                  torch.nn.Module._call_impl.__code__, *_module_frame_codes()]
     for _ in range(8):  # through bound methods and partials to the function
         target = getattr(target, "__func__", None) or getattr(target, "func", None) or target
         if isinstance(target, types.FunctionType):

@@ -355,3 +355,40 @@ def test_the_simulation_compares_compiled_code_with_its_eager_original_when_aske
         assert bool(found) is compared, found
         if compared:
             assert "step" in found[0]
+
+
+def test_a_change_drops_the_entries_on_the_frame_torch_compile_puts_around_a_module(monkeypatch):
+    """torch.compile of a module keeps its entries on a wrapper frame of its own (torch 2.11:
+    `external_utils.wrap_inline`), where torch 2.11 served an entry traced over a submodule's
+    old class after `m[1].__class__ = Tanh`: a change graphify sees drops those too."""
+    from graphify._compiled import _module_frame_codes, forget_compiled
+
+    frames = _module_frame_codes()
+    if not frames:
+        pytest.skip("this torch puts no wrapper frame around a compiled module")
+    dropped = []
+    monkeypatch.setattr(torch._C._dynamo.eval_frame, "reset_code", lambda code: dropped.append(code))
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)).eval()
+    g = graphify(m, sizes=(4,), options=Options(backend="sim", compile={"backend": Counting()}))
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(g(x), m(x))
+    forget_compiled(g._first_use.spec)
+    assert all(any(code is d for d in dropped) for code in frames)
+
+
+def test_a_compiled_module_whose_submodule_changes_class_answers_as_eager():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)).eval()
+    g = graphify(m, sizes=(4,), options=Options(backend="sim", compile={"backend": "eager"}))
+    from graphify.backends.sim import compiled_compared
+
+    with torch.no_grad(), compiled_compared() as disagreements:
+        for i in range(8):
+            if i == 4:
+                m[1].__class__ = torch.nn.Tanh
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(g(x), m(x))
+    assert not disagreements, disagreements[0]
+    assert calls_by_mode(g)[Mode.FULL] >= 2
