@@ -47,9 +47,9 @@ def claim(fn: Any, owner: Any) -> None:
     """Before `owner` (a graphified function's handle) runs the compile of `fn`: where `fn`
     is a closure and this torch does not guard inlined functions' defaults, drop the entries
     of its code that another owner's compiles made."""
-    code = getattr(fn, "__code__", None)
-    if not isinstance(fn, types.FunctionType) or not fn.__closure__ or not isinstance(code, types.CodeType):
+    if not isinstance(fn, types.FunctionType) or not fn.__closure__:
         return
+    code = fn.__code__
     held = _CLAIMS.get(code)
     if held is not None and held() is owner:
         return

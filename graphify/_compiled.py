@@ -92,7 +92,7 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     dynamic, fold_gqa = how.pop("dynamic"), how.pop("fold_gqa")
     backend = shared_backend(how.pop("backend"), how.pop("mode"), how.pop("options"), dynamic, fold_gqa)
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs
-    return _with_dynamo_config(compiled, dict(DYNAMO_CONFIG), AotLoads(fn), fn)
+    return _with_dynamo_config(compiled, dict(DYNAMO_CONFIG), AotLoads(fn))
 
 
 def compile_settings(how: "bool | str | dict") -> dict:
@@ -129,7 +129,7 @@ def shared_backend(backend="inductor", mode=None, options=None, dynamic=None, fo
     return found
 
 
-def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads, fn: Callable | None = None) -> Callable:
+def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads) -> Callable:
     """`compiled`, called with dynamo's `config` in force (it applies when a call compiles),
     or through a compiled function loaded from the worker (`loads`, its `aot_loads`) whose
     guards pass. Keeps what marks it as torch.compile'd (`_torchdynamo_orig_callable`):
@@ -141,7 +141,7 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads, fn: C
             hit, out = loads.call(args, kwargs)
             if hit:
                 return out
-        claim(fn, loads)  # a closure's code: no entry another graphified closure's compile made
+        claim(loads.fn, loads)  # a closure's code: no entry another graphified closure's compile made
         with torch._dynamo.config.patch(**config):
             return compiled(*args, **kwargs)
 
