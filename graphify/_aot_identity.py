@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 __all__ = ["identity", "fingerprint", "value_print", "value_changes", "identity_changes", "class_namespaces",
-           "class_changes", "rebuilt_from_caller", "VALUE_GUARDS", "UNVERIFIABLE", "code_hash"]
+           "class_changes", "prehash_classes", "rebuilt_from_caller", "VALUE_GUARDS", "UNVERIFIABLE", "code_hash"]
 
 
 def rebuilt_from_caller(guard) -> bool:
@@ -170,7 +170,38 @@ UNVERIFIABLE = ("unverifiable",)
 
 def code_hash(code: types.CodeType) -> str:
     """A code object's bytecode, constants (nested code by its own hash) and names: two
-    versions of a function that differ in a constant or a callee differ here."""
+    versions of a function that differ in a constant or a callee differ here. Code objects
+    are immutable, so each is hashed once a process (the caller's checks at a swap hash every
+    method of the classes the call reaches)."""
+    key = (code, code.co_filename)  # equal code objects may come from two files
+    found = _CODE_HASHES.get(key)
+    if found is None:
+        if len(_CODE_HASHES) >= _MAX_CODE_HASHES:
+            _CODE_HASHES.clear()
+        found = _CODE_HASHES[key] = _code_hash(code)
+    return found
+
+
+_CODE_HASHES: dict[tuple, str] = {}  # holds the code objects (and their constants) it hashed
+_MAX_CODE_HASHES = 65536  # past it the memo starts over (code made at run time, call after call)
+
+
+def prehash_classes(recorded) -> None:
+    """Hash the code of the classes a worker's record names (`class_namespaces`), as this
+    process has them: the thread that loads a compiled function does it, so that the check at
+    the capture that takes it in (`class_changes`) finds the hashes made."""
+    for module, qualname, _ in recorded:
+        found = sys.modules.get(module)
+        for part in qualname.split("."):
+            found = getattr(found, part, None)
+        try:
+            if isinstance(found, type):
+                identity(vars(found))
+        except Exception:  # noqa: BLE001 - a head start only: the check hashes what is left
+            continue
+
+
+def _code_hash(code: types.CodeType) -> str:
     consts = tuple(code_hash(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts)
     what = repr((code.co_code, consts, code.co_names, code.co_firstlineno, code.co_filename.rsplit("/", 1)[-1]))
     return hashlib.sha1(what.encode()).hexdigest()

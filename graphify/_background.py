@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 import torch
 
-from . import _aot, _aot_store
+from . import _aot, _aot_identity, _aot_store
 from ._job_pickle import dumps, parameters_of, torch_state
 
 log = logging.getLogger("graphify")
@@ -297,6 +297,7 @@ def _load_once(ticket: Ticket) -> Any:
             if kept is None:
                 raise RuntimeError("the saved function and its guards are not a pair (another process saved over it?)")
             ticket.loaded, ticket.guards = _aot.load(ticket.aot_path, kept[0]), kept[1]
+            _aot_identity.prehash_classes(ticket.guards.get("classes", ()))
         except Exception as exc:  # noqa: BLE001 - the capture traces the function here instead
             ticket.load_error = f"{type(exc).__name__}: {exc}"
             log.warning("graphify: a compiled function from the worker did not load (%s); the capture compiles "

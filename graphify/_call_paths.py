@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from ._dispatch import Dispatcher
+from ._dispatch import dispatcher_for
 from ._function import FunctionSpec
 from ._hand_out import hand_out_for
 from ._interop import ForeignFunction, module, to_torch, tree_from_torch
@@ -60,7 +60,7 @@ def runtime_for(spec: FunctionSpec, table: GraphTable, keys: KeySet | None = Non
     rules = CallRules(batching.uniform, batching.has_lora, spec.options.allow_full, table.keys.uniform_query_len)
     return Runtime(
         spec.label, table.layout.caller(fn), table,
-        Dispatcher(keys if keys is not None else table.keys, spec.options.max_padding_ratio), rules,
+        dispatcher_for(keys if keys is not None else table.keys, spec.options.max_padding_ratio), rules,
         hand_out_for(spec.label, spec.outputs, table.device),
     )
 

@@ -6,7 +6,7 @@ token count so the per-call cost is one list index. Neither touches a device.
 
 from __future__ import annotations
 
-import itertools
+import functools
 
 import attrs
 
@@ -15,7 +15,7 @@ from ._keys import KeySet
 from ._mode import Mode
 from ._sizes import pad_to
 
-__all__ = ["Decision", "dispatch", "explain_miss", "Dispatcher"]
+__all__ = ["Decision", "dispatch", "explain_miss", "Dispatcher", "dispatcher_for"]
 
 
 @attrs.frozen
@@ -116,35 +116,50 @@ def explain_miss(keys: KeySet, key: BatchDescriptor) -> str:
 class Dispatcher:
     """`dispatch` precomputed for every token count: `lookup` is one list index.
 
-    Built once from a `KeySet` by calling `dispatch` for every (token count, uniform, LoRA,
-    full_ok) up to the largest captured size, so the two agree by construction (a property
-    test checks it). Each distinct decision is one object, shared by every token count it
-    serves: the runtime keys its per-call plans by the decision's identity.
+    Each (uniform, LoRA, full_ok) row is built at its first lookup, by calling `dispatch` for
+    every token count up to the largest captured size, so the two agree by construction (a
+    property test checks it); a call pattern builds only the row it uses. Each distinct
+    decision is one object, shared by every token count it serves: the runtime keys its
+    per-call plans by the decision's identity. `dispatcher_for` shares one dispatcher among
+    the runtimes of equal key sets (a structure's compiled kin opens over the keys of the
+    plain one it replaces).
     """
 
     keys: KeySet
     max_padding_ratio: float | None = None
-    _tables: dict = attrs.field(init=False, repr=False)
+    _tables: dict = attrs.field(init=False, repr=False, factory=dict)
+    _made: dict = attrs.field(init=False, repr=False, factory=dict)  # decision -> its one object
     _above: Decision = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self):
-        keys, top = self.keys, self.keys.max_tokens()
-        made: dict = {}  # decision -> its one object
-        tables = {}
-        for uniform, has_lora, full_ok in itertools.product((False, True), repeat=3):
-            row: list = [None]
-            for n in range(1, top + 1):
-                decision = dispatch(keys, n, uniform=uniform, has_lora=has_lora,
-                                    max_padding_ratio=self.max_padding_ratio, full_ok=full_ok)
-                row.append(made.setdefault(decision, decision))
-            tables[uniform, has_lora, full_ok] = row
-        object.__setattr__(self, "_tables", tables)
+        top = self.keys.max_tokens()
         object.__setattr__(self, "_above", Decision(Mode.NONE, None, f"num_tokens is above the largest captured size {top}"))
 
+    def _row(self, uniform: bool, has_lora: bool, full_ok: bool) -> list:
+        """The decisions for token counts 0 (None) to the largest captured size. Two threads
+        may build a row at once: both rows hold the same decision objects."""
+        made, keys = self._made, self.keys
+        row: list = [None]
+        for n in range(1, keys.max_tokens() + 1):
+            decision = dispatch(keys, n, uniform=uniform, has_lora=has_lora,
+                                max_padding_ratio=self.max_padding_ratio, full_ok=full_ok)
+            row.append(made.setdefault(decision, decision))
+        self._tables[uniform, has_lora, full_ok] = row
+        return row
+
     def lookup(self, num_tokens: int, uniform: bool = False, has_lora: bool = False, full_ok: bool = True) -> Decision:
-        table = self._tables[uniform, has_lora, full_ok]
+        table = self._tables.get((uniform, has_lora, full_ok))
+        if table is None:
+            table = self._row(uniform, has_lora, full_ok)
         if 0 < num_tokens < len(table):
             return table[num_tokens]
         if num_tokens < 1:
             raise ValueError(f"dispatch: num_tokens must be >= 1, got {num_tokens}")
         return self._above if len(self.keys) else Decision(Mode.NONE, None, "no graphs captured")
+
+
+@functools.lru_cache(maxsize=64)
+def dispatcher_for(keys: KeySet, max_padding_ratio: float | None = None) -> Dispatcher:
+    """One `Dispatcher` for equal key sets (it is plain data, never changed after its rows are
+    built), so that a new runtime over keys already seen builds no rows again."""
+    return Dispatcher(keys, max_padding_ratio)

@@ -15,7 +15,7 @@ from attrs.converters import default_if_none, optional
 from . import _call_paths
 from ._batching import Batching
 from ._check import CheckReport
-from ._dispatch import Decision, Dispatcher, explain_miss
+from ._dispatch import Decision, dispatcher_for, explain_miss
 from ._errors import GraphifyError
 from ._function import FunctionSpec
 from ._keys import KeySet
@@ -238,7 +238,7 @@ class Graphified:
     def explain(self, num_tokens: int, *, uniform: bool = False, has_lora: bool = False) -> str:
         """Which graph a batch of `num_tokens` would replay, and why (or why none)."""
         keys = self.table.keys if self.table is not None else KeySet(uniform_query_len=self.batching.uniform_query_len)
-        decision: Decision = Dispatcher(keys, self.options.max_padding_ratio).lookup(num_tokens, uniform, has_lora)
+        decision: Decision = dispatcher_for(keys, self.options.max_padding_ratio).lookup(num_tokens, uniform, has_lora)
         if decision.key is not None:
             return f"num_tokens={num_tokens} -> {decision.mode.value} {decision.key} ({decision.reason})"
         from ._descriptor import BatchDescriptor

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graphify import BatchDescriptor, Dispatcher, KeySet, Mode, dispatch, explain_miss, plan_keys, vllm_sizes
+from graphify._dispatch import dispatcher_for
 from graphify._sizes import normalize_sizes
 
 sizes_st = st.lists(st.integers(1, 300), min_size=1, max_size=20).map(normalize_sizes)
@@ -62,6 +63,17 @@ def test_a_dispatcher_hands_out_one_decision_object_per_mode_and_key(keys, ratio
             d = fast.lookup(n, uniform, lora, full_ok)
             if d.mode is not Mode.NONE:
                 assert seen.setdefault((d.mode, d.key), d) is d
+
+
+@given(keysets(), st.one_of(st.none(), st.floats(1.0, 4.0)))
+def test_equal_key_sets_share_one_dispatcher_whose_rows_are_built_as_used(keys, ratio):
+    """A structure's compiled kin opens over the keys of the plain one it replaces: its
+    runtime builds no rows again; and a call pattern builds only the row it asks of."""
+    again = KeySet(keys.full, keys.piecewise, keys.uniform_query_len)
+    assert again == keys and dispatcher_for(again, ratio) is dispatcher_for(keys, ratio)
+    fresh = Dispatcher(keys, ratio)
+    fresh.lookup(1, False, False, True)
+    assert list(fresh._tables) == [(False, False, True)]
 
 
 @given(keysets(), st.integers(1, 400), st.booleans(), st.booleans())
