@@ -15,7 +15,8 @@
 #             tests/test_hf_tp_benchmark.py, CUDA ones included; summary and failures into
 #             benchmarks/results/gpu-tests-<device>-x<N>.txt
 #   tests-hf  the CUDA tests of tests/test_hf_tensor_parallel.py alone, under a longer limit
-#   hf        torchrun -m benchmarks.hf_tensor_parallel on 2 and on 4 GPUs ($HF_SHAPE shape)
+#   hf        torchrun -m benchmarks.hf_tensor_parallel on 2 and on 4 GPUs ($HF_SHAPE shape; $HF_TP
+#             picks world sizes: HF_TP=4)
 #   serving   the main job's trace at $SERVING_MODEL on TP=1 and $TP: tensor-parallel-$TAG-serving
 #   again     the decode benchmark once more (the targets need two runs): tensor-parallel-$TAG-again
 #
@@ -99,7 +100,7 @@ if wanted bench70 && [ "$GPUS" -ge 4 ]; then
   tail -n 30 "$LOGS/bench70.txt"
 fi
 if wanted hf; then
-  for n in 2 $([ "$GPUS" -ge 4 ] && echo 4); do
+  for n in ${HF_TP:-2 $([ "$GPUS" -ge 4 ] && echo 4)}; do
     step hf-tp$n ${HF_LIMIT:-200} python3 -m torch.distributed.run --standalone --nproc-per-node $n -m benchmarks.hf_tensor_parallel \
       --shape $HF_SHAPE --name hf-tensor-parallel-$HF_SHAPE-tp$n $HF_EXTRA
     tail -n 20 "$LOGS/hf-tp$n.txt"
