@@ -169,3 +169,18 @@ def test_the_plots_are_the_result_files_medians_with_the_peer_beside(tmp_path):
     pytest.importorskip("matplotlib")
     drawn = rp.draw(main, tmp_path / "main.png")
     assert drawn is not None and drawn.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_swap_call_is_set_against_a_later_call_of_its_length():
+    from benchmarks._render_tables import hf_per_token_rows
+
+    data = {"args": {"new_tokens": 64}, "rows": [
+        {"config": "a", "ms_per_token": 8.0, "ttft_ms": 60.0, "swap_generate_s": 0.846},  # a run before the field
+        {"config": "b", "ms_per_token": 8.0, "ttft_ms": 60.0, "swap_generate_s": 0.9, "swap_vs_call": 1.7},
+        {"config": "c", "ms_per_token": 8.0, "ttft_ms": 60.0},  # no swap in this line
+        {"config": "chat", "chat_total_s": 3.0},
+    ]}
+    rows = hf_per_token_rows(data)
+    assert [r["config"] for r in rows] == ["a", "b", "c"]
+    assert abs(rows[0]["swap_vs_call"] - 846 / (60 + 63 * 8)) < 1e-12
+    assert rows[1]["swap_vs_call"] == 1.7 and rows[2]["swap_vs_call"] is None
