@@ -72,6 +72,8 @@ HF_MASK_MEMO = "the decode mask's padding reads the config and the cache once pe
 HF_AOT_LOAD = "the compiled line's swap loads the worker's compiled function whole: no trace in the caller (graphify/_aot.py)"
 HF_SWAP_KIN = ("the swap's capture is a kin of the plain structure it replaces: no eager warm-up call, no recorded eager "
                "run; a restarted process's kept function serves later sizes (graphify/capture/kin_writes.py)")
+HF_SWAP_CHECKS = ("the swap's checks: code hashed once a process, ahead in the thread that loads the compiled function; "
+                  "a dispatcher's rows built at first use and shared (graphify/_aot_identity.py, graphify/_dispatch.py)")
 
 
 # Rows of a run's JSON, as a table reads them.
@@ -203,7 +205,7 @@ BENCHES: tuple[Bench, ...] = (
               ("2026-11-26T07:35:00+00:00", HF_HYBRID_MASKS), ("2026-11-26T09:30:00+00:00", HF_GQA_FOLD),
               ("2026-11-26T10:30:00+00:00", HF_HOST), ("2026-11-26T12:20:00+00:00", HF_STEADY_PAIRS),
               ("2026-11-26T12:58:00+00:00", HF_MASK_MEMO), ("2026-11-27T00:00:00+00:00", HF_AOT_LOAD),
-              ("2026-11-27T16:40:00+00:00", HF_SWAP_KIN)),
+              ("2026-11-27T16:40:00+00:00", HF_SWAP_KIN), ("2026-11-27T20:48:00+00:00", HF_SWAP_CHECKS)),
     ),
     Bench(
         "hf-step-split", "transformers `generate()`: a decode step split by clocks",
