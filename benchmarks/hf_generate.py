@@ -12,6 +12,9 @@ by itself.
                  plain graphs at once, inductor's kernels once a worker process compiled them;
                  the row says when they came (compiled kernels ready s, from the first call's
                  start) and what the generate() that took them in cost; the timings after it
+    graphify_background_pdl, graphify_background_autotune   the same with inductor's programmatic
+                 dependent launch, or with its autotuned matmuls (max-autotune-no-cudagraphs): run
+                 only when named in --configs
 
 Random-weight models from configs (no downloads): the Qwen2.5-0.5B and Llama-3-8B shapes, a
 Gemma 3 1B shape whose window (64) a generation crosses, an MoE shape (8 experts, 2 active),
@@ -84,7 +87,15 @@ CONFIGS = {
     "graphify_inductor": "graphify(model.forward, options=Options(compile=True))",
     "graphify_compiled": "graphify(torch.compile(model.forward))",
     "graphify_background": 'graphify(model.forward, options=Options(compile="background"))',
+    "graphify_background_pdl": ('graphify(model.forward, options=Options(compile={"background": True, '
+                                '"options": {"triton.enable_pdl": True}}))'),
+    "graphify_background_autotune": ('graphify(model.forward, options=Options(compile={"background": True, '
+                                     '"mode": "max-autotune-no-cudagraphs"}))'),
 }
+# inductor settings weighed for decode at the hardware's pace (programmatic dependent launch
+# between its kernels; autotuned one-row matmuls): run when named, not by default
+TRIALS = ("graphify_background_pdl", "graphify_background_autotune")
+BACKGROUND_LINES = ("graphify_background",) + TRIALS
 PEER = "hf_compile"
 LOGIT_STEPS = 4  # decode steps whose logits are compared with eager's
 CHAT_CALLS = 20
@@ -111,10 +122,13 @@ def one_line(name: str, model) -> None:
         from graphify import Options, graphify
 
         model.forward = graphify(model.forward, options=Options(compile=True))
-    elif name == "graphify_background":
+    elif name in BACKGROUND_LINES:
         from graphify import Options, graphify
 
-        model.forward = graphify(model.forward, options=Options(compile="background"))
+        compile_ = {"graphify_background": "background",
+                    "graphify_background_pdl": {"background": True, "options": {"triton.enable_pdl": True}},
+                    "graphify_background_autotune": {"background": True, "mode": "max-autotune-no-cudagraphs"}}[name]
+        model.forward = graphify(model.forward, options=Options(compile=compile_))
     elif name == "graphify_compiled":
         from graphify import graphify
 
@@ -246,7 +260,7 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
         start = time.perf_counter()
         first = timed(lambda: generate(model, name, ids, new))  # noqa: B023 - called at once
         background = {}
-        if name == "graphify_background":  # when the compiled kernels came, and the call that took them in
+        if name in BACKGROUND_LINES:  # when the compiled kernels came, and the call that took them in
             model.forward.wait_compiles()
             background["compiled_ready_s"] = time.perf_counter() - start
             background["swap_generate_s"] = timed(lambda: generate(model, name, ids, new))  # noqa: B023
@@ -387,7 +401,8 @@ def main(argv=None) -> None:
     gpu = torch.cuda.is_available()
     parser.add_argument("--models", nargs="+", default=["qwen0.5b", "llama8b"] if gpu else ["tiny-qwen"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32] if gpu else [1, 3])
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS) if gpu else ["eager", "graphify"])
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS),
+                        default=[c for c in CONFIGS if c not in TRIALS] if gpu else ["eager", "graphify"])
     parser.add_argument("--chat-configs", nargs="*", default=[PEER, "graphify"] if gpu else ["graphify"])
     parser.add_argument("--restart-configs", nargs="*", default=[PEER, "graphify_background"] if gpu else [],
                         help="configurations run again in a second process that finds the first one's compile caches")

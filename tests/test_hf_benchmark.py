@@ -229,3 +229,15 @@ def test_a_mixture_of_experts_floor_counts_the_experts_its_tokens_reach_and_wind
         num_key_value_heads=1, use_sliding_window=True, sliding_window=4, max_window_layers=2))
     weights = decode_read_bytes(window, 1, 0, 0)
     assert decode_read_bytes(window, 1, 100, 0) - weights == 2 * 1 * 8 * 4 * (100 + 100 + 4 + 4)  # 2 full, 2 windowed
+
+
+def test_the_inductor_trials_are_the_background_line_with_one_setting():
+    from benchmarks import hf_generate
+
+    seen = {}
+    for name in hf_generate.TRIALS:
+        model = hf_generate.build("tiny-qwen", "cpu")
+        hf_generate.one_line(name, model)
+        seen[name] = model.forward._first_use.spec.options.compile
+    assert seen["graphify_background_pdl"] == {"background": True, "options": {"triton.enable_pdl": True}}
+    assert seen["graphify_background_autotune"] == {"background": True, "mode": "max-autotune-no-cudagraphs"}
