@@ -196,6 +196,8 @@ BENCHES: tuple[Bench, ...] = (
             ), hf_per_token_rows),
             Table("chat", "Chat-like workload", (Col("model", "model"), CONFIG), (
                 Col("chat_total_s", "total s", ".1f"), Col("chat_slowest_call_s", "slowest call s", ".1f"),
+                Col("chat_swap_call", "call that took compiled graphs in", "d"),
+                Col("chat_swap_vs_neighbours", "its slowdown ÷ its neighbours'", ".2f"),
             ), rows_with("chat_total_s")),
         ),
         eras=(("2026-11-23T23:00:00+00:00", HF_OFF), ("2026-11-23T23:25:00+00:00", HF_THREAD),

@@ -31,7 +31,10 @@ is one logit's). Every configuration's process has
 compile caches of its own, empty at its start; `--restart-configs` run a second process
 on the caches the first left (a service restart). Then the chat-like workload, in a fresh
 process with empty caches: 20 seeded generate() calls (batch 1-8, prompts 16-256 tokens,
-16-256 new tokens), total wall time with every compile and capture.
+16-256 new tokens; --chat-calls more), total wall time with every compile and capture; for
+the background line, the call that took compiled graphs in, and with --chat-again each call's
+time over its own in a second pass once compiles are done (the swap call's beside its
+neighbours').
 
 On a machine without a GPU: a tiny config on the CPU simulation backend, labelled as not
 GPU timings.
@@ -170,12 +173,13 @@ def steady_ms_per_token(call, new: int, longer: int, pairs: int) -> float:
     return statistics.median(diffs)
 
 
-def chat_calls(vocab: int, gpu: bool) -> list[tuple[int, int, int]]:
-    """(batch, prompt length, new tokens) of the chat-like workload, seeded."""
+def chat_calls(vocab: int, gpu: bool, count: int | None = None) -> list[tuple[int, int, int]]:
+    """(batch, prompt length, new tokens) of the chat-like workload, seeded (`count` calls:
+    the first ones are the same whatever the count)."""
     rng = random.Random(26)
     if not gpu:
-        return [(rng.randint(1, 3), rng.randint(4, 12), rng.randint(3, 8)) for _ in range(6)]
-    return [(rng.randint(1, 8), rng.randint(16, 256), rng.randint(16, 256)) for _ in range(CHAT_CALLS)]
+        return [(rng.randint(1, 3), rng.randint(4, 12), rng.randint(3, 8)) for _ in range(count or 6)]
+    return [(rng.randint(1, 8), rng.randint(16, 256), rng.randint(16, 256)) for _ in range(count or CHAT_CALLS)]
 
 
 @contextlib.contextmanager
@@ -308,29 +312,55 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
     return rows
 
 
-def run_chat(name: str, shape: str) -> list[dict]:
-    """The chat-like workload from a fresh process: total wall time, first call included."""
+def run_chat(name: str, shape: str, count: int | None = None, again: bool = False) -> list[dict]:
+    """The chat-like workload from a fresh process: total wall time, first call included; per
+    call, its time and (`again`) the same call's time in a second pass once compiles are done,
+    and for a background line the call that took compiled graphs in (`chat_swap_call`)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = build(shape, device)
     one_line(name, model)
-    calls = chat_calls(model.config.vocab_size, device == "cuda")
+    calls = chat_calls(model.config.vocab_size, device == "cuda", count)
     gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, model.config.vocab_size, (b, n), generator=gen).to(device) for b, n, _ in calls]
+    jobs = getattr(getattr(model.forward, "_first_use", None), "jobs", None)  # the background line's
+    swap_call = None
     sync()
     start = time.perf_counter()
     per_call = []
-    for batch, length, new in calls:
-        ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=gen).to(device)
+    for ids, (_, _, new) in zip(prompts, calls):
         per_call.append(timed(lambda: generate(model, name, ids, new)))  # noqa: B023
+        if swap_call is None and jobs is not None and jobs.swaps:
+            swap_call = len(per_call) - 1
     total = time.perf_counter() - start
     tokens = sum(b * n for b, _, n in calls)
-    return [{"model": shape, "key": name, "config": CONFIGS[name], "chat_total_s": total, "chat_calls": len(calls),
-             "chat_new_tokens": tokens, "chat_slowest_call_s": max(per_call), "chat_call_s": per_call}]
+    row = {"model": shape, "key": name, "config": CONFIGS[name], "chat_total_s": total, "chat_calls": len(calls),
+           "chat_new_tokens": tokens, "chat_slowest_call_s": max(per_call), "chat_call_s": per_call,
+           "chat_call_shapes": calls, "chat_swap_call": swap_call}
+    if again:
+        if jobs is not None:
+            model.forward.wait_compiles()
+        row["chat_call_again_s"] = [timed(lambda: generate(model, name, ids, new))  # noqa: B023
+                                    for ids, (_, _, new) in zip(prompts, calls)]
+        row.update(chat_slowdowns(per_call, row["chat_call_again_s"], swap_call))
+    return [row]
+
+
+def chat_slowdowns(first: list[float], again: list[float], swap_call: int | None) -> dict:
+    """Each call's first-pass time over its second-pass time, the largest, and the swap call's
+    over the larger of its neighbours' (the target: a call past 1.5x its neighbours)."""
+    slowdown = [f / a for f, a in zip(first, again)]
+    out = {"chat_slowdown": slowdown, "chat_max_slowdown_after_first": max(slowdown[1:], default=None)}
+    if swap_call is not None:
+        near = [slowdown[i] for i in (swap_call - 1, swap_call + 1) if 0 <= i < len(slowdown)]
+        out["chat_swap_slowdown"] = slowdown[swap_call]
+        out["chat_swap_vs_neighbours"] = slowdown[swap_call] / max(near) if near else None
+    return out
 
 
 def worker(args) -> None:
     background_failure_raises()
     if args.chat:
-        rows = run_chat(args.worker, args.models[0])
+        rows = run_chat(args.worker, args.models[0], args.chat_calls, args.chat_again)
     else:
         rows = run_config(args.worker, args.models[0], args.batches, args.new_tokens, args.prompt_len, args.reps, args.ref)
     for r in rows:
@@ -349,7 +379,8 @@ def spawn(config: str, shape: str, args, ref: str, out: str, chat: bool = False,
            "--prompt-len", str(args.prompt_len), "--reps", str(args.reps), "--ref", ref, "--out", out,
            "--process", str(process)]
     if chat:
-        cmd.append("--chat")
+        cmd += ["--chat"] + (["--chat-calls", str(args.chat_calls)] if args.chat_calls else []) \
+            + (["--chat-again"] if args.chat_again else [])
     caches = Path(ref) / f"caches-{shape}-{config}{'-chat' if chat else ''}"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
     return run_process(cmd, f"{config}{' chat' if chat else ''} (process {process}) on {shape}", args.timeout, env)
@@ -375,7 +406,9 @@ COLUMNS = [
 CHAT_COLUMNS = [
     ("model", "model", ""), ("config", "configuration", ""), ("chat_total_s", "chat-like total s", ".1f"),
     ("chat_vs_peer", "÷ peer", ".2f"), ("chat_slowest_call_s", "slowest call s", ".1f"),
-    ("chat_new_tokens", "new tokens", "d"),
+    ("chat_new_tokens", "new tokens", "d"), ("chat_swap_call", "call that took compiled graphs in", "d"),
+    ("chat_max_slowdown_after_first", "largest ÷ own second pass, after the first call", ".2f"),
+    ("chat_swap_vs_neighbours", "that call's ÷ its neighbours'", ".2f"),
 ]
 
 
@@ -411,6 +444,12 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=5 if gpu else 1)
     worker_arguments(parser)
     parser.add_argument("--process", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--chat-calls", type=int, default=None,
+                        help="calls in the chat-like workload (default: 20 on a GPU); at 8B the worker's compile "
+                             "takes about 60 s, so about 40 calls see the swap inside the loop")
+    parser.add_argument("--chat-again", action="store_true",
+                        help="time the chat-like workload's calls again once compiles are done: each call's "
+                             "slowdown, and the swap call's against its neighbours'")
     parser.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ref", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -162,6 +162,7 @@ class CompileJobs:
         self.store_served: set[tuple] = set()  # of those, the kinds it served (loaded, guards passing)
         self.changed = False  # what the calls read changed since the first capture: kept functions not used
         self.dropped: list = []  # (family, keys, writes) of the structures compiled graphs replace (families: not hashable)
+        self.swaps = 0  # calls that found compiled graphs ready and dropped plain structures for them
 
     @classmethod
     def for_spec(cls, spec) -> "CompileJobs | None":
@@ -193,6 +194,7 @@ class CompileJobs:
         found = [s for s in tuple(structures)  # snapshots: another thread's capture may add to them
                  if any(t.state == "ready" for b in tuple(s.branches.values()) for t in tuple(b.waiting.values()))]
         self.dropped += [(s.family, s.known_keys(), s.writes()) for s in found]
+        self.swaps += bool(found)
         return found
 
     def replaced(self, family: tuple) -> bool:

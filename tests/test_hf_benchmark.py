@@ -241,3 +241,15 @@ def test_the_inductor_trials_are_the_background_line_with_one_setting():
         seen[name] = model.forward._first_use.spec.options.compile
     assert seen["graphify_background_pdl"] == {"background": True, "options": {"triton.enable_pdl": True}}
     assert seen["graphify_background_autotune"] == {"background": True, "mode": "max-autotune-no-cudagraphs"}
+
+
+def test_the_chat_loops_swap_call_is_set_against_its_neighbours_own_slowdowns():
+    from benchmarks.hf_generate import chat_slowdowns
+
+    first, again = [4.0, 1.2, 3.0, 1.1, 0.9], [1.0, 1.0, 1.0, 1.0, 0.5]
+    out = chat_slowdowns(first, again, swap_call=2)
+    assert out["chat_slowdown"] == [4.0, 1.2, 3.0, 1.1, 1.8]
+    assert out["chat_max_slowdown_after_first"] == 3.0  # the first call (captures, the job) left out
+    assert out["chat_swap_slowdown"] == 3.0 and out["chat_swap_vs_neighbours"] == 3.0 / 1.2
+    assert chat_slowdowns(first, again, swap_call=4)["chat_swap_vs_neighbours"] == 1.8 / 1.1  # one neighbour
+    assert "chat_swap_vs_neighbours" not in chat_slowdowns(first, again, swap_call=None)
