@@ -133,7 +133,7 @@ def swap_vs_call(row: dict, data: dict) -> float | None:
 
 def hf_per_token_rows(data: dict) -> list[dict]:
     """The per-token rows, with `swap_vs_call` where the run took compiled graphs in."""
-    return [{**row, "swap_vs_call": swap_vs_call(row, data)} for row in data["rows"] if "ms_per_token" in row]
+    return [{**row, "swap_vs_call": swap_vs_call(row, data)} for row in rows_with("ms_per_token")(data)]
 
 
 def rows_with(name: str) -> Callable[[dict], list[dict]]:

@@ -83,22 +83,25 @@ SHAPES = {
 }
 # the model class of an architecture whose config's name is not `<arch>Config`'s own
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
+# the background line's `Options(compile=...)`, and trials of it: inductor settings weighed for
+# decode at the hardware's pace (programmatic dependent launch between its kernels; autotuned
+# one-row matmuls), run when named, not by default
+BACKGROUND_COMPILE = {
+    "graphify_background": "background",
+    "graphify_background_pdl": {"background": True, "options": {"triton.enable_pdl": True}},
+    "graphify_background_autotune": {"background": True, "mode": "max-autotune-no-cudagraphs"},
+}
+TRIALS = ("graphify_background_pdl", "graphify_background_autotune")
 CONFIGS = {
     "eager": "eager generate() (transformers' compile off)",
     "hf_compile": "transformers' own compile (no line)",
     "graphify": "graphify(model.forward)",
     "graphify_inductor": "graphify(model.forward, options=Options(compile=True))",
     "graphify_compiled": "graphify(torch.compile(model.forward))",
-    "graphify_background": 'graphify(model.forward, options=Options(compile="background"))',
-    "graphify_background_pdl": ('graphify(model.forward, options=Options(compile={"background": True, '
-                                '"options": {"triton.enable_pdl": True}}))'),
-    "graphify_background_autotune": ('graphify(model.forward, options=Options(compile={"background": True, '
-                                     '"mode": "max-autotune-no-cudagraphs"}))'),
+    # as written in Python (double quotes: the labels result files hold)
+    **{name: f"graphify(model.forward, options=Options(compile={repr(how).replace(chr(39), chr(34))}))"
+       for name, how in BACKGROUND_COMPILE.items()},
 }
-# inductor settings weighed for decode at the hardware's pace (programmatic dependent launch
-# between its kernels; autotuned one-row matmuls): run when named, not by default
-TRIALS = ("graphify_background_pdl", "graphify_background_autotune")
-BACKGROUND_LINES = ("graphify_background",) + TRIALS
 PEER = "hf_compile"
 LOGIT_STEPS = 4  # decode steps whose logits are compared with eager's
 CHAT_CALLS = 20
@@ -125,13 +128,10 @@ def one_line(name: str, model) -> None:
         from graphify import Options, graphify
 
         model.forward = graphify(model.forward, options=Options(compile=True))
-    elif name in BACKGROUND_LINES:
+    elif name in BACKGROUND_COMPILE:
         from graphify import Options, graphify
 
-        compile_ = {"graphify_background": "background",
-                    "graphify_background_pdl": {"background": True, "options": {"triton.enable_pdl": True}},
-                    "graphify_background_autotune": {"background": True, "mode": "max-autotune-no-cudagraphs"}}[name]
-        model.forward = graphify(model.forward, options=Options(compile=compile_))
+        model.forward = graphify(model.forward, options=Options(compile=BACKGROUND_COMPILE[name]))
     elif name == "graphify_compiled":
         from graphify import graphify
 
@@ -264,7 +264,7 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
         start = time.perf_counter()
         first = timed(lambda: generate(model, name, ids, new))  # noqa: B023 - called at once
         background = {}
-        if name in BACKGROUND_LINES:  # when the compiled kernels came, and the call that took them in
+        if name in BACKGROUND_COMPILE:  # when the compiled kernels came, and the call that took them in
             model.forward.wait_compiles()
             background["compiled_ready_s"] = time.perf_counter() - start
             background["swap_generate_s"] = timed(lambda: generate(model, name, ids, new))  # noqa: B023
