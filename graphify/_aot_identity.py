@@ -191,10 +191,9 @@ def prehash_classes(recorded) -> None:
     process has them: the thread that loads a compiled function does it, so that the check at
     the capture that takes it in (`class_changes`) finds the hashes made."""
     for module, qualname, _ in recorded:
-        found = sys.modules.get(module)
-        for part in qualname.split("."):
-            found = getattr(found, part, None)
-        try:
+        try:  # a module's own __getattr__ may raise anything
+            found = functools.reduce(lambda owner, part: getattr(owner, part, None), qualname.split("."),
+                                     sys.modules.get(module))
             if isinstance(found, type):
                 identity(vars(found))
         except Exception:  # noqa: BLE001 - a head start only: the check hashes what is left

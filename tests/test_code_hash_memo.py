@@ -55,5 +55,14 @@ def test_equal_code_compiled_from_two_files_hashes_apart():
     assert _aot_identity.code_hash(one["f"].__code__) == _aot_identity._code_hash(one["f"].__code__)
 
 
-def test_a_class_that_is_not_found_here_is_passed_over():
-    _aot_identity.prehash_classes([("no.such.module", "Gone", ()), (__name__, "Block.missing", ())])
+def test_a_class_that_is_not_found_here_is_passed_over(monkeypatch):
+    import sys
+    import types
+
+    odd = types.ModuleType("odd_module")
+    odd.__getattr__ = lambda name: (_ for _ in ()).throw(RuntimeError(name))  # raises on any missing name
+    monkeypatch.setitem(sys.modules, "odd_module", odd)
+    monkeypatch.setattr(_aot_identity, "_CODE_HASHES", {})
+    _aot_identity.prehash_classes([("no.such.module", "Gone", ()), (__name__, "Block.missing", ()),
+                                   ("odd_module", "Anything", ()), (__name__, "Block", ())])
+    assert _aot_identity._CODE_HASHES  # the classes after those were hashed
