@@ -371,7 +371,15 @@ def claim_cells(runs: Sequence[Run], claim: Claim) -> tuple[tuple[str, list[Run]
 def claim_row(runs: Sequence[Run], claim: Claim) -> list[str]:
     (ours, ours_runs), (peer, peer_runs) = claim_cells(runs, claim)
     used = list(dict.fromkeys(ours_runs + peer_runs))
-    return [claim.what, ours, peer, str(len(used)), dates(used), files(used)]
+    return [claim.what, ours, peer, str(len(used)) + library_versions(used), dates(used), files(used)]
+
+
+def library_versions(runs: Sequence[Run]) -> str:
+    """The transformers versions the runs used (the device's and the newest can differ, and
+    the line's cost follows transformers' own code), or nothing where none was recorded."""
+    versions = sorted({r.env["transformers"] for r in runs if r.env.get("transformers")},
+                      key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v)))
+    return f" (transformers {', '.join(versions)})" if versions else ""
 
 
 def render_short(runs: Sequence[Run]) -> str:

@@ -184,3 +184,16 @@ def test_the_swap_call_is_set_against_a_later_call_of_its_length():
     assert [r["config"] for r in rows] == ["a", "b", "c"]
     assert abs(rows[0]["swap_vs_call"] - 846 / (60 + 63 * 8)) < 1e-12
     assert rows[1]["swap_vs_call"] == 1.7 and rows[2]["swap_vs_call"] is None
+
+
+def test_a_claims_runs_name_the_transformers_versions_they_ran_under():
+    """The line's cost follows transformers' own code (5.24 packs grouped-query attention in
+    eager decode, 5.17 does not), so a claim names the versions behind it; runs that recorded
+    none add nothing."""
+    def run(version):
+        env = {"device": "d", "date": "2026-11-27T00:00:00+00:00"} | ({"transformers": version} if version else {})
+        return rr.Run("f.json", rr.BENCHES[0], env, {}, 0, ())
+
+    assert rr.library_versions([run("5.24.0"), run("5.17.0"), run("5.24.0")]) == " (transformers 5.17.0, 5.24.0)"
+    assert rr.library_versions([run("5.9.0"), run("5.17.0")]) == " (transformers 5.9.0, 5.17.0)"
+    assert rr.library_versions([run(None)]) == ""
