@@ -100,7 +100,10 @@ def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startu
             latencies = [timed(lambda: g(*batch, cache))[1] for batch in setup.batches]  # noqa: B023
     calls = len(setup.batches)
     by_mode = {r.mode: r.calls / 2 for r in g.stats.by_mode()}  # checked once, timed once
+    from ._serving_trace import ms_by_kind
     return {"config": name, "tp": tp, "tokens_per_s": setup.tokens / (sum(latencies) / 1e3),
+            # where a TP degree wins or loses against TP=1: ms per step kind, and every step's ms
+            "ms_by_kind": ms_by_kind(setup, latencies), "step_ms": [round(x, 4) for x in latencies],
             "p50_ms": statistics.median(latencies), "p99_ms": _percentile(latencies, 0.99), "startup_s": startup,
             "steps_full_pct": 100 * by_mode.get(Mode.FULL, 0) / calls,
             "steps_piecewise_pct": 100 * by_mode.get(Mode.PIECEWISE, 0) / calls,
@@ -150,7 +153,9 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
             g.release()
             del g, fn, step, cache
             ratios[label] = {"tokens_per_s": row["tokens_per_s"] / one["tokens_per_s"],
-                             "p99": row["p99_ms"] / one["p99_ms"]}
+                             "p99": row["p99_ms"] / one["p99_ms"],
+                             "ms_by_kind": {k: row["ms_by_kind"].get(k, 0.0) / ms
+                                            for k, ms in one["ms_by_kind"].items() if ms}}
             rows.append({**row, "all_reduce": label})
         if gpu:
             torch.cuda.empty_cache()

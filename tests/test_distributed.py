@@ -323,6 +323,11 @@ def test_the_tensor_parallel_benchmark_runs_under_torchrun_and_exits(tmp_path):
     for r in (one, tp):
         assert r["max_err_vs_single_gpu"] < 1e-4 and r["tokens_per_s"] > 0, r
         assert r["steps_full_pct"] > 0 and r["steps_piecewise_pct"] > 0 and r["steps_none_pct"] == 0, r
+        # every step's ms, and their sums per step kind, so a TP degree's loss can be placed
+        assert len(r["step_ms"]) == len(one["step_ms"]) > 0 and min(r["step_ms"]) > 0, r
+        assert abs(sum(r["ms_by_kind"].values()) - sum(r["step_ms"])) < 1e-2 * len(r["step_ms"]), r
+        assert set(r["ms_by_kind"]) <= {"prefill", "mixed", "decode", "spec"} and len(r["ms_by_kind"]) >= 2, r
+    assert set(result["serving"]["ratios"][next(iter(result["serving"]["ratios"]))]["ms_by_kind"]) == set(one["ms_by_kind"])
 
 
 @pytest.mark.parametrize("failing", [1, 0], ids=["a-rank-fails", "the-store-host-fails"])
