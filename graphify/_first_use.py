@@ -53,7 +53,7 @@ from ._runtime import Miss
 from ._stats import Stats
 from ._reach import stateful_in
 from ._room import Room
-from ._structures import Pending, family_of, fits, likeness_of, static_objects
+from ._structures import Pending, family_of, first_sighting, fits, likeness_of, static_objects
 from .capture import CallCapture, FunctionReads, Prepared, prepare
 
 __all__ = ["FirstUse", "MAX_STRUCTURES", "MAX_EXACT_GRAPHS", "EXACT_MAX_TOKENS", "MAX_IDLE"]
@@ -121,10 +121,10 @@ class FirstUse:
         if the call is not of this structure), that state advanced after a replay as the
         registered types say, and checked after an eager run."""
         slots = structure.layout.bind(args, kwargs)
+        checks = structure.runtime.checks  # the arguments before the watch: a call of another structure goes on
+        checked = (checks, checks.rows(slots))  # to the next one unwatched; one that fits is watched before a replay
         if not structure.stateful:
-            return self._through(structure, structure.default, slots, args, kwargs)
-        checks = structure.runtime.checks
-        checked = (checks, checks.rows(slots))  # its objects: the state read below is the call's
+            return self._through(structure, structure.default, slots, args, kwargs, checked)
         key, predicted = structure.step(structure.layout.slot_names, slots)
         branch = structure.branches.get(key) if key is not None else None
         if branch is None and key is not None:
@@ -173,11 +173,11 @@ class FirstUse:
             return self._eager(args, kwargs)
         slots, specs, layout = prepared.args, prepared.specs, prepared.layout
         family = family_of(layout, specs)
-        if any(fits(r, layout, slots) for r in self.refused) or family in self.refused_families:
-            return self._eager(args, kwargs)
         objects = static_objects(specs, slots)
-        stateful = stateful_in(objects)
-        branch = branch_of(stateful, layout.slot_names, slots)
+        if (any(fits(r, layout, slots) for r in self.refused) or family in self.refused_families
+                or first_sighting(self, prepared, family, objects)):  # (pending set there) its warm-up, unwalked
+            return self._eager(args, kwargs)
+        branch = branch_of(stateful := stateful_in(objects), layout.slot_names, slots)
         if branch is None:  # a state no graph stands in for (a cache window's crossing)
             return self._eager(args, kwargs)
         with self.lock:

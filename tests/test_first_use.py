@@ -492,3 +492,61 @@ def test_objects_each_called_once_do_not_cost_a_failed_capture_apiece(backend):
     assert [n > 0 for n in tried] == [True] * (MAX_RETRIES + 1) + [False] * (10 - MAX_RETRIES - 1), tried
     assert max(tried) <= 2, tried
     assert len([w for w in seen if "replaces a tensor" in str(w.message)]) == 1
+
+
+def test_a_first_sighting_runs_eagerly_without_walking_its_objects(backend, monkeypatch):
+    """A prompt's prefill over a new cache is a first sighting in every generate(): it runs
+    eagerly as its structure's warm-up, so the walk of its objects (a cache's every layer),
+    which only a capture or a take-over needs, is not made for it. A call that may go further
+    (its structure seen just before, or a kind with graphs: kin) still walks, and every
+    answer is eager's."""
+    import graphify._first_use as fu_module
+
+    walks = []
+    real = fu_module.stateful_in
+    monkeypatch.setattr(fu_module, "stateful_in", lambda objects: walks.append(len(objects)) or real(objects))
+    device = backend[1]
+    g = graphify(lambda x, layer: layer.step(x), options=Options(backend=backend[0]))
+    walked = []
+    for generation in range(3):
+        layer, twin = LazyLayer(), LazyLayer()
+        for _ in range(3):
+            x = torch.randn(2, 8, device=device)
+            before = len(walks)
+            torch.testing.assert_close(g(x, layer), twin.step(x), rtol=0, atol=0)
+            walked.append(len(walks) - before)
+    # first object: a first sighting (no walk), its second call walks and captures, then a
+    # replay; later objects are kin of a kind with graphs: walked at once (taken in), then replays
+    assert walked[:3] == [0, 1, 0], walked
+    assert all(n <= 1 for n in walked[3:]) and walked[3] == 1 and walked[6] == 1, walked
+    assert calls_by_mode(g)[Mode.FULL] > 0
+
+
+def test_a_call_of_another_structure_is_not_watched_by_one_it_does_not_fit(backend, monkeypatch):
+    """First use tries its structures in turn: each checks the call's arguments before what
+    the function reads, so a call another structure serves costs no watch of this one's
+    state (a replay is still watched first: `tests/test_watch.py`)."""
+    from graphify._reads import Reads
+
+    watched = []
+    real = Reads.check
+    monkeypatch.setattr(Reads, "check", lambda self, args: watched.append(self) or real(self, args))
+    g, w1, w2 = first_use(backend)
+    device = backend[1]
+    wide = (w1.double(), w2.double())
+    for a, b in ((w1, w2), wide):  # two structures (fp32 and fp64 calls), each captured
+        for _ in range(3):
+            x = torch.randn(4, 16, device=device, dtype=a.dtype)
+            torch.testing.assert_close(g(x, a, b), mlp(x, a, b))
+    assert calls_by_mode(g)[Mode.FULL] >= 2
+
+    def watches_of_a_wide_call() -> int:
+        watched.clear()
+        x = torch.randn(4, 16, device=device, dtype=torch.float64)
+        torch.testing.assert_close(g(x, *wide), mlp(x, *wide))
+        return len(watched)
+
+    alone = watches_of_a_wide_call()  # its own structure first in line
+    x = torch.randn(4, 16, device=device)
+    g(x, w1, w2)  # now the fp32 structure is first: the wide call tries it before its own
+    assert watches_of_a_wide_call() == alone > 0
