@@ -149,8 +149,7 @@ def load(path: str, data: bytes | None = None) -> Callable:
     f_globals = dict(TRAMPOLINE_GLOBALS)
     for _ in range(3):
         try:
-            with _no_compile_pool():
-                return torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
+            return torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
         except RuntimeError as exc:
             missing = re.findall(r"'(___module_\w+?)'", str(exc))
             if not missing:
@@ -162,19 +161,6 @@ def load(path: str, data: bytes | None = None) -> Callable:
                     raise RuntimeError(f"the compiled function names a module not loaded here ({ref})") from exc
                 f_globals[ref] = by_flat[flat]
     raise RuntimeError("the compiled function still misses globals after they were supplied")
-
-
-def _no_compile_pool():
-    """Loading inductor's output code runs its kernels' `async_compile.triton(...)` lines, and
-    the first thing each does, with more than one compile thread, is to start inductor's
-    compile pool in this process (`AsyncCompile.use_process_pool`: a sidecar process that
-    imports torch and triton, then forks a worker per core, `min(32, cpu_count)`), for kernels
-    the worker already built and that load here anyway (the pool is not ready yet). Those
-    processes start beside the caller's decode loop, in the calls right after the swap. With
-    one compile thread the load builds no pool; the worker's own compile keeps its threads."""
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.patch(compile_threads=1)
 
 
 _PREIMPORTED = threading.Event()

@@ -568,25 +568,3 @@ def test_the_swap_checks_what_the_dropped_guards_stood_for_once_a_capture(backen
     if backend[0] == "cuda":
         assert len(checks) < loads.calls, (len(checks), loads.calls)
 
-
-def test_a_load_starts_no_compile_pool_in_the_caller(monkeypatch):
-    """Loading inductor's output runs its kernels' `async_compile` lines, which with more than
-    one compile thread start inductor's compile pool in this process (a sidecar and a worker
-    per core) beside the caller's decode loop, for kernels the worker built already: the load
-    runs with one compile thread, and the setting is back as it was after, also on failure."""
-    import torch._inductor.config as inductor_config
-
-    seen = []
-
-    def fake_load(stream, f_globals):
-        seen.append(inductor_config.compile_threads)
-        if len(seen) == 2:
-            raise ValueError("not a compiled function")
-        return "loaded"
-
-    monkeypatch.setattr(torch.compiler, "load_compiled_function", fake_load)
-    monkeypatch.setattr(inductor_config, "compile_threads", 8)
-    assert _aot.load("unused", data=b"bytes") == "loaded"
-    with pytest.raises(ValueError):
-        _aot.load("unused", data=b"bytes")
-    assert seen == [1, 1] and inductor_config.compile_threads == 8
