@@ -237,6 +237,9 @@ def torch_state() -> dict:
         "default_dtype": torch.get_default_dtype(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "autocast": [(d, torch.get_autocast_dtype(d)) for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)],
+        # dynamo's global-state guard holds the thread count: a caller that set its own would
+        # refuse every function the worker compiled under the worker's
+        "num_threads": torch.get_num_threads(),
     }
     for name, module in (("dynamo", torch._dynamo.config), ("inductor", torch._inductor.config)):
         save = getattr(module, "save_config_portable", None)
@@ -253,6 +256,8 @@ def applied(state: dict):
         torch.set_default_dtype(state["default_dtype"])
     if torch.are_deterministic_algorithms_enabled() != state["deterministic"]:
         torch.use_deterministic_algorithms(state["deterministic"])
+    if state.get("num_threads") and torch.get_num_threads() != state["num_threads"]:
+        torch.set_num_threads(state["num_threads"])
     with contextlib.ExitStack() as stack:
         for name, module in (("dynamo", torch._dynamo.config), ("inductor", torch._inductor.config)):
             if name in state:

@@ -198,3 +198,17 @@ def test_a_kept_function_is_not_served_after_a_module_constant_changed(monkeypat
     loads = later.forward._first_use.spec.compiled.aot_loads
     assert not wrong
     assert loads.calls == 0 and later.forward._first_use.jobs.tickets  # plain graphs, and the job sent
+
+
+def test_a_caller_with_its_own_thread_count_takes_the_workers_function_in(monkeypatch, wrong):
+    """dynamo's global-state guard holds torch's thread count: the worker compiles under the
+    caller's, or a caller that called `torch.set_num_threads` would refuse every loaded
+    function and trace the whole forward again at the swap."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1 if before != 1 else 2)
+    try:
+        loads, ticket, outs = run("plain")
+    finally:
+        torch.set_num_threads(before)
+    assert not wrong and all(torch.allclose(a, b) for a, b in outs)
+    assert loads.calls > 0 and not loads.refused, loads.refused[:3]
