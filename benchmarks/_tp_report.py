@@ -142,10 +142,8 @@ def render_serving(result: dict) -> str:
         lines.append(f"\n{kind} ÷ TP=1: tokens/s {ratio['tokens_per_s']:.2f}x, p99 {ratio['p99']:.2f}x.")
     if any("ms_by_kind" in row for row in result["rows"]):
         lines.append("\nms a trace spends per step kind (where TP wins or loses):\n")
-        kinds = [k for k in ("prefill", "mixed", "decode", "spec") if any(k in row.get("ms_by_kind", {}) for row in result["rows"])]
-        lines.append("| configuration | " + " | ".join(kinds) + " |")
-        lines.append("|---|" + "---|" * len(kinds))
-        for row in result["rows"]:
-            by = row.get("ms_by_kind", {})
-            lines.append(f"| {row['config']} | " + " | ".join(f"{by.get(k, 0.0):.1f}" for k in kinds) + " |")
+        kinds = [k for k, steps in t["step_kinds"].items() if steps]  # the trace's kinds, in their order
+        by_kind = [{"config": row["config"], **{k: row.get("ms_by_kind", {}).get(k, 0.0) for k in kinds}}
+                   for row in result["rows"]]
+        lines.append(table(by_kind, [("config", "configuration", "s"), *((k, k, ".1f") for k in kinds)]))
     return "\n".join(lines)

@@ -87,7 +87,7 @@ def run_decode(args, rank: int, world: int, device: torch.device) -> dict:
 def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startup: float, timed) -> dict:
     """Check `g` step by step against the single-GPU eager model (its own copy of the
     starting cache), then time every step of the trace."""
-    from ._serving_trace import _percentile
+    from ._serving_trace import _percentile, ms_by_kind
 
     ref_cache = initial.clone()
     g.stats.reset()
@@ -100,7 +100,6 @@ def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startu
             latencies = [timed(lambda: g(*batch, cache))[1] for batch in setup.batches]  # noqa: B023
     calls = len(setup.batches)
     by_mode = {r.mode: r.calls / 2 for r in g.stats.by_mode()}  # checked once, timed once
-    from ._serving_trace import ms_by_kind
     return {"config": name, "tp": tp, "tokens_per_s": setup.tokens / (sum(latencies) / 1e3),
             # where a TP degree wins or loses against TP=1: ms per step kind, and every step's ms
             "ms_by_kind": ms_by_kind(setup, latencies), "step_ms": [round(x, 4) for x in latencies],
