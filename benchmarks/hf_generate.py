@@ -105,6 +105,7 @@ CONFIGS = {
 PEER = "hf_compile"
 LOGIT_STEPS = 4  # decode steps whose logits are compared with eager's
 CHAT_CALLS = 20
+TTFT_PAIRS = 9  # 1-token calls of the line and of eager, in turn (`ttft_beside_eager`)
 
 
 def build(shape: str, device: str):
@@ -162,6 +163,31 @@ def timed(fn) -> float:
     fn()
     sync()
     return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def eager_forward(model):
+    """The model's own forward inside the block, the line's after: eager in this very process."""
+    graphed = model.forward
+    model.forward = graphed.fn
+    try:
+        yield model
+    finally:
+        model.forward = graphed
+
+
+def ttft_beside_eager(model, name: str, ids: torch.Tensor, pairs: int) -> dict:
+    """Time to first token (a 1-token generate()) of the line and of eager in this process, the
+    two called in turn `pairs` times: medians and their ratio. These hosts drift tens of percent
+    between processes and within a minute, more than the line adds to a prefill; taken in turn,
+    the drift falls on both alike."""
+    line, eager = [], []
+    for _ in range(pairs):
+        line.append(timed(lambda: generate(model, name, ids, 1)))  # noqa: B023
+        with eager_forward(model):
+            eager.append(timed(lambda: generate(model, "eager", ids, 1)))  # noqa: B023
+    ms, eager_ms = statistics.median(line) * 1e3, statistics.median(eager) * 1e3
+    return {"ttft_in_turn_ms": ms, "ttft_eager_in_turn_ms": eager_ms, "ttft_vs_eager_in_turn": ms / eager_ms}
 
 
 def steady_ms_per_token(call, new: int, longer: int, pairs: int) -> float:
@@ -265,10 +291,14 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
         first = timed(lambda: generate(model, name, ids, new))  # noqa: B023 - called at once
         background = {}
         if name in BACKGROUND_COMPILE:  # when the compiled kernels came, and the call that took them in
+            # the first token while the worker compiles (its CPU and GPU work beside the caller's)
+            background.update({f"compiling_{k}": v for k, v in ttft_beside_eager(model, name, ids, 3).items()})
             model.forward.wait_compiles()
             background["compiled_ready_s"] = time.perf_counter() - start
             background["swap_generate_s"] = timed(lambda: generate(model, name, ids, new))  # noqa: B023
         prefill = statistics.median(timed(lambda: generate(model, name, ids, 1)) for _ in range(reps))  # noqa: B023
+        if name.startswith("graphify"):  # the line's first token beside eager's, in turn in this process
+            background.update(ttft_beside_eager(model, name, ids, TTFT_PAIRS))
         call = statistics.median(timed(lambda: generate(model, name, ids, new)) for _ in range(reps))  # noqa: B023
         row = {"model": shape, "config": CONFIGS[name], "key": name, "batch": batch, "first_generate_s": first,
                "ms_per_token": (call - prefill) * 1e3 / (new - 1), "ttft_ms": prefill * 1e3, **background}
@@ -296,12 +326,8 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
             row["max_logit_diff_fp32"] = error.abs().max().item()
             row["rms_logit_diff_fp32"] = error.pow(2).mean().sqrt().item()  # every logit's, not one extreme's
         if name.startswith("graphify"):  # against eager in this very process (same kernels chosen)
-            graphed = model.forward
-            model.forward = graphed.fn
-            try:
+            with eager_forward(model):
                 ref = generate(model, "eager", ids, LOGIT_STEPS + 1, output_logits=True, return_dict_in_generate=True)
-            finally:
-                model.forward = graphed
             row["max_logit_diff_same_process"] = (logits - torch.stack(ref.logits[1:], 1).float().cpu()).abs().max().item()
         forward = getattr(model, "forward", None)
         if hasattr(forward, "stats"):
@@ -349,7 +375,9 @@ def chat_slowdowns(first: list[float], again: list[float], swap_call: int | None
     """Each call's first-pass time over its second-pass time, the largest, and the swap call's
     over the larger of its neighbours' (the target: a call past 1.5x its neighbours)."""
     slowdown = [f / a for f, a in zip(first, again)]
-    out = {"chat_slowdown": slowdown, "chat_max_slowdown_after_first": max(slowdown[1:], default=None)}
+    out = {"chat_slowdown": slowdown, "chat_max_slowdown_after_first": max(slowdown[1:], default=None),
+           "chat_max_vs_neighbours": max((slowdown[i] / max(slowdown[j] for j in (i - 1, i + 1) if j < len(slowdown))
+                                          for i in range(1, len(slowdown))), default=None)}
     if swap_call is not None:
         near = [slowdown[i] for i in (swap_call - 1, swap_call + 1) if 0 <= i < len(slowdown)]
         out["chat_swap_slowdown"] = slowdown[swap_call]
@@ -396,6 +424,9 @@ COLUMNS = [
     ("first_longer_ms_per_token", "first 192-token call, ms/extra token", ".1f"),
     ("first_generate_s", "first generate() s", ".1f"), ("first_vs_peer", "÷ peer", ".2f"),
     ("ttft_ms", "time to first token ms", ".2f"), ("ttft_vs_eager", "÷ eager", ".3f"),
+    ("ttft_in_turn_ms", "same, in turn with eager in this process", ".2f"),
+    ("ttft_eager_in_turn_ms", "eager's, in turn", ".2f"), ("ttft_vs_eager_in_turn", "÷ eager's, in turn", ".3f"),
+    ("compiling_ttft_vs_eager_in_turn", "÷ eager's, in turn, while the worker compiles", ".3f"),
     ("ttft_gpu_ms", "its GPU ms", ".2f"), ("ttft_gpu_idle_ms", "its GPU idle ms", ".2f"), ("ttft_kernels", "its kernels", ".0f"),
     ("compiled_ready_s", "compiled kernels ready s", ".1f"), ("swap_generate_s", "generate() that takes them in s", ".1f"), ("swap_vs_call", "÷ a 64-token call", ".2f"),
     ("replayed_share", "calls replayed", ".2f"), ("max_logit_diff", f"max logit Δ vs eager, {LOGIT_STEPS} steps", ".3g"),
@@ -409,6 +440,7 @@ CHAT_COLUMNS = [
     ("chat_new_tokens", "new tokens", "d"), ("chat_swap_call", "call that took compiled graphs in", "d"),
     ("chat_max_slowdown_after_first", "largest ÷ own second pass, after the first call", ".2f"),
     ("chat_swap_vs_neighbours", "that call's ÷ its neighbours'", ".2f"),
+    ("chat_max_vs_neighbours", "largest call's ÷ its neighbours', after the first", ".2f"),
 ]
 
 

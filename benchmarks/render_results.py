@@ -350,12 +350,18 @@ def render_cell(runs: Sequence[Run], kind: str, table: str, cell: Cell | None,
     if cell is None:
         return "-", []
     wheres = [{**cell.where, cell.per[0]: v} for v in cell.per[1]] if cell.per else [cell.where]
+    shown = [name for _, name, _, _ in string.Formatter().parse(cell.text) if name is not None]
+
+    def measured(where, device=None):  # a row counts where it holds every field the cell shows
+        return [(run, row) for run, row in picked(runs, kind, table, where, device)
+                if all(row.get(name) is not None for name in shown)]
+
     if device is None:
-        found = [run for where in wheres for run, _ in picked(runs, kind, table, where)]
+        found = [run for where in wheres for run, _ in measured(where)]
         device = max(found, key=lambda r: r.env["date"]).env["device"] if found else None
     texts, used = [], []
     for where in wheres:
-        rows = picked(runs, kind, table, where, device)
+        rows = measured(where, device)
         texts.append(fill(cell.text, [row for _, row in rows]) if rows else "-")
         used += [run for run, _ in rows if run not in used]
     return " / ".join(texts), used

@@ -47,6 +47,10 @@ def test_hf_generate_runs_every_measure_equal_to_eager(tmp_path, monkeypatch, sh
     # time to the first token, beside eager's of the same batch
     assert rows["graphify"]["ttft_vs_eager"] == rows["graphify"]["ttft_ms"] / rows["eager"]["ttft_ms"] > 0
     assert "ttft_vs_eager" not in rows["eager"] or rows["eager"]["ttft_vs_eager"] == 1.0
+    # and beside eager's in this process, called in turn
+    line = rows["graphify"]
+    assert line["ttft_vs_eager_in_turn"] == line["ttft_in_turn_ms"] / line["ttft_eager_in_turn_ms"] > 0
+    assert "ttft_in_turn_ms" not in rows["eager"]
 
 
 def test_steady_ms_per_token_is_the_median_pair_not_a_difference_of_medians(monkeypatch):
@@ -251,5 +255,41 @@ def test_the_chat_loops_swap_call_is_set_against_its_neighbours_own_slowdowns():
     assert out["chat_slowdown"] == [4.0, 1.2, 3.0, 1.1, 1.8]
     assert out["chat_max_slowdown_after_first"] == 3.0  # the first call (captures, the job) left out
     assert out["chat_swap_slowdown"] == 3.0 and out["chat_swap_vs_neighbours"] == 3.0 / 1.2
+    assert out["chat_max_vs_neighbours"] == 3.0 / 1.2  # every call after the first against its neighbours
+    assert chat_slowdowns([4.0, 1.0, 1.0, 2.0], [1.0] * 4, None)["chat_max_vs_neighbours"] == 2.0  # the last: one
     assert chat_slowdowns(first, again, swap_call=4)["chat_swap_vs_neighbours"] == 1.8 / 1.1  # one neighbour
     assert "chat_swap_vs_neighbours" not in chat_slowdowns(first, again, swap_call=None)
+
+
+def test_the_first_token_is_timed_in_turn_with_eager_and_the_line_is_put_back(monkeypatch):
+    """The line's 1-token calls and eager's alternate (a drifting host slows both alike), eager's
+    run the model's own forward, and the line's forward is back after, even when a call fails."""
+    import types
+
+    from benchmarks import hf_generate
+
+    def own(*a, **k):
+        return None
+
+    graphed = types.SimpleNamespace(fn=own)
+    model = types.SimpleNamespace(forward=graphed)
+    seen, clock = [], [0.0]
+
+    def fake_generate(m, name, ids, new, **kw):
+        seen.append((name, m.forward is own))
+        clock[0] += 2.0 if name == "eager" else 3.0
+        if len(seen) == 4 and fail:
+            raise RuntimeError("a call that fails")
+
+    monkeypatch.setattr(hf_generate, "generate", fake_generate)
+    monkeypatch.setattr(hf_generate, "sync", lambda: None)
+    monkeypatch.setattr(hf_generate.time, "perf_counter", lambda: clock[0])
+    fail = False
+    out = hf_generate.ttft_beside_eager(model, "graphify", None, 3)
+    assert seen == [("graphify", False), ("eager", True)] * 3
+    assert (out["ttft_in_turn_ms"], out["ttft_eager_in_turn_ms"]) == (3000.0, 2000.0) and out["ttft_vs_eager_in_turn"] == 1.5
+    assert model.forward is graphed
+    fail, seen[:] = True, []
+    with pytest.raises(RuntimeError):
+        hf_generate.ttft_beside_eager(model, "graphify", None, 3)
+    assert model.forward is graphed

@@ -197,3 +197,23 @@ def test_a_claims_runs_name_the_transformers_versions_they_ran_under():
     assert rr.library_versions([run("5.24.0"), run("5.17.0"), run("5.24.0")]) == " (transformers 5.17.0, 5.24.0)"
     assert rr.library_versions([run("5.9.0"), run("5.17.0")]) == " (transformers 5.9.0, 5.17.0)"
     assert rr.library_versions([run(None)]) == ""
+
+
+def test_a_claim_counts_only_the_runs_that_measured_what_it_shows():
+    """A field added to a benchmark is absent from its older runs: those runs match the cell's
+    rows but did not measure its field, so they are neither in its range nor among its runs."""
+    from benchmarks._render_tables import Cell
+
+    def run(name, date, **row):
+        data = {"args": {"new_tokens": 64}, "rows": [{"model": "m", "config": "c", "batch": 1, "ms_per_token": 8.0,
+                                                      "ttft_ms": 60.0, **row}]}
+        return rr.Run(name, next(b for b in rr.BENCHES if b.kind == "hf-generate"),
+                      {"device": "d", "date": date}, data, 0, ())
+
+    runs = [run("old.json", "2026-11-27T00:00:00+00:00"), run("new.json", "2026-11-28T00:00:00+00:00", x=1.018),
+            run("newer.json", "2026-11-28T01:00:00+00:00", x=1.04)]
+    text, used = rr.render_cell(runs, "hf-generate", "per-token", Cell({"model": "m"}, "{x:.3f}"))
+    assert text == "1.018–1.040" and [r.file for r in used] == ["new.json", "newer.json"]
+    text, used = rr.render_cell(runs, "hf-generate", "per-token", Cell({"model": "m"}, "{ms_per_token:.1f}"))
+    assert len(used) == 3
+    assert rr.render_cell(runs[:1], "hf-generate", "per-token", Cell({"model": "m"}, "{x:.3f}")) == ("-", [])
