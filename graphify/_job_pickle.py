@@ -25,7 +25,8 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's tensor reductions (CUDA IPC) with ForkingPickler
 
-__all__ = ["DROPPED", "dumps", "parameters_of", "torch_state", "applied", "scrub", "register_rebuilt"]
+__all__ = ["DROPPED", "dumps", "parameters_of", "torch_state", "applied", "scrub", "register_rebuilt",
+           "register_carried"]
 
 
 class _Dropped:
@@ -179,6 +180,19 @@ def register_rebuilt(hook) -> None:
         REBUILT.append(hook)
 
 
+# Process-wide state of a library that a compile's guards read, by name: (read it in the caller,
+# set it so in the worker) (`graphify.extend.register_carried`).
+CARRIED: dict = {}
+
+
+def register_carried(name: str, read, put) -> None:
+    """`read()` in the caller when a job is sent, `put(value)` in the compile worker before the
+    job's trace: for a library's process-wide state that the traced code reads (a registry), so
+    the compiled function's guards hold what the caller has, not what a fresh process has.
+    `read()` returns plain picklable data; `put` must accept what its `read` returns."""
+    CARRIED[name] = (read, put)
+
+
 # -- the process state a compile depends on ------------------------------------------------------
 # The process settings a compile reads (inductor keys its caches on the matmul ones): torch's
 # per-backend fp32 precisions where it has them (2.9+), and the older switches where it does not.
@@ -241,6 +255,13 @@ def torch_state() -> dict:
         # refuse every function the worker compiled under the worker's
         "num_threads": torch.get_num_threads(),
     }
+    carried = {}
+    for name, (read, _) in CARRIED.items():
+        try:
+            carried[name] = read()
+        except Exception:  # noqa: BLE001 - that library's state is then the worker's own
+            pass
+    state["carried"] = carried
     for name, module in (("dynamo", torch._dynamo.config), ("inductor", torch._inductor.config)):
         save = getattr(module, "save_config_portable", None)
         if save is not None:
@@ -258,6 +279,9 @@ def applied(state: dict):
         torch.use_deterministic_algorithms(state["deterministic"])
     if state.get("num_threads") and torch.get_num_threads() != state["num_threads"]:
         torch.set_num_threads(state["num_threads"])
+    for name, value in state.get("carried", {}).items():
+        if name in CARRIED:
+            CARRIED[name][1](value)
     with contextlib.ExitStack() as stack:
         for name, module in (("dynamo", torch._dynamo.config), ("inductor", torch._inductor.config)):
             if name in state:

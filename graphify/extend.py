@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, ContextManager, Protocol, runtime_checkable
 
 from ._axes import layout_for, param_names
-from ._job_pickle import register_rebuilt
+from ._job_pickle import register_carried, register_rebuilt
 from ._state_types import StateType, register_capture_context, register_forward_adapter, register_state_type
 from .backends import Captured
 from .backends._base import CompiledCode
@@ -22,7 +22,7 @@ from .backends.torch_cuda import weak_alias
 __all__ = [
     "SplitFunction", "as_split", "Captured", "layout_for", "param_names", "taping", "weak_alias", "StateType",
     "register_state_type", "register_capture_context", "register_forward_adapter", "register_rebuilt",
-    "CompiledCode",
+    "register_carried", "CompiledCode",
 ]
 
 

@@ -212,3 +212,22 @@ def test_a_caller_with_its_own_thread_count_takes_the_workers_function_in(monkey
         torch.set_num_threads(before)
     assert not wrong and all(torch.allclose(a, b) for a, b in outs)
     assert loads.calls > 0 and not loads.refused, loads.refused[:3]
+
+
+def test_a_librarys_process_state_goes_with_the_job_and_is_set_in_the_worker(monkeypatch):
+    """`register_carried`: read in the caller when the job's state is taken, put in the worker
+    under `applied`; a read that fails leaves that state out rather than the job."""
+    from graphify import _job_pickle
+    from graphify.extend import register_carried
+
+    monkeypatch.setattr(_job_pickle, "CARRIED", {})
+    put = []
+    register_carried("a registry", lambda: ["b", "a"], put.append)
+    register_carried("a broken one", lambda: 1 / 0, put.append)
+    state = _job_pickle.torch_state()
+    assert state["carried"] == {"a registry": ["b", "a"]}
+    with _job_pickle.applied(state):
+        assert put == [["b", "a"]]
+    state["carried"]["not registered here"] = 3  # a library the worker has not imported: skipped
+    with _job_pickle.applied(state):
+        assert put == [["b", "a"], ["b", "a"]]

@@ -227,12 +227,21 @@ def test_identities_tell_objects_apart_across_processes_by_name_and_code():
 
 
 @LINES
-def test_a_transformers_decode_step_is_taken_in_as_the_worker_saved_it(backend):
+@pytest.mark.parametrize("others", [False, True], ids=["one-family", "another-family-made-first"])
+def test_a_transformers_decode_step_is_taken_in_as_the_worker_saved_it(backend, others):
     """generate() over a static cache: the swap loads the worker's compiled decode step (the
     model's output-capturing registry is recorded again in the worker, `transforms.hf`), and
-    the tokens are eager's."""
+    the tokens are eager's. Where this process made models of other families first, the
+    registry holds their classes before this one's; the worker's trace sees them in the same
+    order, or the loaded function's guard on the registry's keys refuses every call here."""
     transformers = pytest.importorskip("transformers")
     _, device, compiler = backend
+    if others:
+        for name in ("Qwen2", "Gemma"):
+            kind = getattr(transformers, f"{name}Config")(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                                          num_hidden_layers=1, num_attention_heads=2,
+                                                          num_key_value_heads=1, head_dim=8)
+            getattr(transformers, f"{name}ForCausalLM")(kind)
     config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
 
@@ -499,6 +508,32 @@ def test_a_rebuilt_transformers_model_is_recorded_as_its_transformers_records_it
     assert model.model._can_record_outputs  # LlamaModel records its layers' outputs
     assert dict.get(table, str(type(model.model))) == model.model._can_record_outputs  # what the forward reads
     assert dict.get(table, str(type(model))) == model._can_record_outputs
+
+
+@pytest.mark.parametrize("registry", ["this transformers'", "a plain dict (transformers 5.17)"])
+def test_the_workers_registry_takes_the_callers_key_order(registry, monkeypatch):
+    """What the job carries of the output-capturing registry (its keys in order) and what the
+    worker makes of it: the caller's keys in the caller's order, its own entries' values kept,
+    the empty entry for classes it never recorded, its extra keys last."""
+    capturing = pytest.importorskip("transformers.utils.output_capturing")
+    from transforms.hf import _registry_in_order, _registry_keys
+
+    fresh = {} if registry.startswith("a plain") else type(capturing._CAN_RECORD_REGISTRY)()
+    monkeypatch.setattr(capturing, "_CAN_RECORD_REGISTRY", fresh)
+    for key, value in (("<class 'Qwen2Model'>", {"a": 1}), ("<class 'LlamaModel'>", {"b": 2})):
+        dict.__setitem__(fresh, key, value)
+    caller = _registry_keys()
+    assert caller == ["<class 'Qwen2Model'>", "<class 'LlamaModel'>"]
+    worker = {} if registry.startswith("a plain") else type(capturing._CAN_RECORD_REGISTRY)()
+    dict.__setitem__(worker, "<class 'Extra'>", {"x": 0})
+    dict.__setitem__(worker, "<class 'LlamaModel'>", {"b": 2})  # the rebuilt model, recorded again
+    monkeypatch.setattr(capturing, "_CAN_RECORD_REGISTRY", worker)
+    _registry_in_order(caller)
+    assert list(dict.items(worker)) == [("<class 'Qwen2Model'>", {}), ("<class 'LlamaModel'>", {"b": 2}),
+                                        ("<class 'Extra'>", {"x": 0})]
+    assert capturing._CAN_RECORD_REGISTRY is worker  # set in place: the forward reads this very object
+    _registry_in_order(None)  # a caller without the registry: the worker's left as it is
+    assert len(worker) == 3
 
 
 class _AlwaysPasses:

@@ -125,8 +125,8 @@ def _register() -> None:
         from transformers.utils import import_utils
     except ImportError:
         return
-    from graphify.extend import (StateType, register_capture_context, register_forward_adapter, register_rebuilt,
-                                 register_state_type)
+    from graphify.extend import (StateType, register_capture_context, register_carried, register_forward_adapter,
+                                 register_rebuilt, register_state_type)
 
     from ._hf_masks import pad_masks_in_forward
 
@@ -139,6 +139,7 @@ def _register() -> None:
         register_capture_context(_seen_as_capturing)
     register_forward_adapter(pad_masks_in_forward)
     register_rebuilt(_recorded_again)
+    register_carried("transformers output-capturing registry", _registry_keys, _registry_in_order)
 
 
 def _recorded_again(module) -> None:
@@ -155,6 +156,39 @@ def _recorded_again(module) -> None:
     if isinstance(module, PreTrainedModel) and hasattr(module, "_can_record_outputs"):
         key = str(module.__class__) if type(_CAN_RECORD_REGISTRY) is dict else module
         _CAN_RECORD_REGISTRY[key] = module._can_record_outputs
+
+
+def _registry():
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # an older transformers: no such registry
+        return None
+    return _CAN_RECORD_REGISTRY
+
+
+def _registry_keys() -> list | None:
+    """The caller's output-capturing registry's keys, in order (class names: plain strings)."""
+    registry = _registry()
+    return None if registry is None else [k for k in dict.keys(registry) if isinstance(k, str)]
+
+
+def _registry_in_order(keys: list | None) -> None:
+    """In the compile worker: the registry's keys in the caller's order. The forward reads the
+    registry through a dict lookup, which dynamo guards by the dict's keys in order; a caller
+    that made other model families first holds their classes before this one's, so a fresh
+    process's registry would fail that guard in the caller and refuse every loaded call. Keys
+    this process has not recorded get the empty entry (what the registry answers for a class
+    with nothing to record: the worker compiles only the caller's models, recorded again when
+    rebuilt); its own entries keep their values, and any key the caller lacks goes last."""
+    registry = _registry()
+    if registry is None or keys is None:
+        return
+    own = dict(dict.items(registry))
+    dict.clear(registry)
+    for key in keys:
+        dict.__setitem__(registry, key, own.pop(key, {}))
+    for key, value in own.items():
+        dict.__setitem__(registry, key, value)
 
 
 _register()
