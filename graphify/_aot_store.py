@@ -46,6 +46,10 @@ def path_for(fn, kind: tuple, settings: dict, state: dict) -> str:
     module = getattr(fn, "__self__", None)
     shapes = (tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
               if isinstance(module, torch.nn.Module) else ())
+    # Not the libraries' carried state (`register_carried`): it is what this process has made so
+    # far (transformers' registry of model classes), not what the compile is; where the traced
+    # code read it, the kept function's own guards check it at the load.
+    state = {k: v for k, v in state.items() if k != "carried"}
     what = canonical((STORE_VERSION, torch.__version__, _aot.identity(fn), shapes, kind, settings, state))
     return os.path.join(directory(), hashlib.sha256(what.encode()).hexdigest()[:40] + ".aot")
 

@@ -353,6 +353,11 @@ def test_kept_functions_are_named_by_function_kind_settings_and_sizes():
     assert name(small.forward, kind, settings, state) != name(small.forward, kind, settings,
                                                               {"default_dtype": torch.float64})
     assert name(small.forward, kind, settings, state) != name(ShiftedLinear(16, 16).forward, kind, settings, state)
+    # what libraries' state this process carries to its worker (transformers' registry of the model
+    # classes made so far) is not part of the name: a restarted process that has not made them yet,
+    # or not imported that library, finds the file, and the kept function's guards judge the rest
+    carried = {**state, "carried": {"transformers output-capturing registry": ["<class 'LlamaModel'>"]}}
+    assert name(small.forward, kind, settings, state) == name(small.forward, kind, settings, carried)
 
 
 RESTARTED = """
