@@ -148,17 +148,18 @@ def _recorded_again(module) -> None:
     reads that registry, so a compiled function saved there would guard on its absence and
     never pass here. Recorded again, keyed as this transformers keys it: newer ones take the
     model and store its class's name, older ones (5.17) are a plain dict keyed by that name."""
-    try:
-        from transformers.modeling_utils import PreTrainedModel
-        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
-    except ImportError:  # an older transformers: no such registry
+    registry = _registry()
+    if registry is None:
         return
+    from transformers.modeling_utils import PreTrainedModel
+
     if isinstance(module, PreTrainedModel) and hasattr(module, "_can_record_outputs"):
-        key = str(module.__class__) if type(_CAN_RECORD_REGISTRY) is dict else module
-        _CAN_RECORD_REGISTRY[key] = module._can_record_outputs
+        key = str(module.__class__) if type(registry) is dict else module
+        registry[key] = module._can_record_outputs
 
 
 def _registry():
+    """transformers' output-capturing registry of model classes, or None (an older transformers)."""
     try:
         from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
     except ImportError:  # an older transformers: no such registry
