@@ -174,8 +174,10 @@ class FirstUse:
         slots, specs, layout = prepared.args, prepared.specs, prepared.layout
         family = family_of(layout, specs)
         objects = static_objects(specs, slots)
-        if (any(fits(r, layout, slots) for r in self.refused) or family in self.refused_families
-                or first_sighting(self, prepared, family, objects)):  # (pending set there) its warm-up, unwalked
+        if any(fits(r, layout, slots) for r in self.refused) or family in self.refused_families:
+            return self._eager(args, kwargs)
+        if first_sighting(self, prepared, family, objects):  # its warm-up, before the walk of its objects
+            self.pending = Pending(layout, specs, self.spec.label)
             return self._eager(args, kwargs)
         branch = branch_of(stateful := stateful_in(objects), layout.slot_names, slots)
         if branch is None:  # a state no graph stands in for (a cache window's crossing)
@@ -186,11 +188,11 @@ class FirstUse:
         if taken_over is not None:
             return self.run(args, kwargs)  # served by the structure that took the new objects over
         # kin: the same call with new static objects (a new cache, maybe of another length)
+        sighted = first_sighting(self, prepared, family, objects, takeover=False)  # no idle look-alike took it
+        self.pending = Pending(layout, specs, self.spec.label)
+        if sighted:
+            return self._eager(args, kwargs)
         kin = next((s for s in self.structures if s.family == family and s.graphs), None) if objects else None
-        previous, self.pending = self.pending, Pending(layout, specs, self.spec.label)
-        replaced = self.jobs is not None and self.jobs.replaced(family)
-        if kin is None and not replaced and (previous is None or not fits(previous, layout, slots)):
-            return self._eager(args, kwargs)  # a first sighting: its warm-up
         with self.lock:  # another thread may have made it meanwhile
             structure = fitting(self.structures, args, kwargs) or self._open_within_bounds(
                 prepared, family, kin, stateful, branch, objects)
@@ -202,7 +204,8 @@ class FirstUse:
                             branch, objects: dict) -> "CallStructure | None":
         """A new structure for `prepared`'s call, its first branch `branch` (lock held), or
         None where `MAX_STRUCTURES` are taken and none makes room (logged once)."""
-        if len(self.structures) >= MAX_STRUCTURES and not self._make_room(family, kin, objects):
+        if len(self.structures) >= MAX_STRUCTURES and not (  # the kind's least recently used makes room
+                kin is not None and self.room.make(self.structures, family, objects, self.spec.label)):
             self._warn_once(
                 "structures", "%s: %d call structures already have graphs; calls of other structures run eagerly "
                 "(capture() the one you need, or call with fewer distinct shapes and keywords)",
@@ -217,18 +220,6 @@ class FirstUse:
         self._add_branch(structure, branch, prepared).capture.carry(writes)
         self.structures.insert(0, structure)
         return structure
-
-    def _make_room(self, family: tuple, kin: "CallStructure | None", objects: dict) -> bool:
-        """For a call of a kind that has graphs, over new static objects: release the kind's
-        least recently used structure (`graphify._room`; lock held); False where none goes."""
-        oldest = self.room.oldest_of(self.structures, family, objects) if kin is not None else None
-        if oldest is None:
-            return False
-        self.structures.remove(oldest)
-        oldest.release()
-        log.debug("%s: %d call structures have graphs; the least recently used of this kind made room",
-                  self.spec.label, MAX_STRUCTURES)
-        return True
 
     def _add_branch(self, structure: CallStructure, key, prepared: Prepared) -> Branch:
         """A new branch of `structure`, its capture open on `prepared`'s call, first in line."""

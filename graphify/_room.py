@@ -11,10 +11,14 @@ makes no more room, and the bound holds.
 
 from __future__ import annotations
 
+import logging
+
 __all__ = ["Room", "MAX_RETURNS", "REMEMBERED"]
 
 MAX_RETURNS = 4  # objects of structures released to make room, met again, before a kind stops making room
 REMEMBERED = 64  # the objects of such structures remembered (weakly), to tell a return
+
+log = logging.getLogger("graphify")
 
 
 class Room:
@@ -40,3 +44,16 @@ class Room:
             self.released = ([w for w in oldest.capture.statics() if w() is not None] +
                              [w for w in self.released if w() is not None])[:REMEMBERED]
         return oldest
+
+    def make(self, structures: list, family: tuple, objects: dict, label: str) -> bool:
+        """For a call of a kind that has graphs, over new `objects`: release the kind's least
+        recently used structure (`oldest_of`) out of `structures` (their lock held); False where
+        none goes."""
+        oldest = self.oldest_of(structures, family, objects)
+        if oldest is None:
+            return False
+        log.debug("%s: %d call structures have graphs; the least recently used of this kind made room",
+                  label, len(structures))
+        structures.remove(oldest)
+        oldest.release()
+        return True

@@ -61,25 +61,22 @@ def fits(pending: Pending, layout, slots: Sequence[Any]) -> bool:
     return all(mismatch(pending.label, spec, slots[spec.index]) is None for spec in pending.specs)
 
 
-def first_sighting(first_use, prepared, family: tuple, objects: dict) -> bool:
+def first_sighting(first_use, prepared, family: tuple, objects: dict, takeover: bool = True) -> bool:
     """Whether a call of no structure yet (first use's `prepared` call, of `family`, over the
-    static `objects`) runs eagerly as a first sighting, its structure's warm-up, decided before
-    the walk of its objects (a cache's every layer) that only a capture or a take-over needs;
-    then it is `first_use.pending`. Not where another call may take it further: a structure of
-    its family has graphs (a kin), compiled graphs replace its kind, an idle structure as like
-    it may take its objects over, or the previous call was of its structure. A prompt's prefill
-    is one in every generate(). (Structures are read without the lock: one added meanwhile only
-    sends the call the longer way, which looks again under it.)"""
+    static `objects`) runs eagerly as a first sighting: its structure's warm-up, the caller then
+    making it `first_use.pending`. Not where another call may take it further: a structure of
+    its family has graphs (a kin), compiled graphs replace its kind, the previous call was of
+    its structure, or (`takeover`: asked before the walk of its objects, a cache's every layer,
+    which only a capture or a take-over needs) an idle structure as like it may take its objects
+    over. A prompt's prefill is one in every generate(). (Structures are read without the lock:
+    one added meanwhile only sends the call the longer way, which looks again under it.)"""
     layout, specs, slots = prepared.layout, prepared.specs, prepared.args
     if objects:
-        likeness = likeness_of(layout, specs)
-        if any(s.family == family and s.graphs or s.likeness == likeness and not s.alive()
+        likeness = likeness_of(layout, specs) if takeover else None
+        if any(s.family == family and s.graphs or takeover and s.likeness == likeness and not s.alive()
                for s in tuple(first_use.structures)):
             return False
     if first_use.jobs is not None and first_use.jobs.replaced(family):
         return False
     previous = first_use.pending
-    if previous is not None and fits(previous, layout, slots):
-        return False
-    first_use.pending = Pending(layout, specs, first_use.spec.label)
-    return True
+    return previous is None or not fits(previous, layout, slots)
