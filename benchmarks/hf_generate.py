@@ -372,17 +372,22 @@ def run_chat(name: str, shape: str, count: int | None = None, again: bool = Fals
 
 
 def chat_slowdowns(first: list[float], again: list[float], swap_call: int | None) -> dict:
-    """Each call's first-pass time over its second-pass time, the largest, and the swap call's
-    over the larger of its neighbours' (the target: a call past 1.5x its neighbours)."""
+    """Each call's first-pass time over its second-pass time, the largest, the largest over
+    the larger of its neighbours' after the first call, and the swap call's over its neighbours'
+    (the target: no call past 1.5x its neighbours)."""
     slowdown = [f / a for f, a in zip(first, again)]
     out = {"chat_slowdown": slowdown, "chat_max_slowdown_after_first": max(slowdown[1:], default=None),
-           "chat_max_vs_neighbours": max((slowdown[i] / max(slowdown[j] for j in (i - 1, i + 1) if j < len(slowdown))
-                                          for i in range(1, len(slowdown))), default=None)}
+           "chat_max_vs_neighbours": max((over_neighbours(slowdown, i) for i in range(1, len(slowdown))), default=None)}
     if swap_call is not None:
-        near = [slowdown[i] for i in (swap_call - 1, swap_call + 1) if 0 <= i < len(slowdown)]
         out["chat_swap_slowdown"] = slowdown[swap_call]
-        out["chat_swap_vs_neighbours"] = slowdown[swap_call] / max(near) if near else None
+        out["chat_swap_vs_neighbours"] = over_neighbours(slowdown, swap_call)
     return out
+
+
+def over_neighbours(slowdown: list[float], i: int) -> float | None:
+    """Call `i`'s slowdown over the larger of its neighbours' (None: it has none)."""
+    near = [slowdown[j] for j in (i - 1, i + 1) if 0 <= j < len(slowdown)]
+    return slowdown[i] / max(near) if near else None
 
 
 def worker(args) -> None:
