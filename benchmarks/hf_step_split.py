@@ -45,7 +45,24 @@ COLUMNS = [
     ("ms_per_token", "ms/token (call)", ".3f"), ("period_us", "period µs", ".0f"), ("vs_peer", "÷ peer", ".2f"),
     ("pre_launch_us", "pre-launch µs", ".0f"), ("post_us", "post µs", ".0f"), ("between_us", "between µs", ".0f"),
     ("prepare_us", "prepare µs", ".0f"), ("gpu_graph_us", "GPU graph µs", ".0f"), ("gpu_gap_us", "GPU gap µs", ".0f"),
+    ("full_checks_per_call", "watch's full compares / forward call", ".2f"),
 ]
+
+
+def full_checks(forward) -> int | None:
+    """How many full comparisons graphify's watches have made so far over every structure of
+    `forward` (None for a forward that is not graphify's). The per-call check compares every
+    edge only when something it watches moved; if a decode step moves something each call,
+    every call pays the full comparison, which this counts."""
+    first_use = getattr(forward, "_first_use", None)
+    if first_use is None:
+        return None
+    total = 0
+    for structure in first_use.structures:
+        table = getattr(getattr(structure, "runtime", None), "table", None)
+        watch = getattr(getattr(table, "reads", None), "watch", None)
+        total += getattr(watch, "verified", 0)
+    return total
 
 
 class Clocks:
@@ -162,13 +179,18 @@ def run_config(name: str, shape: str, batches, new: int, reps: int) -> list[dict
         calls = []
         for _ in range(reps):
             clocks.clear()
+            checks = full_checks(model.forward)
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             generate(model, name, ids, new)
             if cuda:
                 torch.cuda.synchronize()
-            calls.append({"ms_per_token": (time.perf_counter() - t0) * 1e3 / new, **clocks.split()})
+            took = (time.perf_counter() - t0) * 1e3 / new
+            forwards = sum(kind == "enter" for kind, _, _ in clocks.marks)
+            if checks is not None and forwards:
+                checks = (full_checks(model.forward) - checks) / forwards
+            calls.append({"ms_per_token": took, **clocks.split(), "full_checks_per_call": checks})
         median = sorted(calls, key=lambda c: c["period_us"])[len(calls) // 2]
         rows.append({"model": shape, "batch": batch, "key": name, "config": CONFIGS[name], **median,
                      "calls": calls})
