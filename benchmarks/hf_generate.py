@@ -23,7 +23,9 @@ bf16, greedy. Per configuration and batch, in a process of its own: the first ge
 the first call; prefill excluded), the time to the first token (a generate() of one new
 token: the prompt's prefill, median), steady ms per token (a 192-token call minus a 64-token
 call, the median over back-to-back pairs; the first 192-token call is timed apart, since
-transformers recompiles for a longer cache), on a GPU the kernels and GPU time per token (torch.profiler), and the largest
+transformers recompiles for a longer cache), on a GPU the kernels and GPU time per token
+(torch.profiler) and their split by kernel class (GEMM, attention, Triton, copy,
+elementwise: `_kernel_classes`), and the largest
 logit difference over the first decode steps to eager and to the exact logits (the same
 weights in fp32 arithmetic over eager's tokens: bf16 lines differ from eager by their rounding
 alone, from these by their own error; the root mean square too, since a largest difference
@@ -252,13 +254,44 @@ def gpu_per_token(call, prefill, new: int, read_bytes: float | None = None, peak
     return out
 
 
+def classes_per_token(call, prefill, new: int, weight_bytes: float | None = None,
+                      kv_bytes: float | None = None) -> dict:
+    """A token's GPU time by kernel class (`_kernel_classes`): kernels and µs per new token of
+    `call` less `prefill`'s, as `gpu_per_token` takes totals, from a profile of their own (one
+    call each; the classes' µs add up to that profile's GPU time), each class's share of it,
+    and the GB/s of the GEMMs over `weight_bytes` and of attention over `kv_bytes` (where the
+    class ran): where a decode token's GPU time goes."""
+    from . import _report
+    from ._kernel_classes import CLASSES, fold
+
+    long, one = fold(_report.cuda_spans(call, steps=1), 1), fold(_report.cuda_spans(prefill, steps=1), 1)
+    kernels = {c: (long[c]["kernels"] - one[c]["kernels"]) / (new - 1) for c in CLASSES}
+    us = {c: (long[c]["us"] - one[c]["us"]) / (new - 1) for c in CLASSES}
+    total = sum(us.values())
+    out = {"class_kernels_per_token": kernels, "class_us_per_token": us,
+           "class_share": {c: us[c] / total if total > 0 else None for c in CLASSES},
+           "gemm_us_per_token": us["gemm"], "attention_us_per_token": us["attention"]}
+    for cls, read in (("gemm", weight_bytes), ("attention", kv_bytes)):
+        if read and us[cls] > 0:
+            out[f"{cls}_gb_s"] = read / us[cls] / 1e3  # bytes per µs ÷ 1e3: GB/s
+    return out
+
+
 def decode_read_bytes(model, batch: int, prompt_len: int, new: int) -> int:
-    """Bytes one decode step must read at least, averaged over a `new`-token call: every
-    weight once (the input embedding only where it is also the LM head: a step reads `batch`
-    rows of it otherwise; a mixture of experts' expert weights in the share of experts that
-    `batch` tokens reach under even routing), and each sequence's keys and values up to its
-    length (the prompt plus half the new tokens, on average; a sliding-window layer's up to its
-    window). The weight-read floor of the tables is these bytes at the GPU's peak bandwidth."""
+    """Bytes one decode step must read at least, averaged over a `new`-token call: the
+    weights' and the keys' and values' of `decode_read_parts`. The weight-read floor of the
+    tables is these bytes at the GPU's peak bandwidth."""
+    weights, kv = decode_read_parts(model, batch, prompt_len, new)
+    return int(weights + kv)
+
+
+def decode_read_parts(model, batch: int, prompt_len: int, new: int) -> tuple[float, float]:
+    """(weight bytes, KV bytes) one decode step reads at least, averaged over a `new`-token
+    call: every weight once (the input embedding only where it is also the LM head: a step
+    reads `batch` rows of it otherwise; a mixture of experts' expert weights in the share of
+    experts that `batch` tokens reach under even routing), and each sequence's keys and values
+    up to its length (the prompt plus half the new tokens, on average; a sliding-window layer's
+    up to its window). Apart: GEMMs read the first, attention the second."""
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
@@ -275,7 +308,7 @@ def decode_read_bytes(model, batch: int, prompt_len: int, new: int) -> int:
     window = getattr(cfg, "sliding_window", None)
     kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
     lengths = sum(min(length, window) if window and kind == "sliding_attention" else length for kind in kinds)
-    return int(weights + 2 * kv_heads * head_dim * embed.element_size() * batch * lengths)
+    return weights, 2 * kv_heads * head_dim * embed.element_size() * batch * lengths
 
 
 def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: int, ref_dir: str) -> list[dict]:
@@ -308,9 +341,11 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
             longer = 3 * new
             row["first_longer_ms_per_token"] = (timed(lambda: generate(model, name, ids, longer)) - call) * 1e3 / (longer - new)  # noqa: B023
             row["steady_ms_per_token"] = steady_ms_per_token(lambda n: generate(model, name, ids, n), new, longer, reps)  # noqa: B023
-        if device == "cuda":  # the GPU's share of a token: kernels and their time, prefill taken out
-            row.update(gpu_per_token(lambda: generate(model, name, ids, new), lambda: generate(model, name, ids, 1), new,  # noqa: B023
-                                     decode_read_bytes(model, batch, prompt_len, new), peak_bandwidth(ids.device)))
+        if device == "cuda":  # the GPU's share of a token: kernels and their time, by class too, prefill taken out
+            long, one = lambda: generate(model, name, ids, new), lambda: generate(model, name, ids, 1)  # noqa: B023
+            read = decode_read_bytes(model, batch, prompt_len, new)
+            row.update(gpu_per_token(long, one, new, read, peak_bandwidth(ids.device)))
+            row.update(classes_per_token(long, one, new, *decode_read_parts(model, batch, prompt_len, new)))
         out = generate(model, name, ids, LOGIT_STEPS + 1, output_logits=True, return_dict_in_generate=True)
         logits = torch.stack(out.logits[1:], 1).float().cpu()  # the decode steps' logits
         ref_path = Path(ref_dir) / f"{shape}-{batch}.pt"
@@ -424,6 +459,8 @@ COLUMNS = [
     ("ms_per_token", "ms/token, 64-token call", ".2f"), ("vs_peer", "÷ peer", ".2f"),
     ("gpu_ms_per_token", "GPU ms/token", ".2f"), ("kernels_per_token", "kernels/token", ".0f"),
     ("gpu_idle_us_per_token", "GPU idle µs/token", ".0f"), ("achieved_gb_s", "GB/s", ".0f"),
+    ("gemm_us_per_token", "GEMM µs/token", ".0f"), ("gemm_gb_s", "GEMM GB/s", ".0f"),
+    ("attention_us_per_token", "attention µs/token", ".0f"),
     ("floor_ms_per_token", "floor ms/token", ".2f"), ("gpu_vs_floor", "GPU ÷ floor", ".2f"),
     ("steady_ms_per_token", "steady ms/token", ".2f"), ("steady_vs_peer", "÷ peer", ".2f"),
     ("first_longer_ms_per_token", "first 192-token call, ms/extra token", ".1f"),
