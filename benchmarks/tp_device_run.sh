@@ -19,8 +19,14 @@
 #             picks world sizes: HF_TP=4)
 #   serving   the main job's trace at $SERVING_MODEL on TP=1 and $TP: tensor-parallel-$TAG-serving
 #   again     the decode benchmark once more (the targets need two runs): tensor-parallel-$TAG-again
+#   crossover the all-reduce crossover: first the CUDA tests of tests/test_all_reduce_choice.py (one-
+#             and two-shot equal NCCL's sum inside graphs), then torchrun -m benchmarks.all_reduce_crossover
+#             on 2 and on 4 GPUs ($CROSSOVER_TP picks world sizes; hidden $CROSSOVER_HIDDEN): one-shot,
+#             two-shot and NCCL timed in captured graphs per message size, and the thresholds they
+#             suggest: all-reduce-crossover-tp<N>-<device>.{json,md}, copied to $OUT as each ends
 #
 #   STEPS="bench bench70 tests" bash benchmarks/tp_device_run.sh; STEPS="hf serving again" bash ...
+#   STEPS=crossover bash benchmarks/tp_device_run.sh   # about 2 minutes on two GPUs
 # Logs go to $LOGS; after every step they and the tensor-parallel results are packed into
 # $OUT/tp-bundle.tar.gz, so a cut run still reports. $OUT also gets summary.txt. A short summary
 # is printed last.
@@ -45,6 +51,8 @@ TP=${TP:-$(python3 -c "print(' '.join(str(t) for t in (2, 4) if t <= $GPUS))")}
 EXTRA=${EXTRA:-}  # more benchmark arguments (a dry run on a CPU: EXTRA="--smoke --cpu" GPUS=2)
 STEPS=${STEPS:-bench bench70 tests}  # then: STEPS="hf serving again"
 ALL_REDUCE=${ALL_REDUCE:-symm_mem}  # the TP all-reduce kinds the benchmark measures
+CROSSOVER_HIDDEN=${CROSSOVER_HIDDEN:-4096 8192}  # the crossover's message widths: 8B's and the 70B shape's
+CROSSOVER_EXTRA=${CROSSOVER_EXTRA:-}  # more arguments of benchmarks.all_reduce_crossover (--reps 100, --smoke)
 RESULTS=benchmarks/results
 SLUG=$(python3 -c "
 import torch, re; print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))" 2>/dev/null || echo cpu-sim)
@@ -52,7 +60,8 @@ TESTS_FILE=$RESULTS/gpu-tests-$SLUG-x$GPUS.txt  # nvidia-h200-x2 on the lent mac
 
 log() { echo "[$(date +%T)] $*" | tee -a "$LOGS/steps.txt"; }
 pack() {
-  tar -czf "$OUT/tp-bundle.tar.gz" -C "$LOGS" . -C "$PWD" $(ls $RESULTS/*tensor-parallel*-$SLUG.* "$TESTS_FILE" 2>/dev/null) 2>/dev/null
+  tar -czf "$OUT/tp-bundle.tar.gz" -C "$LOGS" . -C "$PWD" $(ls $RESULTS/*tensor-parallel*-$SLUG.* \
+    $RESULTS/all-reduce-crossover-*-$SLUG.* "$TESTS_FILE" 2>/dev/null) 2>/dev/null
   true
 }
 left() { echo $((BUDGET - ($(date +%s) - START))); }
@@ -113,6 +122,19 @@ if wanted serving; then
 fi
 if wanted again; then
   step again 240 $TORCHRUN $DECODE --name tensor-parallel-$TAG-again $EXTRA; tail -n 30 "$LOGS/again.txt"
+fi
+
+# the all-reduce crossover: its CUDA tests, then the benchmark per world size, results to $OUT as they come
+if wanted crossover; then
+  step crossover-tests ${CROSSOVER_TESTS_LIMIT:-150} python3 -m pytest -q -rfEsxX -p no:cacheprovider -v -m cuda \
+    -o faulthandler_timeout=90 tests/test_all_reduce_choice.py
+  tail -n 15 "$LOGS/crossover-tests.txt"
+  for n in ${CROSSOVER_TP:-2 $([ "$GPUS" -ge 4 ] && echo 4)}; do
+    step crossover-tp$n ${CROSSOVER_LIMIT:-180} python3 -m torch.distributed.run --standalone --nproc-per-node $n \
+      -m benchmarks.all_reduce_crossover --hidden $CROSSOVER_HIDDEN $CROSSOVER_EXTRA
+    cp $RESULTS/all-reduce-crossover-tp$n-$SLUG.* "$OUT/" 2>/dev/null
+    tail -n 35 "$LOGS/crossover-tp$n.txt"
+  done
 fi
 
 # the multi-GPU tests
@@ -197,6 +219,13 @@ for path in sorted(glob.glob(f"benchmarks/results/*tensor-parallel*-{slug}.json"
                   f"idle {f(row.get('idle_us'), '.0f')} us, err {f(row.get('max_err'), '.3g')}")
     for key, ratio in r.get("ratios", {}).items():
         print(f"  serving {key} / TP=1: {ratio}")
+for path in sorted(glob.glob(f"benchmarks/results/all-reduce-crossover-*-{slug}.json")):
+    r = json.load(open(path))
+    print(f"== {path.split('/')[-1]} ({r['environment']['date']}): suggested {r.get('suggestion')}")
+    for row in r.get("rows", []):
+        print(f"  h={row['hidden']} t={row['tokens']} {row['kib']:.0f} KiB: one {f(row.get('one_shot_us'), '.1f')} "
+              f"two {f(row.get('two_shot_us'), '.1f')} nccl {f(row.get('nccl_us'), '.1f')} us, fastest "
+              f"{row['fastest']}, today {row['today']}, ok {row['ok']}")
 for path in sorted(glob.glob(f"benchmarks/results/hf-tensor-parallel*-{slug}.json")):
     r = json.load(open(path))
     print(f"== {path.split('/')[-1]}: targets {r.get('targets')}")

@@ -11,11 +11,20 @@ multicast object is made (the lent machines forbid one). It is capturable: the b
 allocated and rendezvoused once, outside any capture, and the kernel reads only device
 pointers fixed at rendezvous.
 
+For large messages a two-shot all-reduce may be cheaper (each rank reads only its share of
+every peer's message, then every rank's reduced share): `symm_mem::two_shot_all_reduce_out`
+over the same buffer, the message copied in first (that op reads its input from symmetric
+memory) and written to a fresh output. `choose` picks per message: one-shot up to
+`one_shot_max`, two-shot above it up to `two_shot_max`, NCCL above both. The defaults
+(one-shot up to the buffer, no two-shot) are the rule before two-shot existed; the
+crossover is for `benchmarks.all_reduce_crossover` to measure and the caller to set.
+
 A message above the buffer (`max_bytes`), of another dtype, or not a whole number of 4-byte
 words takes NCCL's functional all-reduce. The choice is made per call, on the real size:
 eagerly, or while a graph of one size is captured. Under a symbolic trace (`split`'s
 make_fx) the size is not known yet, so the reduce is recorded as one registered op,
-`graphify_models::symm_mem_all_reduce`, which makes the same choice when it runs.
+`graphify_models::symm_mem_all_reduce`, which makes the same choice when it runs (so is a
+two-shot reduce under a fake trace: torch registers no fake kernel for the two-shot op).
 """
 
 from __future__ import annotations
@@ -26,13 +35,53 @@ import socket
 
 import torch
 
-__all__ = ["DEFAULT_MAX_BYTES", "symm_mem_reduce", "nccl_reduce", "nccl_gather_last"]
+__all__ = ["DEFAULT_MAX_BYTES", "KINDS", "choose", "thresholds", "two_shot_reason", "symm_mem_reduce", "nccl_reduce",
+           "nccl_gather_last"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 8 << 20  # 8 MiB: B=1024 tokens of a 4096-wide bf16 hidden state
-_DTYPES = (torch.bfloat16, torch.float32)  # what the one-shot kernel dispatches on
+_DTYPES = (torch.bfloat16, torch.float32)  # what the one- and two-shot kernels dispatch on
+KINDS = ("one_shot", "two_shot", "nccl")  # in the order `choose` hands them out as messages grow
 _BUFFERS: dict[tuple, torch.Tensor] = {}  # (group name, max_bytes, dtype, device) -> rendezvoused buffer
+_TWO_SHOT: dict[tuple, str | None] = {}  # the same keys -> why two-shot cannot run there (None: it can)
+_WORLDS: dict[str, int] = {}  # group name -> its world size (the two-shot out-of-place kernel takes 2, 4 or 8)
+
+
+def choose(nbytes: int, dtype: torch.dtype, one_shot_max: int, two_shot_max: int, max_bytes: int,
+           buffer_dtype: torch.dtype | None = None) -> str:
+    """The kind of reduce ("one_shot", "two_shot" or "nccl") for a message of `nbytes` bytes of
+    `dtype`: NCCL for what the buffer cannot take (empty, above `max_bytes`, not a whole number
+    of 4-byte words, a dtype the kernels or the buffer (`buffer_dtype`) do not hold); else
+    one-shot up to `one_shot_max`, two-shot above it up to `two_shot_max`, NCCL above both.
+    With one_shot_max = max_bytes and two_shot_max = 0 (`thresholds`' defaults): one-shot
+    whenever the buffer can take the message, the rule before two-shot."""
+    if nbytes <= 0 or nbytes > max_bytes or nbytes % 4 or dtype not in _DTYPES:
+        return "nccl"
+    if buffer_dtype is not None and dtype != buffer_dtype:
+        return "nccl"
+    if nbytes <= one_shot_max:
+        return "one_shot"
+    return "two_shot" if nbytes <= two_shot_max else "nccl"
+
+
+def thresholds(max_bytes: int, one_shot_max_bytes: int | None = None, two_shot_max_bytes: int = 0) -> tuple[int, int]:
+    """(one_shot_max, two_shot_max) for `choose`: one-shot up to the buffer unless told, no
+    two-shot unless told. Raises ValueError on a negative or non-integer threshold."""
+    one = max_bytes if one_shot_max_bytes is None else one_shot_max_bytes
+    named = (("max_bytes", max_bytes), ("one_shot_max_bytes", one), ("two_shot_max_bytes", two_shot_max_bytes))
+    for what, value in named:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"symm_mem all-reduce: {what} must be a non-negative int of bytes, not {value!r}")
+    return one, two_shot_max_bytes
+
+
+def two_shot_reason() -> str | None:
+    """Why this torch cannot run the two-shot all-reduce (None: it has the op)."""
+    ops = torch.ops.symm_mem
+    if not (hasattr(ops, "two_shot_all_reduce_out") or hasattr(ops, "two_shot_all_reduce_")):
+        return f"torch {torch.__version__} has no symm_mem::two_shot_all_reduce_out or two_shot_all_reduce_"
+    return None
 
 
 def nccl_reduce(name: str):
@@ -58,36 +107,76 @@ def nccl_gather_last(name: str, world: int):
 
 
 def _one_shot(x: torch.Tensor, buf: torch.Tensor, name: str) -> torch.Tensor:
-    """Sum `x` over the group through `buf`, or through NCCL when `x` does not fit it."""
-    n, size = x.numel(), x.element_size()
-    if n == 0 or x.dtype != buf.dtype or n > buf.numel() or (n * size) % 4:
-        return nccl_reduce(name)(x)
+    """Sum `x` over the group by the one-shot kernel, which copies `x` into `buf` itself."""
+    size = x.element_size()
     if not x.is_contiguous() or (x.storage_offset() * size) % 16:  # the kernel wants both views aligned alike
         x = x.clone(memory_format=torch.contiguous_format)
-    return torch.ops.symm_mem.one_shot_all_reduce_copy(buf[:n].view(x.shape), x, "sum", name)
+    return torch.ops.symm_mem.one_shot_all_reduce_copy(buf[:x.numel()].view(x.shape), x, "sum", name)
+
+
+def _two_shot(x: torch.Tensor, buf: torch.Tensor, name: str) -> torch.Tensor:
+    """Sum `x` over the group by the two-shot kernel: `x` copied into `buf` (the op reads its
+    input from symmetric memory), the sum written to a new tensor (`buf` is reused by the next
+    reduce). The out-of-place kernel takes worlds of 2, 4 and 8; others run in place, then copy."""
+    staged = buf[:x.numel()].view(x.shape)
+    staged.copy_(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ops = torch.ops.symm_mem
+    if hasattr(ops, "two_shot_all_reduce_out") and _WORLDS.get(name) in (2, 4, 8):
+        return ops.two_shot_all_reduce_out(staged, "sum", name, out)
+    ops.two_shot_all_reduce_(staged, "sum", name)
+    return out.copy_(staged)
+
+
+def _reduce(x: torch.Tensor, buf: torch.Tensor, name: str, one_shot_max: int, two_shot_max: int) -> torch.Tensor:
+    """Sum `x` over the group by the kind `choose` gives its size (NCCL where `buf` cannot serve)."""
+    kind = choose(x.numel() * x.element_size(), x.dtype, one_shot_max, two_shot_max,
+                  buf.numel() * buf.element_size(), buf.dtype)
+    if kind == "one_shot":
+        return _one_shot(x, buf, name)
+    return _two_shot(x, buf, name) if kind == "two_shot" else nccl_reduce(name)(x)
 
 
 @torch.library.custom_op("graphify_models::symm_mem_all_reduce", mutates_args=())
-def symm_mem_all_reduce(x: torch.Tensor, group_name: str, max_bytes: int) -> torch.Tensor:
+def symm_mem_all_reduce(x: torch.Tensor, group_name: str, max_bytes: int, one_shot_max: int,
+                        two_shot_max: int) -> torch.Tensor:
     """The reduce as one op, for symbolic traces: its buffer is looked up when it runs."""
     buf = _BUFFERS.get((group_name, max_bytes, x.dtype, x.device))
-    return _one_shot(x, buf, group_name) if buf is not None else nccl_reduce(group_name)(x)
+    return _reduce(x, buf, group_name, one_shot_max, two_shot_max) if buf is not None else nccl_reduce(group_name)(x)
 
 
 @symm_mem_all_reduce.register_fake
-def _(x, group_name, max_bytes):
+def _(x, group_name, max_bytes, one_shot_max, two_shot_max):
     return torch.empty_like(x)
 
 
-def _make_reduce(name: str, buf: torch.Tensor, max_bytes: int):
-    """The symm_mem reduce over `buf` (rendezvoused for group `name`)."""
+def _traced(x: torch.Tensor) -> bool:
+    """Whether `x` is a fake or functional tensor of a trace (no kernel runs on it)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return isinstance(x, (FakeTensor, FunctionalTensor))
+
+
+def _make_reduce(name: str, buf: torch.Tensor, max_bytes: int, one_shot_max: int | None = None,
+                 two_shot_max: int = 0, two_shot_reason: str | None = None):
+    """The symm_mem reduce over `buf` (rendezvoused for group `name`): one-shot up to
+    `one_shot_max` bytes (default: the buffer), two-shot up to `two_shot_max`, NCCL above.
+    `two_shot_reason` (two-shot cannot run): its range goes to one-shot, as before two-shot."""
+    one, two = thresholds(max_bytes, one_shot_max, two_shot_max)
+    if two_shot_reason is not None:
+        one, two = max(one, two), 0
+    cap = buf.numel() * buf.element_size()
 
     def reduce(x: torch.Tensor) -> torch.Tensor:
-        if isinstance(x.numel(), torch.SymInt):  # a symbolic trace: choose when the op runs
-            return torch.ops.graphify_models.symm_mem_all_reduce(x, name, max_bytes)
-        return _one_shot(x, buf, name)
+        if isinstance(x.numel(), torch.SymInt) or (reduce.kind_for(x.numel() * x.element_size(), x.dtype) == "two_shot"
+                                                    and _traced(x)):  # choose when the op runs
+            return torch.ops.graphify_models.symm_mem_all_reduce(x, name, max_bytes, one, two)
+        return _reduce(x, buf, name, one, two)
 
-    reduce.kind, reduce.fallback_reason = "symm_mem", None
+    reduce.kind, reduce.fallback_reason, reduce.two_shot_reason = "symm_mem", None, two_shot_reason
+    reduce.one_shot_max_bytes, reduce.two_shot_max_bytes = one, two
+    reduce.kind_for = lambda nbytes, dtype: choose(nbytes, dtype, one, two, cap, buf.dtype)  # noqa: E731
     return reduce
 
 
@@ -161,20 +250,44 @@ def _rendezvous(name: str, max_bytes: int, dtype: torch.dtype, device: torch.dev
     return buf
 
 
-def _self_test(buf: torch.Tensor, name: str, rank: int, world: int) -> bool:
-    """One eager one-shot all-reduce of known values: whether it gave their sum."""
+def _self_test(buf: torch.Tensor, name: str, rank: int, world: int, kind: str = "one_shot") -> bool:
+    """One eager all-reduce of known values by `kind`: whether it gave their sum."""
     n = min(256, buf.numel())
     x = torch.full((n,), float(rank + 1), dtype=buf.dtype, device=buf.device)
-    out = torch.ops.symm_mem.one_shot_all_reduce_copy(buf[:n], x, "sum", name)
+    out = (_one_shot if kind == "one_shot" else _two_shot)(x, buf, name)
     return bool((out == world * (world + 1) / 2).all().item())
 
 
-def symm_mem_reduce(group, dtype: torch.dtype, device, max_bytes: int = DEFAULT_MAX_BYTES):
-    """(reduce, None) summing over `group` through symmetric memory, or (None, reason) when it
-    cannot. Collective: every rank of `group` calls it, outside any capture, in the same order.
-    Buffers are made once per (group, max_bytes, dtype, device) and shared."""
+def _check_two_shot(key: tuple, group, buf: torch.Tensor) -> str | None:
+    """Why two-shot cannot serve `key`'s buffer (None: its self-test passed on every rank);
+    collective, once per buffer."""
     import torch.distributed as dist
 
+    if key not in _TWO_SHOT:
+        reason = two_shot_reason()
+        if reason is None:
+            try:
+                if not _self_test(buf, key[0], dist.get_rank(group), dist.get_world_size(group), "two_shot"):
+                    reason = "the two-shot all-reduce's self-test gave a wrong sum"
+            except Exception as exc:  # noqa: BLE001 - any failure is a reason to use one-shot instead
+                reason = f"the two-shot all-reduce failed: {type(exc).__name__}: {exc}"
+        if not _agree(reason is None, group, buf.device):
+            reason = reason or "the two-shot all-reduce failed on another rank"
+        _TWO_SHOT[key] = reason
+    return _TWO_SHOT[key]
+
+
+def symm_mem_reduce(group, dtype: torch.dtype, device, max_bytes: int = DEFAULT_MAX_BYTES,
+                    one_shot_max_bytes: int | None = None, two_shot_max_bytes: int = 0):
+    """(reduce, None) summing over `group` through symmetric memory, or (None, reason) when it
+    cannot. Collective: every rank of `group` calls it, outside any capture, in the same order,
+    with the same arguments. Buffers are made once per (group, max_bytes, dtype, device) and
+    shared. Per message the reduce is one-shot up to `one_shot_max_bytes` (default: the
+    buffer), two-shot up to `two_shot_max_bytes` (default 0: none), NCCL above (`choose`);
+    where two-shot cannot run, its range goes to one-shot and `reduce.two_shot_reason` says why."""
+    import torch.distributed as dist
+
+    one, two = thresholds(max_bytes, one_shot_max_bytes, two_shot_max_bytes)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -184,14 +297,31 @@ def symm_mem_reduce(group, dtype: torch.dtype, device, max_bytes: int = DEFAULT_
     if reason is not None:
         return None, reason
     name, key = group.group_name, (group.group_name, max_bytes, dtype, device)
-    if key in _BUFFERS:
-        return _make_reduce(name, _BUFFERS[key], max_bytes), None
+    _WORLDS[name] = dist.get_world_size(group)
+    if key not in _BUFFERS:
+        reason = _make_buffer(key, group)
+        if reason is not None:
+            return None, reason
+    buf = _BUFFERS[key]
+    why = _check_two_shot(key, group, buf) if two > one else None
+    if why is not None:
+        log.warning("symm_mem all-reduce: %s; messages of %d to %d bytes take the one-shot all-reduce instead",
+                    why, one + 1, two)
+    return _make_reduce(name, buf, max_bytes, one, two, why), None
+
+
+def _make_buffer(key: tuple, group) -> str | None:
+    """Rendezvous and self-test `key`'s buffer into `_BUFFERS`; why it failed (None: it did not).
+    Collective."""
+    import torch.distributed as dist
+
+    name, max_bytes, dtype, device = key
     try:
         reason = _peer_reason(group, device)
     except Exception as exc:  # noqa: BLE001 - no answer is a reason to fall back
         reason = f"could not check P2P access: {type(exc).__name__}: {exc}"
     if not _agree(reason is None, group, device):
-        return None, reason or "another rank cannot read its peers' GPUs directly"
+        return reason or "another rank cannot read its peers' GPUs directly"
     try:
         buf = _rendezvous(name, max_bytes, dtype, device)
         if not _self_test(buf, name, dist.get_rank(group), dist.get_world_size(group)):
@@ -199,6 +329,6 @@ def symm_mem_reduce(group, dtype: torch.dtype, device, max_bytes: int = DEFAULT_
     except Exception as exc:  # noqa: BLE001 - any failure is a reason to fall back, on every rank
         buf, reason = None, f"symmetric memory failed: {type(exc).__name__}: {exc}"
     if not _agree(reason is None, group, device):
-        return None, reason or "symmetric memory failed on another rank"
+        return reason or "symmetric memory failed on another rank"
     _BUFFERS[key] = buf
-    return _make_reduce(name, buf, max_bytes), None
+    return None

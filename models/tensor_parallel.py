@@ -9,7 +9,9 @@ all-reduce each, of one of two kinds (`all_reduce_fn`):
   runs the same program on CPUs);
 - "symm_mem": a one-shot all-reduce through symmetric memory (`models._symm_mem`: one
   kernel reading the peers' buffers over NVLink P2P, no multicast), for the small messages
-  of decode, where NCCL's per-call latency dominates; NCCL where it cannot run.
+  of decode, where NCCL's per-call latency dominates; NCCL where it cannot run. Thresholds
+  (`one_shot_max_bytes`, `two_shot_max_bytes`) may hand larger messages to a two-shot
+  reduce through the same buffer, or to NCCL; by default one-shot up to 8 MiB, NCCL above.
 Embedding and norms are replicated; so is the LM head (tied to the embedding), or, with
 `lm_head="vocab"`, split by vocabulary rows, the logits joined by one all-gather.
 
@@ -25,7 +27,7 @@ import logging
 import attrs
 import torch
 
-from ._symm_mem import DEFAULT_MAX_BYTES, nccl_gather_last, nccl_reduce, symm_mem_reduce
+from ._symm_mem import DEFAULT_MAX_BYTES, nccl_gather_last, nccl_reduce, symm_mem_reduce, thresholds
 from .decoder import Decoder, DecoderConfig, draw_weight, rope_tables
 from .varlen import varlen_step
 
@@ -99,7 +101,8 @@ def shard_paged_cache(cfg: DecoderConfig, cache: torch.Tensor, rank: int) -> tor
 
 
 def all_reduce_fn(group=None, kind: str = "nccl", *, dtype: torch.dtype = torch.bfloat16, device=None,
-                  max_bytes: int = DEFAULT_MAX_BYTES):
+                  max_bytes: int = DEFAULT_MAX_BYTES, one_shot_max_bytes: int | None = None,
+                  two_shot_max_bytes: int = 0):
     """`x -> sum of x over the group`, traceable by `split` and capturable in CUDA graphs.
 
     `kind="nccl"`: the functional collective. `kind="symm_mem"`: the one-shot all-reduce
@@ -107,13 +110,20 @@ def all_reduce_fn(group=None, kind: str = "nccl", *, dtype: torch.dtype = torch.
     current CUDA device by default), NCCL for larger messages; it is collective (every rank
     calls it, outside any capture) and, where symmetric memory cannot run (CPU or gloo, one
     rank, no P2P, another dtype), logs why and returns the NCCL reduce. The result says what
-    it is: `.kind` ("nccl" or "symm_mem") and `.fallback_reason` (None unless it fell back)."""
+    it is: `.kind` ("nccl" or "symm_mem") and `.fallback_reason` (None unless it fell back).
+
+    The crossover (`models._symm_mem.choose`, measured by `benchmarks.all_reduce_crossover`):
+    one-shot up to `one_shot_max_bytes` (default: `max_bytes`), the two-shot all-reduce
+    through the same buffer up to `two_shot_max_bytes` (default 0: never), NCCL above. The
+    defaults are one-shot up to the buffer, NCCL above."""
     import torch.distributed as dist
 
     if kind not in ALL_REDUCE_KINDS:
         raise ValueError(f"all_reduce_fn: kind {kind!r} is not one of {ALL_REDUCE_KINDS}")
+    thresholds(max_bytes, one_shot_max_bytes, two_shot_max_bytes)  # a bad threshold is an error for any kind
     group = group or dist.group.WORLD
-    reduce, reason = (None, None) if kind == "nccl" else symm_mem_reduce(group, dtype, device, max_bytes)
+    reduce, reason = (None, None) if kind == "nccl" else symm_mem_reduce(
+        group, dtype, device, max_bytes, one_shot_max_bytes, two_shot_max_bytes)
     if reduce is not None:
         return reduce
     if reason is not None:

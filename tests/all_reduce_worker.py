@@ -1,0 +1,74 @@
+"""One rank of the mixed-crossover test (tests/test_all_reduce_choice.py starts two, on NCCL):
+one symm_mem reduce with one-shot, two-shot and NCCL ranges, a message in each, all three
+captured in one CUDA graph and replayed on fresh inputs against NCCL's eager sum. Prints one
+`RESULT <json>` line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from models import all_reduce_fn
+
+HIDDEN = 4096
+TOKENS = {"one_shot": 4, "two_shot": 64, "nccl": 256}  # 32 KiB, 512 KiB, 2 MiB of bf16
+
+
+def fresh(shape, device, seed: int) -> torch.Tensor:
+    """Values of magnitude 0.5 to 1.5, random sign: never zero."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    sign = torch.randint(0, 2, shape, generator=gen, device=device) * 2 - 1
+    x = (torch.rand(shape, generator=gen, device=device) + 0.5) * sign
+    return x.to(torch.bfloat16)
+
+
+def mixed(rank: int, world: int) -> dict:
+    device = torch.device("cuda", rank)
+    reduce = all_reduce_fn(kind="symm_mem", dtype=torch.bfloat16, device=device, max_bytes=1 << 21,
+                           one_shot_max_bytes=64 << 10, two_shot_max_bytes=1 << 20)
+    statics = {k: fresh((t, HIDDEN), device, rank) for k, t in TOKENS.items()}
+    taken = {k: reduce.kind_for(x.numel() * x.element_size(), x.dtype) for k, x in statics.items()}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for x in statics.values():
+            reduce(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = {k: reduce(x) for k, x in statics.items()}
+    worst = dict.fromkeys(statics, 0.0)
+    for trial in range(4):
+        wants = {}
+        for k, x in statics.items():
+            x.copy_(fresh(tuple(x.shape), device, 1000 * trial + 10 * rank + len(k)))
+            wants[k] = x.clone()
+            dist.all_reduce(wants[k])
+        graph.replay()
+        for k, out in outs.items():
+            worst[k] = max(worst[k], (out.float() - wants[k].float()).abs().max().item())
+    torch.cuda.synchronize()
+    return {"kind": reduce.kind, "two_shot_reason": reduce.two_shot_reason, "taken": taken, "max_err": worst,
+            "torch": torch.__version__}
+
+
+def main() -> None:
+    scenario, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        result = {"mixed": mixed}[scenario](rank, world)
+    except Exception as exc:  # reported, so the test can show it
+        result = {"crash": f"{type(exc).__name__}: {exc}"}
+    result["t_result"] = time.time()
+    print("RESULT " + json.dumps(result), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
