@@ -190,6 +190,8 @@ BENCHES: tuple[Bench, ...] = (
                 Col("gpu_ms_per_token", "GPU ms/token", ".2f"), Col("kernels_per_token", "kernels/token", ".0f"),
                 Col("gpu_idle_us_per_token", "GPU idle µs/token", ".0f"), Col("achieved_gb_s", "GB/s", ".0f"),
                 Col("gpu_vs_floor", "GPU ÷ weight+KV floor", ".2f"),
+                Col("gemm_us_per_token", "GEMM µs/token", ".0f"), Col("gemm_gb_s", "GEMM GB/s", ".0f"),
+                Col("attention_us_per_token", "attention µs/token", ".0f"),
                 Col("max_logit_diff", "max logit diff vs eager", ".3g"),
                 Col("max_logit_diff_fp32", "vs fp32", ".3g"), Col("rms_logit_diff_fp32", "rms vs fp32", ".3g"),
                 Col("swap_generate_s", "generate() that takes compiled graphs in, s", ".2f"),
@@ -224,6 +226,7 @@ BENCHES: tuple[Bench, ...] = (
                 Col("period_us", "period µs", ".0f"), Col("pre_launch_us", "pre-launch µs", ".0f"),
                 Col("between_us", "between calls µs", ".0f"), Col("prepare_us", "prepare µs", ".0f"),
                 Col("gpu_graph_us", "GPU graph µs", ".0f"), Col("gpu_gap_us", "GPU gap µs", ".0f"),
+                Col("full_checks_per_call", "watch's full compares / call", ".2f"),
             )),
         ),
     ),
@@ -372,6 +375,19 @@ BENCHES: tuple[Bench, ...] = (
                 Col("tokens_per_s", "tokens/s", ",.0f"), Col("vs_tp1", "÷ TP=1", ".3f"), Col("p50_ms", "p50 ms", ".2f"),
                 Col("p99_ms", "p99 ms", ".2f"), Col("startup_s", "start-up s", ".1f"),
             ), lambda data: [{**row, "model": data["config"]["model"]} for row in derive(data["rows"], vs_tp1=vs_tp1)]),
+        ),
+    ),
+    Bench(
+        "all-reduce-crossover", "Tensor parallelism: one-shot, two-shot and NCCL all-reduces by message size",
+        "torchrun --nproc-per-node 2 -m benchmarks.all_reduce_crossover",
+        "A [tokens, hidden] bf16 all-reduce inside a captured graph of back-to-back reduces, per kind: the "
+        "one-shot symmetric-memory reduce, the two-shot one through the same buffer, NCCL's functional one; "
+        "the slowest rank's median per reduce, each kind checked against NCCL's sum on fresh random inputs.",
+        (
+            Table("rows", "All-reduce", (Col("world", "GPUs"), Col("hidden", "hidden"), Col("tokens", "tokens")), (
+                Col("kib", "KiB", ".0f"), Col("one_shot_us", "one-shot µs", ".1f"), Col("two_shot_us", "two-shot µs", ".1f"),
+                Col("nccl_us", "NCCL µs", ".1f"), Col("fastest", "fastest"), Col("today", "today's choice"),
+            ), lambda data: [{"world": data.get("world"), **row} for row in data["rows"]]),
         ),
     ),
     Bench(
