@@ -107,7 +107,7 @@ CONFIGS = {
 PEER = "hf_compile"
 LOGIT_STEPS = 4  # decode steps whose logits are compared with eager's
 CHAT_CALLS = 20
-TTFT_PAIRS = 9  # 1-token calls of the line and of eager, in turn (`ttft_beside_eager`)
+TTFT_PAIRS = 15  # 1-token calls of the line and of eager, in turn (`ttft_beside_eager`): 15 pairs cost ~2 s at 8B
 
 
 def build(shape: str, device: str):
