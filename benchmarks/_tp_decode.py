@@ -45,7 +45,7 @@ from ._floor import HandWrittenGraph
 from ._ranks import maybe_fail
 from ._report import cuda_spans, host_pipelined_us, peak_bandwidth, summarise, time_per_call
 
-__all__ = ["BATCHES", "MODELS", "LEVERS", "Groups", "decode_model", "model_setup", "max_err"]
+__all__ = ["BATCHES", "MODELS", "LEVERS", "Groups", "all_reduce_label", "decode_model", "model_setup", "max_err"]
 
 BATCHES = (1, 8, 64)
 BLOCK = 16
@@ -69,6 +69,17 @@ LEVERS = {
     "pieces+vocab+splitkv": "pieces+vocab with split-KV attention",
 }
 PROFILE_STEPS = 5
+
+
+def all_reduce_label(kind: str, used: str, crossover: dict | None) -> str:
+    """An all-reduce's label in the rows: the kind asked for, what it fell back to, and a crossover
+    other than the default (`benchmarks.tensor_parallel --one-shot-max-bytes/--two-shot-max-bytes`),
+    so that runs with another crossover are never aggregated with the default's."""
+    label = used if used == kind else f"{kind}→{used}"
+    if crossover and used == "symm_mem":
+        one, two = crossover["one_shot_max_bytes"], crossover["two_shot_max_bytes"]
+        label += f" (one-shot ≤ {'buffer' if one is None else f'{one >> 10} KiB'}, two-shot ≤ {two >> 10} KiB)"
+    return label
 
 
 def tp1_lever(lever: str) -> str:
@@ -275,10 +286,12 @@ def _tp_kind(m: Model, tcfg, params, cache, group, local: int, kind: str, whole:
              tp1: dict) -> list[dict]:
     """One TP degree's rows for one all-reduce kind: eager, then each lever."""
     _, eager_timing, _ = TIMING[m.name]
-    step = tp_varlen_step(tcfg, params, local, group=group, all_reduce=kind, sharded=not whole)
+    crossover = getattr(m.args, "crossover", None)
+    step = tp_varlen_step(tcfg, params, local, group=group, all_reduce=kind, sharded=not whole, crossover=crossover)
     used = step.all_reduce.kind
-    head = {"model": m.label, "tp": tcfg.tp, "all_reduce": kind, "all_reduce_used": used,
-            "all_reduce_label": used if used == kind else f"{kind}→{used}",
+    label = all_reduce_label(kind, used, crossover)
+    head = {"model": m.label, "tp": tcfg.tp, "all_reduce": kind if crossover is None else label,
+            "all_reduce_used": used, "all_reduce_label": label, "crossover": crossover,
             "fallback_reason": step.all_reduce.fallback_reason,
             "reference": "single-GPU eager" if whole else f"TP={tcfg.tp} eager"}
     eager, refs = {}, dict(single_refs)
@@ -292,7 +305,7 @@ def _tp_kind(m: Model, tcfg, params, cache, group, local: int, kind: str, whole:
         built = step
         if "+vocab" in lever:
             vocab_step = vocab_step or tp_varlen_step(tcfg, params, local, group=group, all_reduce=kind,
-                                                      sharded=not whole, lm_head="vocab")
+                                                      sharded=not whole, lm_head="vocab", crossover=crossover)
             built = vocab_step
         for b, row in _measure(lever, built, m, cache, refs, tcfg, group).items():
             one, plain = tp1.get((tp1_lever(lever), b)), tp1.get(("plain", b))

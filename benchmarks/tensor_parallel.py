@@ -59,10 +59,11 @@ from models import (  # noqa: E402
     varlen_axes,
 )
 from transforms import split  # noqa: E402
+from models._symm_mem import DEFAULT_MAX_BYTES, thresholds  # noqa: E402
 
 from ._ranks import ExitTogether, init, maybe_fail  # noqa: E402
 from ._report import environment, publish, sync  # noqa: E402
-from ._tp_decode import BATCHES, LEVERS, MODELS, Groups, decode_model, max_err, model_setup  # noqa: E402
+from ._tp_decode import BATCHES, LEVERS, MODELS, Groups, all_reduce_label, decode_model, max_err, model_setup  # noqa: E402
 from ._tp_report import render_decode, render_serving, targets  # noqa: E402
 
 # -- decode ---------------------------------------------------------------------------------
@@ -137,9 +138,10 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
             continue
         for kind in args.all_reduce:
             cache = shard_paged_cache(tcfg, initial, local)
-            step = tp_varlen_step(tcfg, setup.params, local, group=group, attention=ATTENTION, all_reduce=kind)
+            step = tp_varlen_step(tcfg, setup.params, local, group=group, attention=ATTENTION, all_reduce=kind,
+                                  crossover=args.crossover)
             used = step.all_reduce.kind
-            label = f"TP={tp} " + (used if used == kind else f"{kind}→{used}")
+            label = f"TP={tp} " + all_reduce_label(kind, used, args.crossover)
             sync()
             t0 = time.perf_counter()  # start-up, timed once: split and capture are not repeated
             fn = split(step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes(), compile=inductor)
@@ -169,6 +171,14 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
 
 # -- main -------------------------------------------------------------------------------------
 
+def crossover(one_shot_max_bytes: int | None, two_shot_max_bytes: int) -> dict[str, int] | None:
+    """`tp_varlen_step`'s crossover for the symm_mem all-reduce, None where both are the defaults."""
+    if one_shot_max_bytes is None and not two_shot_max_bytes:
+        return None
+    thresholds(DEFAULT_MAX_BYTES, one_shot_max_bytes, two_shot_max_bytes)  # a bad one fails here, not on a rank
+    return {"one_shot_max_bytes": one_shot_max_bytes, "two_shot_max_bytes": two_shot_max_bytes}
+
+
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", nargs="+", choices=sorted(MODELS), default=["0.5b", "8b"])
@@ -183,6 +193,11 @@ def parse(argv=None):
     parser.add_argument("--all-reduce", nargs="+", choices=ALL_REDUCE_KINDS, default=None,
                         help="TP all-reduce kinds to measure (default: both where 2+ GPUs reach each other by P2P, "
                              "else nccl)")
+    parser.add_argument("--one-shot-max-bytes", type=int, default=None,
+                        help="symm_mem: the one-shot all-reduce up to this many bytes (default: its whole buffer)")
+    parser.add_argument("--two-shot-max-bytes", type=int, default=0,
+                        help="symm_mem: the two-shot all-reduce above the one-shot's range up to this many bytes, "
+                             "NCCL above (default 0: none); the thresholds benchmarks.all_reduce_crossover suggests")
     parser.add_argument("--requests", type=int, default=48, help="serving trace: requests")
     parser.add_argument("--seed", type=int, default=0, help="serving trace: seed")
     parser.add_argument("--name", default="tensor-parallel", help="result files' name (a second run: ...-again)")
@@ -195,6 +210,7 @@ def parse(argv=None):
                         help=argparse.SUPPRESS)
     parser.add_argument("--fail-how", choices=("raise", "kill"), default="raise", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.crossover = crossover(args.one_shot_max_bytes, args.two_shot_max_bytes)
     if args.smoke:
         args.model = ["tiny"]
     return args

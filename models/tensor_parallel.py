@@ -135,20 +135,21 @@ def all_reduce_fn(group=None, kind: str = "nccl", *, dtype: torch.dtype = torch.
 
 def tp_varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], rank: int, group=None,
                    attention: "str | Sequence[str]" = "unified", all_reduce: str = "nccl", *, sharded: bool = False,
-                   lm_head: str = "replicated"):
+                   lm_head: str = "replicated", crossover: "dict[str, int] | None" = None):
     """This rank's step of the model whose full (tp=1) weights are `params` (or, `sharded`,
     whose rank-`rank` shards they are: `init_shard_params`); `all_reduce` is the kind of
     `all_reduce_fn` (collective for "symm_mem": every rank of `group` builds its step). The
     step's `.all_reduce` is the reduce it got (its `.kind` says whether it fell back).
     `lm_head="vocab"`: each rank computes its slice of the vocabulary's logits (its rows of
     the tied embedding) and one all-gather joins them, instead of every rank reading the
-    whole LM head."""
+    whole LM head. `crossover`: `all_reduce_fn`'s `one_shot_max_bytes` / `two_shot_max_bytes` for
+    the symm_mem kind (measured by `benchmarks.all_reduce_crossover`); None keeps its defaults."""
     import torch.distributed as dist
 
     if lm_head not in LM_HEADS:
         raise ValueError(f"tp_varlen_step: lm_head {lm_head!r} is not one of {LM_HEADS}")
     device = next(iter(params.values())).device
-    reduce = all_reduce_fn(group, all_reduce, dtype=cfg.dtype, device=device)
+    reduce = all_reduce_fn(group, all_reduce, dtype=cfg.dtype, device=device, **(crossover or {}))
     mine = params if sharded else shard_params(cfg, params, rank)
     gather = None
     if lm_head == "vocab":

@@ -146,3 +146,24 @@ def test_a_tp_degree_that_does_not_divide_the_ranks_is_refused_on_every_rank():
     done = launch([cmd], [base_env(cpu=True)], timeout=120)[0]
     assert done["returncode"] != 0
     assert "--tp [3]: each TP degree must divide the world size 2" in done["stderr"], done["stderr"][-2000:]
+
+
+def test_a_crossover_other_than_the_default_is_named_in_the_rows_and_reaches_the_reduce():
+    """`--one-shot-max-bytes/--two-shot-max-bytes` (the crossover `benchmarks.all_reduce_crossover`
+    suggests) go to the symm_mem reduce of every TP step, and label its rows apart from the
+    default's, so the two are never aggregated; a fallback to NCCL keeps its plain label."""
+    from benchmarks._tp_decode import all_reduce_label
+    from benchmarks.tensor_parallel import crossover, parse
+    from models import tp_varlen_step
+
+    assert parse([]).crossover is None and crossover(None, 0) is None
+    chosen = parse(["--one-shot-max-bytes", str(512 << 10), "--two-shot-max-bytes", str(8 << 20)]).crossover
+    assert chosen == {"one_shot_max_bytes": 512 << 10, "two_shot_max_bytes": 8 << 20}
+    assert all_reduce_label("symm_mem", "symm_mem", None) == "symm_mem"
+    assert all_reduce_label("symm_mem", "symm_mem", chosen) == "symm_mem (one-shot ≤ 512 KiB, two-shot ≤ 8192 KiB)"
+    assert all_reduce_label("symm_mem", "nccl", chosen) == "symm_mem→nccl"
+    with pytest.raises(ValueError, match="one_shot_max_bytes must be a non-negative int"):
+        crossover(-1, 0)
+    with pytest.raises(ValueError, match="two_shot_max_bytes must be a non-negative int"):  # forwarded to the reduce
+        tp_varlen_step(DecoderConfig.tiny(tp=2), init_params(DecoderConfig.tiny()), 0, all_reduce="symm_mem",
+                       crossover={"one_shot_max_bytes": None, "two_shot_max_bytes": -5})
