@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-__all__ = ["ExitTogether", "init", "maybe_fail"]
+__all__ = ["ExitTogether", "init", "maybe_fail", "rank_options"]
 
 PREFIX = "benchmarks.tensor_parallel"
 ABORT_KEY = f"{PREFIX}/failed-rank"
@@ -133,6 +133,15 @@ def _quietly(fn) -> None:
         fn()
     except Exception:  # noqa: BLE001
         pass
+
+
+def rank_options(parser, *, smoke: str, cpu: str, timeout: float) -> None:
+    """The options every torchrun benchmark takes: `--smoke` and `--cpu` (their help saying
+    what they mean there), rank 0's `--out` JSON, and how long a collective waits (`--timeout`)."""
+    parser.add_argument("--smoke", action="store_true", help=smoke)
+    parser.add_argument("--cpu", action="store_true", help=cpu)
+    parser.add_argument("--out", help="rank 0 also writes the results as JSON here")
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds a collective waits before giving up")
 
 
 def init(cpu: bool, timeout_s: float) -> tuple[int, int, torch.device]:

@@ -40,7 +40,7 @@ import torch.distributed as dist  # noqa: E402
 
 from ._crossover import TOKENS, messages, render, suggest, summarise  # noqa: E402
 from ._crossover_run import measure  # noqa: E402
-from ._ranks import ExitTogether, init  # noqa: E402
+from ._ranks import ExitTogether, init, rank_options  # noqa: E402
 from ._report import environment, publish  # noqa: E402
 
 
@@ -53,10 +53,7 @@ def parse(argv=None):
     parser.add_argument("--warmup", type=int, default=5, help="untimed replays first")
     parser.add_argument("--checks", type=int, default=2, help="fresh random inputs checked per message and kind")
     parser.add_argument("--name", default="all-reduce-crossover", help="result files' name, -tp<N> added")
-    parser.add_argument("--smoke", action="store_true", help="few sizes and replays, no result files")
-    parser.add_argument("--cpu", action="store_true", help="gloo on the CPU: the correctness pass, host timing")
-    parser.add_argument("--out", help="rank 0 also writes the result as JSON here")
-    parser.add_argument("--timeout", type=float, default=120, help="seconds a collective waits before giving up")
+    rank_options(parser, smoke="few sizes and replays, no result files", cpu="gloo on the CPU: the correctness pass, host timing", timeout=120)
     args = parser.parse_args(argv)
     if args.smoke:
         args.tokens = sorted({args.tokens[0], args.tokens[len(args.tokens) // 2], args.tokens[-1]})

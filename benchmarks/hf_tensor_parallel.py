@@ -70,7 +70,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from ._ranks import ExitTogether, init, maybe_fail  # noqa: E402
+from ._ranks import ExitTogether, init, maybe_fail, rank_options  # noqa: E402
 from ._report import environment, publish, sync, table  # noqa: E402
 
 LLAMA3 = dict(vocab_size=128256, num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
@@ -475,10 +475,7 @@ def parse(argv=None):
                         help="let transformers compile on the CPU too (compile_config._compile_all_devices)")
     parser.add_argument("--name", default=None,
                         help="result files' name (default hf-tensor-parallel-tp<world>, -<shape> after it but for 8b)")
-    parser.add_argument("--smoke", action="store_true", help="light timing, no result files")
-    parser.add_argument("--cpu", action="store_true", help="gloo and the simulation backend on the CPU")
-    parser.add_argument("--out", help="rank 0 also writes the result as JSON here")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds a collective waits before giving up")
+    rank_options(parser, smoke="light timing, no result files", cpu="gloo and the simulation backend on the CPU", timeout=600)
     parser.add_argument("--step-timeout", type=float, default=900, help="seconds any one step may take")
     parser.add_argument("--fail-rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--fail-at", choices=("start", "stuck", "load", *LINES), default="eager",

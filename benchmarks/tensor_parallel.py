@@ -61,7 +61,7 @@ from models import (  # noqa: E402
 from transforms import split  # noqa: E402
 from models._symm_mem import DEFAULT_MAX_BYTES, thresholds  # noqa: E402
 
-from ._ranks import ExitTogether, init, maybe_fail  # noqa: E402
+from ._ranks import ExitTogether, init, maybe_fail, rank_options  # noqa: E402
 from ._report import environment, publish, sync  # noqa: E402
 from ._tp_decode import BATCHES, LEVERS, MODELS, Groups, all_reduce_label, decode_model, max_err, model_setup  # noqa: E402
 from ._tp_report import render_decode, render_serving, targets  # noqa: E402
@@ -201,10 +201,7 @@ def parse(argv=None):
     parser.add_argument("--requests", type=int, default=48, help="serving trace: requests")
     parser.add_argument("--seed", type=int, default=0, help="serving trace: seed")
     parser.add_argument("--name", default="tensor-parallel", help="result files' name (a second run: ...-again)")
-    parser.add_argument("--smoke", action="store_true", help="the tiny model, light timing, no result files")
-    parser.add_argument("--cpu", action="store_true", help="gloo and the simulation backend on the CPU")
-    parser.add_argument("--out", help="rank 0 also writes the results as JSON here")
-    parser.add_argument("--timeout", type=float, default=180, help="seconds a collective waits before giving up")
+    rank_options(parser, smoke="the tiny model, light timing, no result files", cpu="gloo and the simulation backend on the CPU", timeout=180)
     parser.add_argument("--fail-rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--fail-at", choices=("start", "stuck", "capture", "timing"), default="timing",
                         help=argparse.SUPPRESS)
