@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's tensor reductions (CUDA IPC) with ForkingPickler
 
+from ._global_state import sdp_flags, set_sdp_flags
+
 __all__ = ["DROPPED", "dumps", "parameters_of", "torch_state", "applied", "scrub", "register_rebuilt",
            "register_carried"]
 
@@ -254,6 +256,8 @@ def torch_state() -> dict:
         # dynamo's global-state guard holds the thread count: a caller that set its own would
         # refuse every function the worker compiled under the worker's
         "num_threads": torch.get_num_threads(),
+        # the trace picks scaled_dot_product_attention's kernel among the backends enabled
+        "attention_backends": sdp_flags(),
     }
     carried = {}
     for name, (read, _) in CARRIED.items():
@@ -279,6 +283,8 @@ def applied(state: dict):
         torch.use_deterministic_algorithms(state["deterministic"])
     if state.get("num_threads") and torch.get_num_threads() != state["num_threads"]:
         torch.set_num_threads(state["num_threads"])
+    if state.get("attention_backends"):
+        set_sdp_flags(state["attention_backends"])
     for name, value in state.get("carried", {}).items():
         if name in CARRIED:
             CARRIED[name][1](value)

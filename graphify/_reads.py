@@ -17,21 +17,26 @@ import warnings
 import attrs
 import torch
 
-from ._errors import StaleReachError
+from ._errors import StaleReachError, StateChangedError
 
 __all__ = ["Reads"]
 
 
 @attrs.frozen(eq=False)
 class Reads:
-    """`watch`: what the function reaches (or None); `reach`: the static objects'."""
+    """`watch`: what the function reaches (or None); `reach`: the static objects'; `state`:
+    torch's process-wide settings at capture (`graphify._global_state`, or None)."""
 
     watch: object = None
     reach: tuple = ()
+    state: object = None
 
     def check(self, args) -> None:
-        """Raise if what the function reaches changed; warn once about grad mode when `args`
-        (or the parameters) require grad."""
+        """Raise if torch's settings or what the function reaches changed; warn once about grad
+        mode when `args` (or the parameters) require grad."""
+        state = self.state
+        if state is not None and not state.same():
+            raise StateChangedError(state.error_text())
         watch = self.watch
         if watch is not None:
             watch.check()

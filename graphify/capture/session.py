@@ -31,6 +31,7 @@ from .._axes import Kind
 from .._distributed import graph_code, track_ungrouped
 from .._errors import CaptureError, StateReplacedError
 from .._function import FunctionSpec
+from .._global_state import GlobalState
 from .._keepalive import LibraryHold, holding
 from .._keys import KeySet, specialised_sizes
 from .._layout import fn_name
@@ -101,6 +102,7 @@ class CaptureSession:
             self.keeper = StateKeeper(spec.options.restore_state, exclude=self.static.storages())
             self.setup = _setup(spec, prepared, keys, lockstep, device, self.pool.handle_for(backend, device, label))
         self.function = function if function is not None else FunctionReads.for_spec(spec)
+        self.settings = None  # torch's process-wide settings at the first capture (`GlobalState`)
 
     def objects(self, args: Sequence[Any]) -> dict:
         """The static objects of a call: roots of the Python state a graph cannot follow."""
@@ -120,6 +122,8 @@ class CaptureSession:
         record the function as written where it is compiled for captures (first use, while
         the compile is made elsewhere: `graphify._background`)."""
         start = time.perf_counter()
+        if self.settings is None:  # the caller's settings, before this capture's own no_grad
+            self.settings = GlobalState.take(self.label)
         example = self.example if example is None else tuple(example)
         new: dict = {}
         snapshots: tuple = ()
@@ -231,7 +235,8 @@ class CaptureSession:
         table = GraphTable(
             types.MappingProxyType(own), _captured_keys(own, self.keys), self.specs, self.static, setup.backend,
             self.pool, setup.device, library=library, layout=layout, examples=examples,
-            reads=Reads(self.function.watching(self.reach[1]) if self.reach else None, tuple(r for r in self.reach[:1] if r)),
+            reads=Reads(self.function.watching(self.reach[1]) if self.reach else None, tuple(r for r in self.reach[:1] if r),
+                        self.settings),
             report=CaptureReport(self.seconds, len(self.keeper.restored), self.keeper.peak_bytes),
             holdings=Holdings(own, self.hold),
         )

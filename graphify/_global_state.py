@@ -1,0 +1,104 @@
+"""The process-wide torch settings a call runs under that change what its kernels compute,
+taken when graphs are captured and compared before every replay.
+
+Graphs replay the kernels chosen at capture. A call made later under `torch.autocast`, another
+default dtype, TF32 matmuls switched on or off, deterministic algorithms, or other attention
+backends (`sdpa_kernel`, `torch.backends.cuda.enable_*_sdp`) would run other kernels eagerly,
+so the graphs must not answer it. torch's own record of this state is dynamo's global-state
+guard (what `torch.compile` checks before running compiled code: autocast, default dtype,
+TF32 and reduced-precision reductions, deterministic algorithms, thread count, torch-function
+state, grad mode); the attention backends' switches are added here. Grad mode is left out:
+graphs replay without autograd in either mode, and a call in grad mode is warned about
+(`graphify._reads`), not refused. One compare in C++ and four flag reads: about a microsecond.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+__all__ = ["GlobalState", "sdp_flags", "set_sdp_flags"]
+
+_SDP = ("flash", "mem_efficient", "math", "cudnn")  # torch.backends.cuda.<name>_sdp_enabled()
+_SDP_READS = tuple(getattr(torch.backends.cuda, f"{name}_sdp_enabled", lambda: None) for name in _SDP)
+
+
+def sdp_flags() -> tuple:
+    """Which attention backends `scaled_dot_product_attention` may pick, in `_SDP`'s order."""
+    return tuple([read() for read in _SDP_READS])
+
+
+def set_sdp_flags(flags: tuple) -> None:
+    """Enable the attention backends as `flags` (`sdp_flags()`) says: a compile worker traces
+    under its caller's choice (the trace bakes the chosen kernel in)."""
+    cuda = torch.backends.cuda
+    for name, on in zip(_SDP, flags):
+        enable = getattr(cuda, f"enable_{name}_sdp", None)
+        if enable is not None and on is not None and getattr(cuda, f"{name}_sdp_enabled")() != on:
+            enable(on)
+
+
+def _guard():
+    """Dynamo's global-state guard of the state now (None where this torch has none)."""
+    try:
+        return torch._C._dynamo.guards.GlobalStateGuard()
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _python_state() -> tuple:
+    """The fallback without dynamo's guard: the same settings read from Python."""
+    matmul = torch.backends.cuda.matmul
+    return (
+        tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cuda", "cpu")),
+        torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(), matmul.allow_tf32,
+        matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction,
+    )
+
+
+@attrs.frozen(eq=False)
+class GlobalState:
+    """The settings at capture: dynamo's guard taken in each grad mode (so the call's own
+    grad mode never fails it), or the Python fallback, and the attention backends' switches."""
+
+    label: str
+    with_grad: object
+    without_grad: object
+    sdp: tuple
+
+    @classmethod
+    def take(cls, label: str) -> "GlobalState":
+        with torch.set_grad_enabled(True):
+            with_grad = _guard()
+        with torch.set_grad_enabled(False):
+            without_grad = _guard()
+        if with_grad is None or without_grad is None:
+            with_grad = without_grad = _python_state()
+        return cls(label, with_grad, without_grad, sdp_flags())
+
+    def same(self) -> bool:
+        """Whether a call now runs under the settings of the capture."""
+        guard = self.with_grad if torch.is_grad_enabled() else self.without_grad
+        now = guard == _python_state() if type(guard) is tuple else guard.check()
+        return now and sdp_flags() == self.sdp
+
+    def describe(self) -> str:
+        """What differs now, in torch's words where it has them."""
+        if sdp_flags() != self.sdp:
+            then = dict(zip(_SDP, self.sdp))
+            moved = [f"{name} ({then[name]} -> {now})" for name, now in zip(_SDP, sdp_flags()) if then[name] != now]
+            return "the attention backends enabled: " + ", ".join(moved)
+        guard = self.with_grad if torch.is_grad_enabled() else self.without_grad
+        if isinstance(guard, tuple):
+            return "autocast, the default dtype, TF32 or deterministic algorithms"
+        reason = guard.reason() if not guard.check() else ""
+        return reason.strip() or "dynamo's global state"
+
+    def error_text(self) -> str:
+        return (
+            f"{self.label}: torch's process-wide setting {self.describe()} differs from the one the graphs were "
+            "captured under (autocast, default dtype, TF32, deterministic algorithms, attention backends). Graphs "
+            "replay the kernels chosen then, so they cannot answer this call: call under the capture's settings, "
+            "or capture again"
+        )
