@@ -17,23 +17,22 @@ from graphify._global_state import GlobalState
 
 
 @contextlib.contextmanager
+def setting(read, write, value):
+    """A process-wide torch setting at `value` for the block, put back after."""
+    before = read()
+    write(value)
+    try:
+        yield
+    finally:
+        write(before)
+
+
 def default_dtype(dtype):
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
+    return setting(torch.get_default_dtype, torch.set_default_dtype, dtype)
 
 
-@contextlib.contextmanager
 def deterministic():
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
+    return setting(torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms, True)
 
 
 def autocast(device):
