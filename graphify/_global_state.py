@@ -9,7 +9,8 @@ guard (what `torch.compile` checks before running compiled code: autocast, defau
 TF32 and reduced-precision reductions, deterministic algorithms, thread count, torch-function
 state, grad mode); the attention backends' switches are added here. Grad mode is left out:
 graphs replay without autograd in either mode, and a call in grad mode is warned about
-(`graphify._reads`), not refused. One compare in C++ and four flag reads: about a microsecond.
+(`graphify._reads`), not refused. So is the CPU thread count: a graph's kernels do not read
+it; where it alone moved, the record is taken again. One compare in C++ and four flag reads: about a microsecond.
 """
 
 from __future__ import annotations
@@ -57,7 +58,18 @@ def _python_state() -> tuple:
     )
 
 
-@attrs.frozen(eq=False)
+def _guards() -> tuple:
+    """Dynamo's guard taken with grad mode on and off (or the Python fallback, twice)."""
+    with torch.set_grad_enabled(True):
+        with_grad = _guard()
+    with torch.set_grad_enabled(False):
+        without_grad = _guard()
+    if with_grad is None or without_grad is None:
+        return _python_state(), _python_state()
+    return with_grad, without_grad
+
+
+@attrs.define(eq=False)
 class GlobalState:
     """The settings at capture: dynamo's guard taken in each grad mode (so the call's own
     grad mode never fails it), or the Python fallback, and the attention backends' switches."""
@@ -69,18 +81,15 @@ class GlobalState:
 
     @classmethod
     def take(cls, label: str) -> "GlobalState":
-        with torch.set_grad_enabled(True):
-            with_grad = _guard()
-        with torch.set_grad_enabled(False):
-            without_grad = _guard()
-        if with_grad is None or without_grad is None:
-            with_grad = without_grad = _python_state()
-        return cls(label, with_grad, without_grad, sdp_flags())
+        return cls(label, *_guards(), sdp_flags())
 
     def same(self) -> bool:
         """Whether a call now runs under the settings of the capture."""
         guard = self.with_grad if torch.is_grad_enabled() else self.without_grad
         now = guard == _python_state() if type(guard) is tuple else guard.check()
+        if not now and type(guard) is not tuple and guard.reason().split() == ["num_threads"]:
+            self.with_grad, self.without_grad = _guards()  # only the thread count moved: not a kernel's input
+            now = True
         return now and sdp_flags() == self.sdp
 
     def describe(self) -> str:

@@ -158,3 +158,18 @@ def test_a_compile_job_carries_the_callers_attention_backends_to_its_worker():
     finally:
         set_sdp_flags(before)
     assert sdp_flags() == before
+
+
+def test_the_cpu_thread_count_alone_does_not_refuse_a_replay():
+    """dynamo's guard holds the thread count, which no graph's kernel reads: where it alone
+    moved the record is taken again; moved with a setting that counts, it still refuses."""
+    state = GlobalState.take("f")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert state.same() and state.same()
+        with default_dtype(torch.float64):
+            assert not state.same() and "default_dtype" in state.describe()
+    finally:
+        torch.set_num_threads(threads)
+    assert state.same()
