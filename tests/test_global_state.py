@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from conftest import calls_by_mode
 from graphify import Mode, Options, StateChangedError, graphify
 from graphify._global_state import GlobalState
+from graphify._job_pickle import _apply_precision, precision_settings
 
 
 @contextlib.contextmanager
@@ -134,12 +135,13 @@ def test_the_record_compares_the_settings_it_was_taken_under():
         assert not state.same() and "autocast" in state.describe()
     with math_attention():
         assert not state.same() and "flash (True -> False)" in state.error_text()
+    precision = precision_settings()  # flipping the legacy switch back leaves "ieee" where it was "none"
     torch.backends.cuda.matmul.allow_tf32 = not torch.backends.cuda.matmul.allow_tf32
     try:
         assert not state.same() and "allow_tf32" in state.describe()
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = not torch.backends.cuda.matmul.allow_tf32
-    assert state.same()
+        _apply_precision(precision)
+    assert state.same() and precision_settings() == precision
 
 
 def test_a_compile_job_carries_the_callers_attention_backends_to_its_worker():

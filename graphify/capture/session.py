@@ -90,7 +90,8 @@ class CaptureSession:
         backend.validate(label, device)
         self.label, self.keys, self.specs, self.example = label, keys, specs, tuple(example)
         self.pool = spec.pool if spec.pool is not None else Pool(fn_name(spec.fn))
-        self.table_fields = _table_fields(spec, prepared)
+        # and torch's process-wide settings the captures run under (the caller's: `GlobalState`)
+        self.table_fields = (*_table_fields(spec, prepared), GlobalState.take(label))
         self.reach: tuple[Reach, ...] = ()  # (static objects', function's), as the graphs read them
         self.entries: dict = {}
         self.seen: set = set()  # modes whose first key is captured (it alone runs the full protocol)
@@ -102,7 +103,6 @@ class CaptureSession:
             self.keeper = StateKeeper(spec.options.restore_state, exclude=self.static.storages())
             self.setup = _setup(spec, prepared, keys, lockstep, device, self.pool.handle_for(backend, device, label))
         self.function = function if function is not None else FunctionReads.for_spec(spec)
-        self.settings = None  # torch's process-wide settings at the first capture (`GlobalState`)
 
     def objects(self, args: Sequence[Any]) -> dict:
         """The static objects of a call: roots of the Python state a graph cannot follow."""
@@ -122,8 +122,6 @@ class CaptureSession:
         record the function as written where it is compiled for captures (first use, while
         the compile is made elsewhere: `graphify._background`)."""
         start = time.perf_counter()
-        if self.settings is None:  # the caller's settings, before this capture's own no_grad
-            self.settings = GlobalState.take(self.label)
         example = self.example if example is None else tuple(example)
         new: dict = {}
         snapshots: tuple = ()
@@ -230,13 +228,13 @@ class CaptureSession:
         """The table of every entry captured so far (a new immutable value). Its `release()`
         drops its own references; the session's go with the session (or `abort()`)."""
         own = dict(self.entries)
-        layout, examples, library = self.table_fields
+        layout, examples, library, settings = self.table_fields
         setup = self.setup
         table = GraphTable(
             types.MappingProxyType(own), _captured_keys(own, self.keys), self.specs, self.static, setup.backend,
             self.pool, setup.device, library=library, layout=layout, examples=examples,
             reads=Reads(self.function.watching(self.reach[1]) if self.reach else None, tuple(r for r in self.reach[:1] if r),
-                        self.settings),
+                        settings),
             report=CaptureReport(self.seconds, len(self.keeper.restored), self.keeper.peak_bytes),
             holdings=Holdings(own, self.hold),
         )
