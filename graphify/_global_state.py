@@ -3,11 +3,12 @@ taken when graphs are captured and compared before every replay.
 
 Graphs replay the kernels chosen at capture. A call made later under `torch.autocast`, another
 default dtype, TF32 matmuls switched on or off, deterministic algorithms, or other attention
-backends (`sdpa_kernel`, `torch.backends.cuda.enable_*_sdp`) would run other kernels eagerly,
+backends (`sdpa_kernel`, `torch.backends.cuda.enable_*_sdp`) or cuDNN's switches
+(`torch.backends.cudnn.enabled`, `.allow_tf32`, `.deterministic`) would run other kernels eagerly,
 so the graphs must not answer it. torch's own record of this state is dynamo's global-state
 guard (what `torch.compile` checks before running compiled code: autocast, default dtype,
 TF32 and reduced-precision reductions, deterministic algorithms, thread count, torch-function
-state, grad mode); the attention backends' switches are added here. Grad mode is left out:
+state, grad mode); the attention backends' and cuDNN's switches are added here. Grad mode is left out:
 graphs replay without autograd in either mode, and a call in grad mode is warned about
 (`graphify._reads`), not refused. So is the CPU thread count: a graph's kernels do not read
 it; where it alone moved, the record is taken again. One compare in C++ and four flag reads: about a microsecond.
@@ -22,6 +23,13 @@ __all__ = ["GlobalState", "sdp_flags", "set_sdp_flags"]
 
 _SDP = ("flash", "mem_efficient", "math", "cudnn")  # torch.backends.cuda.<name>_sdp_enabled()
 _SDP_READS = tuple(getattr(torch.backends.cuda, f"{name}_sdp_enabled", lambda: None) for name in _SDP)
+# cuDNN's switches (convolutions: Whisper's encoder, vision towers), which dynamo's guard leaves out
+_CUDNN = ("enabled", "allow_tf32", "deterministic")
+_CUDNN_READS = tuple(getattr(torch._C, f"_get_cudnn_{name}", lambda: None) for name in _CUDNN)
+
+
+def _cudnn_flags() -> tuple:
+    return tuple([read() for read in _CUDNN_READS])
 
 
 def sdp_flags() -> tuple:
@@ -72,16 +80,18 @@ def _guards() -> tuple:
 @attrs.define(eq=False)
 class GlobalState:
     """The settings at capture: dynamo's guard taken in each grad mode (so the call's own
-    grad mode never fails it), or the Python fallback, and the attention backends' switches."""
+    grad mode never fails it), or the Python fallback, and the attention backends' and cuDNN's
+    switches."""
 
     label: str
     with_grad: object
     without_grad: object
     sdp: tuple
+    cudnn: tuple
 
     @classmethod
     def take(cls, label: str) -> "GlobalState":
-        return cls(label, *_guards(), sdp_flags())
+        return cls(label, *_guards(), sdp_flags(), _cudnn_flags())
 
     def same(self) -> bool:
         """Whether a call now runs under the settings of the capture."""
@@ -90,14 +100,15 @@ class GlobalState:
         if not now and type(guard) is not tuple and guard.reason().split() == ["num_threads"]:
             self.with_grad, self.without_grad = _guards()  # only the thread count moved: not a kernel's input
             now = True
-        return now and sdp_flags() == self.sdp
+        return now and sdp_flags() == self.sdp and _cudnn_flags() == self.cudnn
 
     def describe(self) -> str:
         """What differs now, in torch's words where it has them."""
-        if sdp_flags() != self.sdp:
-            then = dict(zip(_SDP, self.sdp))
-            moved = [f"{name} ({then[name]} -> {now})" for name, now in zip(_SDP, sdp_flags()) if then[name] != now]
-            return "the attention backends enabled: " + ", ".join(moved)
+        for what, names, then, now in (("the attention backends enabled", _SDP, self.sdp, sdp_flags()),
+                                       ("cuDNN's switches", _CUDNN, self.cudnn, _cudnn_flags())):
+            if now != then:
+                moved = [f"{name} ({a} -> {b})" for name, a, b in zip(names, then, now) if a != b]
+                return f"{what}: " + ", ".join(moved)
         guard = self.with_grad if torch.is_grad_enabled() else self.without_grad
         if isinstance(guard, tuple):
             return "autocast, the default dtype, TF32 or deterministic algorithms"
@@ -107,7 +118,7 @@ class GlobalState:
     def error_text(self) -> str:
         return (
             f"{self.label}: torch's process-wide setting {self.describe()} differs from the one the graphs were "
-            "captured under (autocast, default dtype, TF32, deterministic algorithms, attention backends). Graphs "
-            "replay the kernels chosen then, so they cannot answer this call: call under the capture's settings, "
-            "or capture again"
+            "captured under (autocast, default dtype, TF32, deterministic algorithms, attention backends, cuDNN). "
+            "Graphs replay the kernels chosen then, so they cannot answer this call: call under the capture's "
+            "settings, or capture again"
         )

@@ -142,6 +142,9 @@ def test_the_record_compares_the_settings_it_was_taken_under():
     finally:
         _apply_precision(precision)
     assert state.same() and precision_settings() == precision
+    with setting(torch._C._get_cudnn_deterministic, torch._C._set_cudnn_deterministic, True):
+        assert not state.same() and "cuDNN's switches: deterministic (False -> True)" in state.error_text()
+    assert state.same()
 
 
 def test_a_compile_job_carries_the_callers_attention_backends_to_its_worker():
