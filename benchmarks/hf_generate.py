@@ -230,17 +230,20 @@ def exact_logits(model, sequences: torch.Tensor, prompt_len: int, steps: int = L
         return model(sequences).logits[:, prompt_len:prompt_len + steps].float().cpu()
 
 
-def gpu_per_token(call, prefill, new: int, read_bytes: float | None = None, peak: float | None = None) -> dict:
+def gpu_per_token(call, prefill, new: int, read_bytes: float | None = None, peak: float | None = None,
+                  weight_bytes: float | None = None, kv_bytes: float | None = None) -> dict:
     """Kernels, GPU milliseconds and GPU idle microseconds (between kernels) per new token of
-    `call` (a `new`-token generate()), less those of `prefill` (a 1-token one), from
-    torch.profiler, which sees kernels inside graph replays. Against ms/token it tells GPU work
-    from host time the GPU waits out. With `read_bytes` (what a decode step must read at least,
+    `call` (a `new`-token generate()), less those of `prefill` (a 1-token one), from one
+    torch.profiler run of each, which sees kernels inside graph replays; and the same spans by
+    kernel class (`classes_per_token`). Against ms/token it tells GPU work from host time the
+    GPU waits out. With `read_bytes` (what a decode step must read at least,
     `decode_read_bytes`) and `peak` (HBM bytes/s): the achieved GB/s, the floor (those bytes at
     peak bandwidth) and the GPU time over it."""
-    from ._report import kernels
+    from . import _report
 
-    count, gpu_ms, idle_us, _ = kernels(call, steps=1)
-    count_1, gpu_ms_1, idle_us_1, _ = kernels(prefill, steps=1)
+    long, one = _report.cuda_spans(call, steps=1), _report.cuda_spans(prefill, steps=1)
+    count, gpu_ms, idle_us, _ = _report.summarise(long, 1)
+    count_1, gpu_ms_1, idle_us_1, _ = _report.summarise(one, 1)
     out = {"kernels_per_token": (count - count_1) / (new - 1), "gpu_ms_per_token": (gpu_ms - gpu_ms_1) / (new - 1),
            "gpu_idle_us_per_token": (idle_us - idle_us_1) / (new - 1),
            # the 1-token call itself (the prompt's prefill): its GPU work beside its wall time, ttft_ms
@@ -251,20 +254,19 @@ def gpu_per_token(call, prefill, new: int, read_bytes: float | None = None, peak
         if peak:
             out["floor_ms_per_token"] = read_bytes / peak * 1e3
             out["gpu_vs_floor"] = out["gpu_ms_per_token"] / out["floor_ms_per_token"]
-    return out
+    return {**out, **classes_per_token(long, one, new, weight_bytes, kv_bytes)}
 
 
-def classes_per_token(call, prefill, new: int, weight_bytes: float | None = None,
+def classes_per_token(long: list, one: list, new: int, weight_bytes: float | None = None,
                       kv_bytes: float | None = None) -> dict:
     """A token's GPU time by kernel class (`_kernel_classes`): kernels and µs per new token of
-    `call` less `prefill`'s, as `gpu_per_token` takes totals, from a profile of their own (one
-    call each; the classes' µs add up to that profile's GPU time), each class's share of it,
-    and the GB/s of the GEMMs over `weight_bytes` and of attention over `kv_bytes` (where the
-    class ran): where a decode token's GPU time goes."""
-    from . import _report
+    the `long` call's profiler spans less the 1-token call's (`one`), as `gpu_per_token` takes
+    totals from the same spans (the classes' µs add up to the token's GPU time), each class's
+    share of it, and the GB/s of the GEMMs over `weight_bytes` and of attention over `kv_bytes`
+    (where the class ran): where a decode token's GPU time goes."""
     from ._kernel_classes import CLASSES, fold
 
-    long, one = fold(_report.cuda_spans(call, steps=1), 1), fold(_report.cuda_spans(prefill, steps=1), 1)
+    long, one = fold(long, 1), fold(one, 1)
     kernels = {c: (long[c]["kernels"] - one[c]["kernels"]) / (new - 1) for c in CLASSES}
     us = {c: (long[c]["us"] - one[c]["us"]) / (new - 1) for c in CLASSES}
     total = sum(us.values())
@@ -343,9 +345,8 @@ def run_config(name: str, shape: str, batches, new: int, prompt_len: int, reps: 
             row["steady_ms_per_token"] = steady_ms_per_token(lambda n: generate(model, name, ids, n), new, longer, reps)  # noqa: B023
         if device == "cuda":  # the GPU's share of a token: kernels and their time, by class too, prefill taken out
             long, one = lambda: generate(model, name, ids, new), lambda: generate(model, name, ids, 1)  # noqa: B023
-            read = decode_read_bytes(model, batch, prompt_len, new)
-            row.update(gpu_per_token(long, one, new, read, peak_bandwidth(ids.device)))
-            row.update(classes_per_token(long, one, new, *decode_read_parts(model, batch, prompt_len, new)))
+            weights, kv = decode_read_parts(model, batch, prompt_len, new)
+            row.update(gpu_per_token(long, one, new, weights + kv, peak_bandwidth(ids.device), weights, kv))
         out = generate(model, name, ids, LOGIT_STEPS + 1, output_logits=True, return_dict_in_generate=True)
         logits = torch.stack(out.logits[1:], 1).float().cpu()  # the decode steps' logits
         ref_path = Path(ref_dir) / f"{shape}-{batch}.pt"

@@ -204,9 +204,15 @@ def test_a_tokens_gpu_share_is_the_long_call_less_the_one_token_call(monkeypatch
     import benchmarks._report as report
     from benchmarks.hf_generate import gpu_per_token
 
-    profiles = {"long": (1000.0, 21.0, 500.0, []), "one": (100.0, 1.0, 100.0, [])}
-    monkeypatch.setattr(report, "kernels", lambda call, steps: profiles[call()])
+    def spans(count, us, gap):  # `count` kernels of `us` µs back to back, one `gap` of idle µs among them
+        return [(i * us + (gap if i else 0), (i + 1) * us + (gap if i else 0), "k") for i in range(count)]
+
+    profiles = {"long": spans(1000, 21.0, 500.0), "one": spans(100, 10.0, 100.0)}  # 21 / 1 GPU ms
+    profiled = []
+    monkeypatch.setattr(report, "cuda_spans", lambda call, steps: profiled.append(call()) or profiles[profiled[-1]])
     got = gpu_per_token(lambda: "long", lambda: "one", new=11, read_bytes=4e9, peak=4e12)
+    assert profiled == ["long", "one"]  # one profile of each call, the classes' split taken from the same spans
+    assert sum(got["class_us_per_token"].values()) == pytest.approx(got["gpu_ms_per_token"] * 1e3)
     assert got["kernels_per_token"] == 90 and got["gpu_ms_per_token"] == 2.0 and got["gpu_idle_us_per_token"] == 40
     assert got["achieved_gb_s"] == pytest.approx(2000) and got["floor_ms_per_token"] == pytest.approx(1.0)
     assert got["gpu_vs_floor"] == pytest.approx(2.0)

@@ -117,10 +117,10 @@ def test_the_classes_add_up_to_the_total(spans, steps):
     assert shares == pytest.approx(1.0 if gpu_ms > 0 else 0.0)
 
 
-def test_a_tokens_classes_are_the_long_call_less_the_one_token_call(monkeypatch):
-    """Per new token and class: kernels and µs of a `new`-token call less a 1-token call's;
-    their sum is the token's GPU µs; GEMMs' GB/s over the weights, attention's over the KV."""
-    import benchmarks._report as report
+def test_a_tokens_classes_are_the_long_call_less_the_one_token_call():
+    """Per new token and class: kernels and µs of a `new`-token call's profiler spans less a
+    1-token call's; their sum is the token's GPU µs; GEMMs' GB/s over the weights, attention's
+    over the KV."""
     from benchmarks.hf_generate import classes_per_token
 
     gemm, attn, norm = "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", "_attention_kernel", "triton_red_fused__fused_rms_norm_0"
@@ -129,8 +129,7 @@ def test_a_tokens_classes_are_the_long_call_less_the_one_token_call(monkeypatch)
     extra = [(100 + 30 * i, 120 + 30 * i, gemm) for i in range(10)] + [(400 + 5 * i, 405 + 5 * i, attn) for i in range(10)]
     extra += [(500 + i, 501 + i, norm) for i in range(20)]
     spans = {"long": one + extra, "one": one}
-    monkeypatch.setattr(report, "cuda_spans", lambda call, steps: spans[call()])
-    got = classes_per_token(lambda: "long", lambda: "one", new=11, weight_bytes=4e6, kv_bytes=1e6)
+    got = classes_per_token(spans["long"], spans["one"], new=11, weight_bytes=4e6, kv_bytes=1e6)
     assert got["class_kernels_per_token"] == {"gemm": 1, "attention": 1, "triton": 2, "copy": 0, "elementwise": 0, "other": 0}
     assert got["class_us_per_token"] == {"gemm": 20, "attention": 5, "triton": 2, "copy": 0, "elementwise": 0, "other": 0}
     _, long_ms, _, _ = summarise(spans["long"], 1)
@@ -139,10 +138,10 @@ def test_a_tokens_classes_are_the_long_call_less_the_one_token_call(monkeypatch)
     assert got["class_share"]["gemm"] == pytest.approx(20 / 27)
     assert (got["gemm_us_per_token"], got["attention_us_per_token"]) == (20, 5)
     assert got["gemm_gb_s"] == pytest.approx(200) and got["attention_gb_s"] == pytest.approx(200)  # 4 MB in 20 µs
-    bare = classes_per_token(lambda: "long", lambda: "one", new=11)  # no bytes: µs alone
+    bare = classes_per_token(spans["long"], spans["one"], new=11)  # no bytes: µs alone
     assert "gemm_gb_s" not in bare and "attention_gb_s" not in bare
-    spans["long"] = one + extra[:10]  # no attention past the prefill's: no attention GB/s
-    assert "attention_gb_s" not in classes_per_token(lambda: "long", lambda: "one", new=11, weight_bytes=4e6, kv_bytes=1e6)
+    # no attention past the prefill's: no attention GB/s
+    assert "attention_gb_s" not in classes_per_token(one + extra[:10], one, new=11, weight_bytes=4e6, kv_bytes=1e6)
 
 
 def test_a_steps_bytes_split_into_weights_and_kv():
