@@ -14,6 +14,8 @@ import torch.distributed as dist
 from models import all_reduce_fn
 from models._symm_mem import DEFAULT_MAX_BYTES
 
+from ._floor import HandWrittenGraph
+
 __all__ = ["reducers", "Replay", "check", "time_us", "measure"]
 
 
@@ -40,30 +42,24 @@ def reducers(dtype: torch.dtype, device: torch.device, max_bytes: int) -> tuple[
 
 
 class Replay:
-    """`reduces` back-to-back reduces of the static input `x`: one captured CUDA graph (warmed
-    up on a side stream first, so every rank's collectives pair up), or on the CPU the same
-    calls made eagerly. `replay()` runs them; `outs` are their results."""
+    """`reduces` back-to-back reduces of the static input `x`: one graph captured by hand
+    (`HandWrittenGraph`: warmed up on a side stream first, so every rank's collectives pair
+    up), or on the CPU the same calls made eagerly. `replay()` runs them; `outs` are their
+    results; `x` is the input they read (write new values into it)."""
 
     def __init__(self, reduce, x: torch.Tensor, reduces: int):
-        self.reduce, self.x, self.reduces, self.graph = reduce, x, reduces, None
+        self.reduce, self.reduces, self.graph = reduce, reduces, None
         if x.device.type != "cuda":
-            self.outs = [reduce(x) for _ in range(reduces)]
+            self.x, self.outs = x, [reduce(x) for _ in range(reduces)]
             return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                reduce(x)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outs = [reduce(x) for _ in range(reduces)]
+        self.graph = HandWrittenGraph(lambda x, _: [reduce(x) for _ in range(reduces)], (x,), None)
+        self.x, self.outs = self.graph.static[0], self.graph.out
 
     def replay(self) -> None:
         if self.graph is None:
             self.outs = [self.reduce(self.x) for _ in range(self.reduces)]
         else:
-            self.graph.replay()
+            self.graph.graph.replay()
 
 
 def fresh(shape: tuple, dtype: torch.dtype, device: torch.device, seed: int) -> torch.Tensor:
