@@ -103,7 +103,9 @@ def test_hf_step_split_clocks_each_decode_step(tmp_path, monkeypatch):
         assert 0 < row["pre_launch_us"] and 0 < row["post_us"] and 0 < row["prepare_us"] < row["between_us"]
         assert row["pre_launch_us"] + row["between_us"] < row["period_us"]  # the launch itself is the rest
         # a steady generate() moves nothing graphify watches: no call pays the full comparison
-        assert [call["full_checks_per_call"] for call in row["calls"]] == [0.0] * len(row["calls"])
+        # (transformers' own compile has no watch to count: None)
+        expected = 0.0 if row["key"].startswith("graphify") else None
+        assert [call["full_checks_per_call"] for call in row["calls"]] == [expected] * len(row["calls"])
         if torch.cuda.is_available():
             assert 0 < row["gpu_graph_us"] < row["period_us"]
 
