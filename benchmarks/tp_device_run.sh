@@ -97,7 +97,8 @@ leftovers() {
   python3 -c "import torch; n = torch.cuda.device_count(); print('P2P:', {(i, j): torch.cuda.can_device_access_peer(i, j) for i in range(n) for j in range(n) if i != j})"
 } > "$LOGS/machine.txt" 2>&1
 cat "$LOGS/machine.txt"
-python3 -m pip install --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
+# INSTALLED=1: the package is installed already (another job on this machine is importing it)
+[ -n "$INSTALLED" ] || python3 -m pip install --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
 log "install rc=$? ($(python3 -c 'import graphify.transforms, transforms; print("graphify.transforms imports")' 2>&1 | tail -1))"
 
 # the benchmarks
