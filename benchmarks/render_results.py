@@ -346,7 +346,8 @@ def fill(text: str, rows: Sequence[dict]) -> str:
 def render_cell(runs: Sequence[Run], kind: str, table: str, cell: Cell | None,
                 device: str | None = None) -> tuple[str, list[Run]]:
     """The cell's text and the runs behind it, all on one kind of card: `device`, or that of
-    the newest run the cell selects (a range over two cards would compare the cards)."""
+    the newest run the cell selects on a card with a row for each of its values (a range over
+    two cards would compare the cards; a newer card's run of B = 1 alone leaves B = 8 out)."""
     if cell is None:
         return "-", []
     wheres = [{**cell.where, cell.per[0]: v} for v in cell.per[1]] if cell.per else [cell.where]
@@ -357,8 +358,11 @@ def render_cell(runs: Sequence[Run], kind: str, table: str, cell: Cell | None,
                 if all(row.get(name) is not None for name in shown)]
 
     if device is None:
-        found = [run for where in wheres for run, _ in measured(where)]
-        device = max(found, key=lambda r: r.env["date"]).env["device"] if found else None
+        found = [[run for run, _ in measured(where)] for where in wheres]
+        complete = set.intersection(*({run.env["device"] for run in runs} for runs in found))
+        every = [run for runs in found for run in runs]
+        candidates = [run for run in every if run.env["device"] in complete] or every
+        device = max(candidates, key=lambda r: r.env["date"]).env["device"] if candidates else None
     texts, used = [], []
     for where in wheres:
         rows = measured(where, device)
