@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from models._symm_mem import DEFAULT_MAX_BYTES, KINDS, choose
+from models._symm_mem import DEFAULT_MAX_BYTES, KINDS, choose, thresholds
 
 from ._report import table
 
@@ -24,12 +24,12 @@ def messages(tokens, hiddens, dtype: torch.dtype) -> list[dict]:
     return [{"hidden": h, "tokens": t, "bytes": t * h * size} for h in hiddens for t in tokens]
 
 
-def today(nbytes: int, dtype: torch.dtype) -> str:
-    """The kind the library's defaults give a message (one-shot up to 8 MiB, NCCL above)."""
-    return choose(nbytes, dtype, DEFAULT_MAX_BYTES, 0, DEFAULT_MAX_BYTES)
+def today(nbytes: int, dtype: torch.dtype, world: int) -> str:
+    """The kind the library's defaults give a message on `world` GPUs (`thresholds`)."""
+    return choose(nbytes, dtype, *thresholds(DEFAULT_MAX_BYTES, world=world), DEFAULT_MAX_BYTES)
 
 
-def summarise(cells: list[dict], dtype: torch.dtype) -> list[dict]:
+def summarise(cells: list[dict], dtype: torch.dtype, world: int) -> list[dict]:
     """One row per message from its cells (one per kind: "us" per reduce, None where the kind
     did not run; "ok" whether it equalled NCCL's sum): every kind's µs, the fastest kind among
     those that ran and gave the right sum, each kind's ratio to it, and today's kind."""
@@ -48,7 +48,7 @@ def summarise(cells: list[dict], dtype: torch.dtype) -> list[dict]:
         for k in KINDS:
             us = row.get(f"{k}_us")
             row[f"{k}_ratio"] = None if us is None or not timed else us / timed[row["fastest"]]
-        row["today"] = today(row["bytes"], dtype)
+        row["today"] = today(row["bytes"], dtype, world)
     return sorted(rows.values(), key=lambda r: (r["bytes"], r["hidden"]))
 
 
@@ -66,13 +66,13 @@ def _cost(rows: list[dict], dtype: torch.dtype, one: int, two: int, max_bytes: i
     return total
 
 
-def suggest(rows: list[dict], dtype: torch.dtype) -> dict:
+def suggest(rows: list[dict], dtype: torch.dtype, world: int) -> dict:
     """The thresholds of `choose` (one-shot up to `one_shot_max_bytes`, two-shot up to
     `two_shot_max_bytes`, NCCL above) that lose least over the measured messages: the least
     sum of each message's chosen time ÷ its fastest (every size weighs alike), each threshold
     a measured size (what lies between two sizes goes to the smaller one's kind); ties go to
-    the larger one-shot range (today's rule), then the smaller two-shot range. `max_bytes`:
-    the buffer they need. Beside it, the same sum for today's rule."""
+    the larger one-shot range, then the smaller two-shot range. `max_bytes`: the buffer they
+    need. Beside it, the same sum for the library's defaults on `world` GPUs."""
     timed = [r for r in rows if r.get("fastest") is not None]
     if not timed:
         return {"one_shot_max_bytes": None, "two_shot_max_bytes": None, "max_bytes": None, "cost": None,
@@ -84,7 +84,7 @@ def suggest(rows: list[dict], dtype: torch.dtype) -> dict:
     one = -minus_one
     two = two if two > one else 0  # an empty two-shot range is none
     need = max(DEFAULT_MAX_BYTES, one, two)
-    today_cost = _cost(timed, dtype, DEFAULT_MAX_BYTES, 0, DEFAULT_MAX_BYTES)
+    today_cost = _cost(timed, dtype, *thresholds(DEFAULT_MAX_BYTES, world=world), DEFAULT_MAX_BYTES)
     return {"one_shot_max_bytes": one, "two_shot_max_bytes": two, "max_bytes": need, "cost": cost,
             "today_cost": today_cost, "messages": len(timed)}
 

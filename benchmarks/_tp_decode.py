@@ -78,7 +78,8 @@ def all_reduce_label(kind: str, used: str, crossover: dict | None) -> str:
     label = used if used == kind else f"{kind}→{used}"
     if crossover and used == "symm_mem":
         one, two = crossover["one_shot_max_bytes"], crossover["two_shot_max_bytes"]
-        label += f" (one-shot ≤ {'buffer' if one is None else f'{one >> 10} KiB'}, two-shot ≤ {two >> 10} KiB)"
+        label += f" (one-shot ≤ {'default' if one is None else f'{one >> 10} KiB'}, two-shot ≤ " \
+                 f"{'buffer' if two is None else f'{two >> 10} KiB'})"
     return label
 
 

@@ -67,14 +67,14 @@ def run(args, rank: int, world: int, device: torch.device) -> dict:
     dtype = torch.bfloat16 if gpu else torch.float32  # gloo's CPU sums: float32, as the TP smoke runs
     sizes = messages(args.tokens, args.hidden, dtype)
     cells, unavailable = measure(sizes, args, dtype, device)
-    rows = summarise(cells, dtype)
+    rows = summarise(cells, dtype, world)
     how = (f"each kind inside one captured CUDA graph of {args.reduces} back-to-back reduces" if gpu else
            f"{args.reduces} back-to-back eager reduces on the host (no graphs on the CPU)")
     return {"env": {**environment(), "world": world}, "world": world, "gpu": gpu, "dtype": str(dtype),
             "tokens": list(args.tokens), "hidden": list(args.hidden), "reduces": args.reduces, "reps": args.reps,
             "warmup": args.warmup, "checks": args.checks, "how": how,
             "multicast_env": {k: os.environ.get(k) for k in NO_MULTICAST}, "unavailable": unavailable,
-            "cells": cells, "rows": rows, "suggestion": suggest(rows, dtype)}
+            "cells": cells, "rows": rows, "suggestion": suggest(rows, dtype, world)}
 
 
 def report(args, result: dict, world: int) -> None:

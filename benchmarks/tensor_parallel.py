@@ -171,9 +171,9 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
 
 # -- main -------------------------------------------------------------------------------------
 
-def crossover(one_shot_max_bytes: int | None, two_shot_max_bytes: int) -> dict[str, int] | None:
+def crossover(one_shot_max_bytes: int | None, two_shot_max_bytes: int | None) -> dict[str, int | None] | None:
     """`tp_varlen_step`'s crossover for the symm_mem all-reduce, None where both are the defaults."""
-    if one_shot_max_bytes is None and not two_shot_max_bytes:
+    if one_shot_max_bytes is None and two_shot_max_bytes is None:
         return None
     thresholds(DEFAULT_MAX_BYTES, one_shot_max_bytes, two_shot_max_bytes)  # a bad one fails here, not on a rank
     return {"one_shot_max_bytes": one_shot_max_bytes, "two_shot_max_bytes": two_shot_max_bytes}
@@ -194,10 +194,12 @@ def parse(argv=None):
                         help="TP all-reduce kinds to measure (default: both where 2+ GPUs reach each other by P2P, "
                              "else nccl)")
     parser.add_argument("--one-shot-max-bytes", type=int, default=None,
-                        help="symm_mem: the one-shot all-reduce up to this many bytes (default: its whole buffer)")
-    parser.add_argument("--two-shot-max-bytes", type=int, default=0,
+                        help="symm_mem: the one-shot all-reduce up to this many bytes (default: the library's, "
+                             "1 MiB on two GPUs, 512 KiB on more)")
+    parser.add_argument("--two-shot-max-bytes", type=int, default=None,
                         help="symm_mem: the two-shot all-reduce above the one-shot's range up to this many bytes, "
-                             "NCCL above (default 0: none); the thresholds benchmarks.all_reduce_crossover suggests")
+                             "NCCL above (default: the buffer; 0: none); the thresholds benchmarks.all_reduce_crossover "
+                             "suggests")
     parser.add_argument("--requests", type=int, default=48, help="serving trace: requests")
     parser.add_argument("--seed", type=int, default=0, help="serving trace: seed")
     parser.add_argument("--name", default="tensor-parallel", help="result files' name (a second run: ...-again)")

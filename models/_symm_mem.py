@@ -16,8 +16,12 @@ every peer's message, then every rank's reduced share): `symm_mem::two_shot_all_
 over the same buffer, the message copied in first (that op reads its input from symmetric
 memory) and written to a fresh output. `choose` picks per message: one-shot up to
 `one_shot_max`, two-shot above it up to `two_shot_max`, NCCL above both. The defaults
-(one-shot up to the buffer, no two-shot) are the rule before two-shot existed; the
-crossover is for `benchmarks.all_reduce_crossover` to measure and the caller to set.
+(`thresholds`) are the crossover `benchmarks.all_reduce_crossover` measured inside graphs on
+two and four H200s (NVLink, 2026-11-28): one-shot up to 1 MiB on two GPUs and 512 KiB on
+more, two-shot above it up to the buffer. There one-shot was fastest up to those sizes, and
+two-shot beat both one-shot and NCCL from 2 MiB to 16 MiB (at 8 MiB on four GPUs: 55 µs
+against one-shot's 96 and NCCL's 69). Where two-shot cannot run, the rule before it holds:
+one-shot up to the buffer.
 
 A message above the buffer (`max_bytes`), of another dtype, or not a whole number of 4-byte
 words takes NCCL's functional all-reduce. The choice is made per call, on the real size:
@@ -35,12 +39,14 @@ import socket
 
 import torch
 
-__all__ = ["DEFAULT_MAX_BYTES", "KINDS", "choose", "thresholds", "two_shot_reason", "symm_mem_reduce", "nccl_reduce",
-           "nccl_gather_last"]
+__all__ = ["DEFAULT_MAX_BYTES", "ONE_SHOT_MAX_BYTES", "ONE_SHOT_MAX_BYTES_MANY", "KINDS", "choose", "thresholds",
+           "two_shot_reason", "symm_mem_reduce", "nccl_reduce", "nccl_gather_last"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 8 << 20  # 8 MiB: B=1024 tokens of a 4096-wide bf16 hidden state
+ONE_SHOT_MAX_BYTES = {2: 1 << 20}  # world size -> the one-shot limit measured there
+ONE_SHOT_MAX_BYTES_MANY = 512 << 10  # any other world: four GPUs' (each rank reads more peers' whole messages)
 _DTYPES = (torch.bfloat16, torch.float32)  # what the one- and two-shot kernels dispatch on
 KINDS = ("one_shot", "two_shot", "nccl")  # in the order `choose` hands them out as messages grow
 _BUFFERS: dict[tuple, torch.Tensor] = {}  # (group name, max_bytes, dtype, device) -> rendezvoused buffer
@@ -65,15 +71,20 @@ def choose(nbytes: int, dtype: torch.dtype, one_shot_max: int, two_shot_max: int
     return "two_shot" if nbytes <= two_shot_max else "nccl"
 
 
-def thresholds(max_bytes: int, one_shot_max_bytes: int | None = None, two_shot_max_bytes: int = 0) -> tuple[int, int]:
-    """(one_shot_max, two_shot_max) for `choose`: one-shot up to the buffer unless told, no
-    two-shot unless told. Raises ValueError on a negative or non-integer threshold."""
-    one = max_bytes if one_shot_max_bytes is None else one_shot_max_bytes
-    named = (("max_bytes", max_bytes), ("one_shot_max_bytes", one), ("two_shot_max_bytes", two_shot_max_bytes))
+def thresholds(max_bytes: int, one_shot_max_bytes: int | None = None, two_shot_max_bytes: int | None = None,
+               world: int = 2) -> tuple[int, int]:
+    """(one_shot_max, two_shot_max) for `choose` on a group of `world` ranks: unless told,
+    one-shot up to the measured crossover (`ONE_SHOT_MAX_BYTES`, never past the buffer) and
+    two-shot above it up to the buffer. Raises ValueError on a negative or non-integer
+    threshold."""
+    one = min(ONE_SHOT_MAX_BYTES.get(world, ONE_SHOT_MAX_BYTES_MANY), max_bytes) if one_shot_max_bytes is None \
+        else one_shot_max_bytes
+    two = max_bytes if two_shot_max_bytes is None else two_shot_max_bytes
+    named = (("max_bytes", max_bytes), ("one_shot_max_bytes", one), ("two_shot_max_bytes", two))
     for what, value in named:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"symm_mem all-reduce: {what} must be a non-negative int of bytes, not {value!r}")
-    return one, two_shot_max_bytes
+    return one, two
 
 
 def two_shot_reason() -> str | None:
@@ -159,11 +170,11 @@ def _traced(x: torch.Tensor) -> bool:
 
 
 def _make_reduce(name: str, buf: torch.Tensor, max_bytes: int, one_shot_max: int | None = None,
-                 two_shot_max: int = 0, two_shot_reason: str | None = None):
-    """The symm_mem reduce over `buf` (rendezvoused for group `name`): one-shot up to
-    `one_shot_max` bytes (default: the buffer), two-shot up to `two_shot_max`, NCCL above.
+                 two_shot_max: int | None = None, two_shot_reason: str | None = None, world: int = 2):
+    """The symm_mem reduce over `buf` (rendezvoused for group `name` of `world` ranks): one-shot
+    up to `one_shot_max` bytes, two-shot up to `two_shot_max`, NCCL above (defaults: `thresholds`).
     `two_shot_reason` (two-shot cannot run): its range goes to one-shot, as before two-shot."""
-    one, two = thresholds(max_bytes, one_shot_max, two_shot_max)
+    one, two = thresholds(max_bytes, one_shot_max, two_shot_max, world)
     if two_shot_reason is not None:
         one, two = max(one, two), 0
     cap = buf.numel() * buf.element_size()
@@ -278,16 +289,17 @@ def _check_two_shot(key: tuple, group, buf: torch.Tensor) -> str | None:
 
 
 def symm_mem_reduce(group, dtype: torch.dtype, device, max_bytes: int = DEFAULT_MAX_BYTES,
-                    one_shot_max_bytes: int | None = None, two_shot_max_bytes: int = 0):
+                    one_shot_max_bytes: int | None = None, two_shot_max_bytes: int | None = None):
     """(reduce, None) summing over `group` through symmetric memory, or (None, reason) when it
     cannot. Collective: every rank of `group` calls it, outside any capture, in the same order,
     with the same arguments. Buffers are made once per (group, max_bytes, dtype, device) and
-    shared. Per message the reduce is one-shot up to `one_shot_max_bytes` (default: the
-    buffer), two-shot up to `two_shot_max_bytes` (default 0: none), NCCL above (`choose`);
+    shared. Per message the reduce is one-shot up to `one_shot_max_bytes`, two-shot up to
+    `two_shot_max_bytes`, NCCL above (`choose`; defaults: `thresholds` for the group's size);
     where two-shot cannot run, its range goes to one-shot and `reduce.two_shot_reason` says why."""
     import torch.distributed as dist
 
-    one, two = thresholds(max_bytes, one_shot_max_bytes, two_shot_max_bytes)
+    world = dist.get_world_size(group)
+    one, two = thresholds(max_bytes, one_shot_max_bytes, two_shot_max_bytes, world)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -297,7 +309,7 @@ def symm_mem_reduce(group, dtype: torch.dtype, device, max_bytes: int = DEFAULT_
     if reason is not None:
         return None, reason
     name, key = group.group_name, (group.group_name, max_bytes, dtype, device)
-    _WORLDS[name] = dist.get_world_size(group)
+    _WORLDS[name] = world
     if key not in _BUFFERS:
         reason = _make_buffer(key, group)
         if reason is not None:
@@ -307,7 +319,7 @@ def symm_mem_reduce(group, dtype: torch.dtype, device, max_bytes: int = DEFAULT_
     if why is not None:
         log.warning("symm_mem all-reduce: %s; messages of %d to %d bytes take the one-shot all-reduce instead",
                     why, one + 1, two)
-    return _make_reduce(name, buf, max_bytes, one, two, why), None
+    return _make_reduce(name, buf, max_bytes, one, two, why, world), None
 
 
 def _make_buffer(key: tuple, group) -> str | None:

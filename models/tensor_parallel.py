@@ -11,7 +11,8 @@ all-reduce each, of one of two kinds (`all_reduce_fn`):
   kernel reading the peers' buffers over NVLink P2P, no multicast), for the small messages
   of decode, where NCCL's per-call latency dominates; NCCL where it cannot run. Thresholds
   (`one_shot_max_bytes`, `two_shot_max_bytes`) may hand larger messages to a two-shot
-  reduce through the same buffer, or to NCCL; by default one-shot up to 8 MiB, NCCL above.
+  reduce through the same buffer, or to NCCL; by default the measured crossover: one-shot up
+  to 1 MiB on two GPUs (512 KiB on more), two-shot above it up to the 8 MiB buffer, NCCL above.
 Embedding and norms are replicated; so is the LM head (tied to the embedding), or, with
 `lm_head="vocab"`, split by vocabulary rows, the logits joined by one all-gather.
 
@@ -102,7 +103,7 @@ def shard_paged_cache(cfg: DecoderConfig, cache: torch.Tensor, rank: int) -> tor
 
 def all_reduce_fn(group=None, kind: str = "nccl", *, dtype: torch.dtype = torch.bfloat16, device=None,
                   max_bytes: int = DEFAULT_MAX_BYTES, one_shot_max_bytes: int | None = None,
-                  two_shot_max_bytes: int = 0):
+                  two_shot_max_bytes: int | None = None):
     """`x -> sum of x over the group`, traceable by `split` and capturable in CUDA graphs.
 
     `kind="nccl"`: the functional collective. `kind="symm_mem"`: the one-shot all-reduce
@@ -113,9 +114,10 @@ def all_reduce_fn(group=None, kind: str = "nccl", *, dtype: torch.dtype = torch.
     it is: `.kind` ("nccl" or "symm_mem") and `.fallback_reason` (None unless it fell back).
 
     The crossover (`models._symm_mem.choose`, measured by `benchmarks.all_reduce_crossover`):
-    one-shot up to `one_shot_max_bytes` (default: `max_bytes`), the two-shot all-reduce
-    through the same buffer up to `two_shot_max_bytes` (default 0: never), NCCL above. The
-    defaults are one-shot up to the buffer, NCCL above."""
+    one-shot up to `one_shot_max_bytes`, the two-shot all-reduce through the same buffer up to
+    `two_shot_max_bytes`, NCCL above. The defaults are the crossover measured on two and four
+    H200s: one-shot up to 1 MiB on two GPUs (512 KiB on more), two-shot above it up to the
+    buffer, NCCL above (where two-shot cannot run: one-shot up to the buffer)."""
     import torch.distributed as dist
 
     if kind not in ALL_REDUCE_KINDS:

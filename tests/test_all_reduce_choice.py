@@ -35,16 +35,26 @@ def old_rule(n: int, dtype: torch.dtype, buf: torch.Tensor) -> str:
     return "nccl" if n == 0 or dtype != buf.dtype or n > buf.numel() or (n * size) % 4 else "one_shot"
 
 
+def measured_rule(nbytes: int, world: int, max_bytes: int) -> str:
+    """The defaults as the crossover measured them (a message the buffer takes): one-shot up to 1 MiB
+    on two GPUs and 512 KiB on four or more, two-shot above it up to the buffer."""
+    return "one_shot" if nbytes <= min({2: 1 << 20}.get(world, 512 << 10), max_bytes) else "two_shot"
+
+
 @given(n=st.integers(min_value=0, max_value=1 << 23), dtype=DTYPES, buf_dtype=st.sampled_from(KERNEL_DTYPES),
-       max_bytes=st.one_of(st.just(DEFAULT_MAX_BYTES), st.integers(min_value=0, max_value=1 << 24)))
-def test_the_defaults_choose_as_before_two_shot(n, dtype, buf_dtype, max_bytes):
+       max_bytes=st.one_of(st.just(DEFAULT_MAX_BYTES), st.integers(min_value=0, max_value=1 << 24)),
+       world=st.sampled_from((2, 4, 8)))
+def test_the_defaults_are_the_measured_crossover_and_without_two_shot_the_rule_before_it(
+        n, dtype, buf_dtype, max_bytes, world):
     buf = torch.empty(max_bytes // torch.empty((), dtype=buf_dtype).element_size(), dtype=buf_dtype, device="meta")
     nbytes = n * torch.empty((), dtype=dtype).element_size()
-    assert _make_reduce("g", buf, max_bytes).kind_for(nbytes, dtype) == old_rule(n, dtype, buf)
-    one, two = thresholds(max_bytes)
-    assert (one, two) == (max_bytes, 0)
-    if dtype == buf_dtype:  # the pure rule alone, on the buffer's bytes
-        assert choose(nbytes, dtype, one, two, buf.numel() * buf.element_size()) == old_rule(n, dtype, buf)
+    before = old_rule(n, dtype, buf)
+    chosen = _make_reduce("g", buf, max_bytes, world=world).kind_for(nbytes, dtype)
+    assert chosen == (before if before == "nccl" else measured_rule(nbytes, world, max_bytes))
+    # where two-shot cannot run, the rule before it: one-shot up to the buffer
+    assert _make_reduce("g", buf, max_bytes, world=world, two_shot_reason="no op").kind_for(nbytes, dtype) == before
+    one, two = thresholds(max_bytes, world=world)
+    assert (one, two) == (min({2: 1 << 20}.get(world, 512 << 10), max_bytes), max_bytes)
 
 
 @given(a=BYTES, b=BYTES, dtype=st.sampled_from(KERNEL_DTYPES), one=BYTES, two=BYTES, max_bytes=BYTES)
@@ -123,37 +133,40 @@ TIMES = {1: (7.0, 9.0, 20.0), 16: (8.0, 9.5, 21.0), 64: (12.0, 11.0, 25.0), 256:
 
 
 def test_each_size_names_its_fastest_kind_and_every_kinds_ratio_to_it():
-    rows = summarise(cells_of(TIMES), torch.bfloat16)
+    rows = summarise(cells_of(TIMES), torch.bfloat16, 2)
     assert [r["fastest"] for r in rows] == ["one_shot", "one_shot", "two_shot", "two_shot", "nccl"]
     assert [r["bytes"] for r in rows] == [t * 4096 * 2 for t in sorted(TIMES)]
     top = rows[-1]
     assert (top["one_shot_ratio"], top["two_shot_ratio"], top["nccl_ratio"]) == (1.8, 1.2, 1.0)
-    assert [r["today"] for r in rows] == ["one_shot"] * 5  # 1024 tokens of 4096 bf16 is 8 MiB: still one-shot
+    # the defaults on two GPUs: one-shot up to 1 MiB (64 tokens of 4096 bf16 is 512 KiB), two-shot to the 8 MiB buffer
+    assert [r["today"] for r in rows] == ["one_shot", "one_shot", "one_shot", "two_shot", "two_shot"]
+    assert [r["today"] for r in summarise(cells_of(TIMES), torch.bfloat16, 4)] == [
+        "one_shot", "one_shot", "one_shot", "two_shot", "two_shot"]
     # a kind whose sum was wrong is never the fastest, and its row says so
-    wrong = summarise(cells_of(TIMES, ok=lambda kind, t: kind != "one_shot"), torch.bfloat16)
+    wrong = summarise(cells_of(TIMES, ok=lambda kind, t: kind != "one_shot"), torch.bfloat16, 2)
     assert wrong[0]["fastest"] == "two_shot" and not wrong[0]["ok"]
 
 
 def test_the_suggestion_is_the_monotone_split_that_loses_least():
-    rows = summarise(cells_of(TIMES), torch.bfloat16)
-    s = suggest(rows, torch.bfloat16)
+    rows = summarise(cells_of(TIMES), torch.bfloat16, 2)
+    s = suggest(rows, torch.bfloat16, 2)
     assert (s["one_shot_max_bytes"], s["two_shot_max_bytes"]) == (16 * 8192, 256 * 8192)
     assert s["cost"] == pytest.approx(len(rows)) and s["today_cost"] > s["cost"]
     assert s["max_bytes"] == DEFAULT_MAX_BYTES
-    # one-shot fastest everywhere: today's rule, no two-shot
-    same = suggest(summarise(cells_of({t: (1.0, 2.0, 3.0) for t in TIMES}), torch.bfloat16), torch.bfloat16)
+    # one-shot fastest everywhere: one-shot throughout, no two-shot
+    same = suggest(summarise(cells_of({t: (1.0, 2.0, 3.0) for t in TIMES}), torch.bfloat16, 2), torch.bfloat16, 2)
     assert (same["one_shot_max_bytes"], same["two_shot_max_bytes"]) == (1024 * 8192, 0)
     # two-shot never ran: never suggested
-    none = suggest(summarise(cells_of({t: (v[0], None, v[2]) for t, v in TIMES.items()}), torch.bfloat16),
-                   torch.bfloat16)
+    none = suggest(summarise(cells_of({t: (v[0], None, v[2]) for t, v in TIMES.items()}), torch.bfloat16, 2),
+                   torch.bfloat16, 2)
     assert none["two_shot_max_bytes"] == 0 and math.isfinite(none["cost"])
 
 
 def test_the_markdown_has_the_table_the_missing_kinds_and_the_suggestion():
-    rows = summarise(cells_of(TIMES), torch.bfloat16)
+    rows = summarise(cells_of(TIMES), torch.bfloat16, 2)
     result = {"gpu": True, "dtype": "torch.bfloat16", "world": 2, "how": "graphs", "reps": 5, "reduces": 4,
               "checks": 1, "multicast_env": {"NCCL_NVLS_ENABLE": "0"}, "rows": rows,
-              "unavailable": {"two_shot": "no op"}, "suggestion": suggest(rows, torch.bfloat16)}
+              "unavailable": {"two_shot": "no op"}, "suggestion": suggest(rows, torch.bfloat16, 2)}
     text = render(result)
     assert "| hidden | tokens | KiB | one-shot µs | two-shot µs | NCCL µs | fastest |" in text
     assert "two_shot: not measured (no op)" in text

@@ -156,7 +156,10 @@ def test_a_crossover_other_than_the_default_is_named_in_the_rows_and_reaches_the
     from benchmarks.tensor_parallel import crossover, parse
     from models import tp_varlen_step
 
-    assert parse([]).crossover is None and crossover(None, 0) is None
+    assert parse([]).crossover is None and crossover(None, None) is None
+    no_two_shot = parse(["--two-shot-max-bytes", "0"]).crossover  # the rule before two-shot
+    assert no_two_shot == {"one_shot_max_bytes": None, "two_shot_max_bytes": 0}
+    assert all_reduce_label("symm_mem", "symm_mem", no_two_shot) == "symm_mem (one-shot ≤ default, two-shot ≤ 0 KiB)"
     chosen = parse(["--one-shot-max-bytes", str(512 << 10), "--two-shot-max-bytes", str(8 << 20)]).crossover
     assert chosen == {"one_shot_max_bytes": 512 << 10, "two_shot_max_bytes": 8 << 20}
     assert all_reduce_label("symm_mem", "symm_mem", None) == "symm_mem"
