@@ -182,12 +182,20 @@ def ttft_beside_eager(model, name: str, ids: torch.Tensor, pairs: int) -> dict:
     """Time to first token (a 1-token generate()) of the line and of eager in this process, the
     two called in turn `pairs` times: medians and their ratio. These hosts drift tens of percent
     between processes and within a minute, more than the line adds to a prefill; taken in turn,
-    the drift falls on both alike."""
+    the drift falls on both alike. Which of the two goes first alternates (line, eager, eager,
+    line, ...): a cost that falls on the first call of a pair falls on both alike too."""
     line, eager = [], []
-    for _ in range(pairs):
-        line.append(timed(lambda: generate(model, name, ids, 1)))  # noqa: B023
+
+    def line_call():
+        line.append(timed(lambda: generate(model, name, ids, 1)))
+
+    def eager_call():
         with eager_forward(model):
-            eager.append(timed(lambda: generate(model, "eager", ids, 1)))  # noqa: B023
+            eager.append(timed(lambda: generate(model, "eager", ids, 1)))
+
+    for i in range(pairs):
+        for call in (line_call, eager_call) if i % 2 == 0 else (eager_call, line_call):
+            call()
     ms, eager_ms = statistics.median(line) * 1e3, statistics.median(eager) * 1e3
     return {"ttft_in_turn_ms": ms, "ttft_eager_in_turn_ms": eager_ms, "ttft_vs_eager_in_turn": ms / eager_ms}
 
