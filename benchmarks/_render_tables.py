@@ -58,6 +58,7 @@ SERVING_OWN = "each peer-compared configuration in a process of its own"
 SERVING_TWICE = "FULL keys of compiled pieces warm up twice; a 1st and a 2nd process per configuration"
 SERVING_WRITES = "later keys learn their writes without a recorded eager run"
 TP_TWO_SHOT = "the symm_mem all-reduce's defaults send large messages to its two-shot reduce (models/_symm_mem.py)"
+TP_LINED_UP = "the ranks line up before the timed trace (its first step waited out their skew: benchmarks/tensor_parallel.py)"
 HF_OFF = "the one line turns transformers' compile off"
 HF_THREAD = "`Options(compile=True)` compiles in a background thread (since removed)"
 HF_DYNAMIC = "`Options(compile=True)` compiles in the caller's thread again, with dynamic shapes"
@@ -378,7 +379,7 @@ BENCHES: tuple[Bench, ...] = (
                 Col("p99_ms", "p99 ms", ".2f"), Col("startup_s", "start-up s", ".1f"),
             ), lambda data: [{**row, "model": data["config"]["model"]} for row in derive(data["rows"], vs_tp1=vs_tp1)]),
         ),
-        eras=(("2026-11-28T05:55:00+00:00", TP_TWO_SHOT),),
+        eras=(("2026-11-28T05:55:00+00:00", TP_TWO_SHOT), ("2026-11-28T06:00:00+00:00", TP_LINED_UP)),
     ),
     Bench(
         "all-reduce-crossover", "Tensor parallelism: one-shot, two-shot and NCCL all-reduces by message size",

@@ -85,9 +85,20 @@ def run_decode(args, rank: int, world: int, device: torch.device) -> dict:
 
 # -- serving --------------------------------------------------------------------------------
 
-def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startup: float, timed) -> dict:
+def line_up(group, device: torch.device) -> None:
+    """Every rank of `group` here before the next step: one all-reduce waited for. Work a rank
+    did alone just before (its check pass's last reference step, its GC pass) ends at other
+    times on other ranks, and the first timed step's all-reduces would wait out the difference
+    (18-90 ms on the first step of TP=2 and TP=4 traces, 2026-11-28, against ~10 ms at TP=1)."""
+    flag = torch.zeros(1, device=device)
+    dist.all_reduce(flag, group=group)
+    sync()
+
+
+def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startup: float, timed,
+              group=None) -> dict:
     """Check `g` step by step against the single-GPU eager model (its own copy of the
-    starting cache), then time every step of the trace."""
+    starting cache), then time every step of the trace (`group`: its ranks lined up first)."""
     from ._serving_trace import _percentile, ms_by_kind
 
     ref_cache = initial.clone()
@@ -98,6 +109,8 @@ def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startu
             worst = max(worst, max_err(g(*batch, cache), setup.step(*batch, ref_cache)))
         del ref_cache
         with freeze_gc():
+            if group is not None:
+                line_up(group, cache.device)
             latencies = [timed(lambda: g(*batch, cache))[1] for batch in setup.batches]  # noqa: B023
     calls = len(setup.batches)
     by_mode = {r.mode: r.calls / 2 for r in g.stats.by_mode()}  # checked once, timed once
@@ -150,7 +163,7 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
                          options=Options(outputs="view", group=group)).capture(*setup.example, cache)
             sync()
             startup = time.perf_counter() - t0
-            row = trace_row(setup, g, cache, initial, f"{label} graphify {how}", tp, startup, timed)
+            row = trace_row(setup, g, cache, initial, f"{label} graphify {how}", tp, startup, timed, group)
             g.release()
             del g, fn, step, cache
             ratios[label] = {"tokens_per_s": row["tokens_per_s"] / one["tokens_per_s"],
