@@ -67,6 +67,8 @@ LEVERS = {
     "pieces+vocab": "pieces, and a vocab-parallel LM head (each rank its slice of the logits, one all-gather)",
     "pieces+splitkv": "pieces, with split-KV attention (a token's keys over several programs, then joined)",
     "pieces+vocab+splitkv": "pieces+vocab with split-KV attention",
+    "pieces+fused+splitkv": "pieces+splitkv, each all-reduce fused with the residual add and the next RMSNorm "
+                            "(one launch through symmetric memory: models/_reduce_norm.py)",
 }
 PROFILE_STEPS = 5
 
@@ -84,8 +86,9 @@ def all_reduce_label(kind: str, used: str, crossover: dict | None) -> str:
 
 
 def tp1_lever(lever: str) -> str:
-    """The lever TP=1 is measured with for a TP lever: a vocab-parallel head changes nothing at TP=1."""
-    return lever.replace("+vocab", "")
+    """The lever TP=1 is measured with for a TP lever: a vocab-parallel head and the fused all-reduce
+    change nothing at TP=1 (no all-reduce; inductor fuses the add and the norm itself)."""
+    return lever.replace("+vocab", "").replace("+fused", "")
 
 
 @contextlib.contextmanager
@@ -301,16 +304,17 @@ def _tp_kind(m: Model, tcfg, params, cache, group, local: int, kind: str, whole:
             if not whole:
                 refs[b] = step(*batch, cache.clone())
             eager[b] = time_per_call(lambda i: step(*batch, cache), **eager_timing)  # noqa: B023
-    rows, vocab_step = [], None
+    rows, steps = [], {("replicated", False): step}
     for lever in m.args.lever:
-        built = step
-        if "+vocab" in lever:
-            vocab_step = vocab_step or tp_varlen_step(tcfg, params, local, group=group, all_reduce=kind,
-                                                      sharded=not whole, lm_head="vocab", crossover=crossover)
-            built = vocab_step
+        how = ("vocab" if "+vocab" in lever else "replicated", "+fused" in lever)
+        if how not in steps:  # collective: every rank builds the same levers in the same order
+            steps[how] = tp_varlen_step(tcfg, params, local, group=group, all_reduce=kind, sharded=not whole,
+                                        lm_head=how[0], crossover=crossover, fuse_norm=how[1])
+        built = steps[how]
+        fused = {"fused_norm": built.add_norm.fused, "fused_norm_reason": built.add_norm.reason} if how[1] else {}
         for b, row in _measure(lever, built, m, cache, refs, tcfg, group).items():
             one, plain = tp1.get((tp1_lever(lever), b)), tp1.get(("plain", b))
-            rows.append({**head, "batch": b, **row, "eager_ms": eager[b], "tp1_ms": one, "tp1_plain_ms": plain,
+            rows.append({**head, **fused, "batch": b, **row, "eager_ms": eager[b], "tp1_ms": one, "tp1_plain_ms": plain,
                          "max_err_vs_single_gpu": row["max_err"] if whole else None,
                          "graphify_vs_hand": _ratio(row["graphify_ms"], row.get("hand_ms")),
                          "tp_vs_tp1": _ratio(row["graphify_ms"], one),

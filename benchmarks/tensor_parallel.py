@@ -126,11 +126,13 @@ def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startu
 def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
     """The main job's trace (benchmarks/serving.py) through graphify FULL_AND_PIECEWISE at
     TP=1 (each rank its own single-GPU model) and at each TP degree > 1 (`group=`) per
-    all-reduce kind; with `--lever pieces`, every configuration's pieces inductor-compiled."""
+    all-reduce kind; with `--lever pieces`, every configuration's pieces inductor-compiled; with a
+    `+fused` lever, also each TP step's all-reduces fused with the next norm where they can be."""
     from ._serving_trace import ATTENTION, SERVING_MODELS, Setup, step_kinds, step_timer
 
     gpu = device.type == "cuda"
-    inductor = "pieces" in args.lever
+    fuse_norm = any("+fused" in lever for lever in args.lever)  # TP > 1: each all-reduce fused with the next norm
+    inductor = "pieces" in args.lever or fuse_norm  # (the fused levers are of inductor's pieces)
     setup = Setup(gpu, args.requests, args.seed, specialise_from=1 << 30, model=args.serving_model)
     timed = step_timer(gpu)
     initial = setup.cache.clone()
@@ -152,9 +154,10 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
         for kind in args.all_reduce:
             cache = shard_paged_cache(tcfg, initial, local)
             step = tp_varlen_step(tcfg, setup.params, local, group=group, attention=ATTENTION, all_reduce=kind,
-                                  crossover=args.crossover)
+                                  crossover=args.crossover, fuse_norm=fuse_norm)
             used = step.all_reduce.kind
-            label = f"TP={tp} " + all_reduce_label(kind, used, args.crossover)
+            label = f"TP={tp} " + all_reduce_label(kind, used, args.crossover) + (
+                " + fused norms" if step.add_norm.fused else "")
             sync()
             t0 = time.perf_counter()  # start-up, timed once: split and capture are not repeated
             fn = split(step, split_ops(ATTENTION), *setup.example, cache, axes=varlen_axes(), compile=inductor)

@@ -11,8 +11,8 @@
 #   bench     torchrun -m benchmarks.tensor_parallel over every GPU: decode of $MODELS at TP=1 and
 #             $TP, per lever ($LEVERS) and all-reduce kind ($ALL_REDUCE): tensor-parallel-$TAG
 #   bench70   the 70B shape at TP=4 (sharded on every rank, no TP=1): tensor-parallel-70b-$TAG
-#   tests     the multi-GPU tests: tests/test_distributed.py, tests/test_hf_tensor_parallel.py and
-#             tests/test_hf_tp_benchmark.py, CUDA ones included; summary and failures into
+#   tests     the multi-GPU tests: tests/test_distributed.py, tests/test_hf_tensor_parallel.py,
+#             tests/test_hf_tp_benchmark.py and tests/test_reduce_norm.py, CUDA ones included; summary and failures into
 #             benchmarks/results/gpu-tests-<device>-x<N>.txt
 #   tests-hf  the CUDA tests of tests/test_hf_tensor_parallel.py alone, under a longer limit
 #   hf        torchrun -m benchmarks.hf_tensor_parallel on 2 and on 4 GPUs ($HF_SHAPE shape; $HF_TP
@@ -46,7 +46,7 @@ mkdir -p "$OUT" "$LOGS"
 START=$(date +%s)
 BUDGET=${BUDGET:-535}  # seconds for all steps: the run's 10-minute limit less start-up and packing
 GPUS=${GPUS:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
-TESTS=${TESTS:-tests/test_distributed.py tests/test_hf_tensor_parallel.py tests/test_hf_tp_benchmark.py}
+TESTS=${TESTS:-tests/test_distributed.py tests/test_hf_tensor_parallel.py tests/test_hf_tp_benchmark.py tests/test_reduce_norm.py}
 TP=${TP:-$(python3 -c "print(' '.join(str(t) for t in (2, 4) if t <= $GPUS))")}
 EXTRA=${EXTRA:-}  # more benchmark arguments (a dry run on a CPU: EXTRA="--smoke --cpu" GPUS=2)
 STEPS=${STEPS:-bench bench70 tests}  # then: STEPS="hf serving again"

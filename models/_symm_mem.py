@@ -52,6 +52,7 @@ KINDS = ("one_shot", "two_shot", "nccl")  # in the order `choose` hands them out
 _BUFFERS: dict[tuple, torch.Tensor] = {}  # (group name, max_bytes, dtype, device) -> rendezvoused buffer
 _TWO_SHOT: dict[tuple, str | None] = {}  # the same keys -> why two-shot cannot run there (None: it can)
 _WORLDS: dict[str, int] = {}  # group name -> its world size (the two-shot out-of-place kernel takes 2, 4 or 8)
+_HANDLES: dict[int, object] = {}  # a buffer's address -> its rendezvous handle (peers' buffers and signal pads)
 
 
 def choose(nbytes: int, dtype: torch.dtype, one_shot_max: int, two_shot_max: int, max_bytes: int,
@@ -186,6 +187,7 @@ def _make_reduce(name: str, buf: torch.Tensor, max_bytes: int, one_shot_max: int
         return _reduce(x, buf, name, one, two)
 
     reduce.kind, reduce.fallback_reason, reduce.two_shot_reason = "symm_mem", None, two_shot_reason
+    reduce.group_name, reduce.max_bytes = name, max_bytes
     reduce.one_shot_max_bytes, reduce.two_shot_max_bytes = one, two
     reduce.kind_for = lambda nbytes, dtype: choose(nbytes, dtype, one, two, cap, buf.dtype)  # noqa: E731
     return reduce
@@ -258,6 +260,7 @@ def _rendezvous(name: str, max_bytes: int, dtype: torch.dtype, device: torch.dev
         raise RuntimeError("rendezvous returned no handle")
     if getattr(handle, "multicast_ptr", 0):
         raise RuntimeError("rendezvous made a multicast object although TORCH_SYMM_MEM_DISABLE_MULTICAST=1")
+    _HANDLES[buf.data_ptr()] = handle
     return buf
 
 

@@ -28,6 +28,7 @@ import logging
 import attrs
 import torch
 
+from ._reduce_norm import add_norm_fn
 from ._symm_mem import DEFAULT_MAX_BYTES, nccl_gather_last, nccl_reduce, symm_mem_reduce, thresholds
 from .decoder import Decoder, DecoderConfig, draw_weight, rope_tables
 from .varlen import varlen_step
@@ -137,7 +138,7 @@ def all_reduce_fn(group=None, kind: str = "nccl", *, dtype: torch.dtype = torch.
 
 def tp_varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], rank: int, group=None,
                    attention: "str | Sequence[str]" = "unified", all_reduce: str = "nccl", *, sharded: bool = False,
-                   lm_head: str = "replicated", crossover: "dict[str, int] | None" = None):
+                   lm_head: str = "replicated", crossover: "dict[str, int] | None" = None, fuse_norm: bool = False):
     """This rank's step of the model whose full (tp=1) weights are `params` (or, `sharded`,
     whose rank-`rank` shards they are: `init_shard_params`); `all_reduce` is the kind of
     `all_reduce_fn` (collective for "symm_mem": every rank of `group` builds its step). The
@@ -145,7 +146,10 @@ def tp_varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], rank: in
     `lm_head="vocab"`: each rank computes its slice of the vocabulary's logits (its rows of
     the tied embedding) and one all-gather joins them, instead of every rank reading the
     whole LM head. `crossover`: `all_reduce_fn`'s `one_shot_max_bytes` / `two_shot_max_bytes` for
-    the symm_mem kind (measured by `benchmarks.all_reduce_crossover`); None keeps its defaults."""
+    the symm_mem kind (measured by `benchmarks.all_reduce_crossover`); None keeps its defaults.
+    `fuse_norm`: each layer's all-reduces, residual adds and next norms as one launch where the
+    symm_mem reduce can serve the message (`models._reduce_norm`; the step's `.add_norm.fused`
+    says whether it may, `.reason` why not)."""
     import torch.distributed as dist
 
     if lm_head not in LM_HEADS:
@@ -158,6 +162,7 @@ def tp_varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], rank: in
         rows = cfg.vocab_size // cfg.tp
         mine = {**mine, "lm_head": params["embed"][rank * rows : (rank + 1) * rows].contiguous()}
         gather = nccl_gather_last((group or dist.group.WORLD).group_name, cfg.tp)
-    step = varlen_step(cfg, mine, attention, reduce=reduce, gather=gather)
-    step.all_reduce = reduce
+    add_norm = add_norm_fn(reduce, cfg.eps, fused=fuse_norm)
+    step = varlen_step(cfg, mine, attention, reduce=reduce, gather=gather, add_norm=add_norm if fuse_norm else None)
+    step.all_reduce, step.add_norm = reduce, add_norm
     return step

@@ -42,10 +42,12 @@ def _backend_names(cfg: DecoderConfig, attention: "str | Sequence[str]") -> tupl
 class VarlenDecoder(Decoder):
     """`Decoder` whose attention is a registered op per layer (a split point)."""
 
-    def __init__(self, cfg: DecoderConfig, attention: "str | Sequence[str]" = "unified", reduce=None, gather=None):
+    def __init__(self, cfg: DecoderConfig, attention: "str | Sequence[str]" = "unified", reduce=None, gather=None,
+                 add_norm=None):
         super().__init__(cfg)
         self.attention = _backend_names(cfg, attention)
         self.reduce = reduce if reduce is not None else _identity  # TP: sum partial outputs over ranks
+        self.add_norm = add_norm or self._add_norm  # a row-parallel output into the residual, then the next norm
         self.gather = gather  # TP, a vocab-parallel LM head: joins the ranks' slices of the logits
         if gather is not None:  # this rank's rows of the (tied) LM head
             if cfg.vocab_size % cfg.tp:
@@ -58,8 +60,8 @@ class VarlenDecoder(Decoder):
         x = self.embed[token_ids]
         cos = self.rope_cos[positions].unsqueeze(1)
         sin = self.rope_sin[positions].unsqueeze(1)
+        y = F.rms_norm(x, (cfg.hidden,), self.layers[0].input_norm, cfg.eps)
         for i, layer in enumerate(self.layers):
-            y = F.rms_norm(x, (cfg.hidden,), layer.input_norm, cfg.eps)
             q, k, v = F.linear(y, layer.qkv_weight, layer.qkv_bias).split((h * d, kv * d, kv * d), dim=-1)
             q = _rope(q.reshape(t, h, d), cos, sin)
             k = _rope(k.reshape(t, kv, d), cos, sin)
@@ -67,10 +69,13 @@ class VarlenDecoder(Decoder):
             BACKENDS[self.attention[i]].op(
                 q, k, v.reshape(t, kv, d), kv_cache, i, slot_mapping, positions, query_lens, seq_lens, block_tables, out
             )
-            x = x + self.reduce(F.linear(out.reshape(t, h * d), layer.o_weight))
-            y = F.rms_norm(x, (cfg.hidden,), layer.post_norm, cfg.eps)
+            x, y = self.add_norm(F.linear(out.reshape(t, h * d), layer.o_weight), x, layer.post_norm)
             gate, up = F.linear(y, layer.gate_up_weight).chunk(2, dim=-1)
-            x = x + self.reduce(F.linear(F.silu(gate) * up, layer.down_weight))
+            down = F.linear(F.silu(gate) * up, layer.down_weight)
+            if i + 1 < len(self.layers):  # the next layer's input norm with this layer's end
+                x, y = self.add_norm(down, x, self.layers[i + 1].input_norm)
+            else:  # the final norm reads the last token of each request only
+                x = x + self.reduce(down)
         last = (torch.cumsum(query_lens, 0) - 1).clamp_(min=0)
         y = F.rms_norm(x[last], (cfg.hidden,), self.final_norm, cfg.eps)
         if self.gather is not None:
@@ -78,17 +83,25 @@ class VarlenDecoder(Decoder):
         return F.linear(y, self.embed)
 
 
+    def _add_norm(self, partial, residual, weight):
+        """`residual + reduce(partial)` and its RMSNorm, as three ops."""
+        x = residual + self.reduce(partial)
+        return x, F.rms_norm(x, (self.cfg.hidden,), weight, self.cfg.eps)
+
+
 def _identity(x):
     return x
 
 
 def varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], attention: "str | Sequence[str]" = "unified",
-                reduce=None, gather=None):
+                reduce=None, gather=None, add_norm=None):
     """`step(token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache)`
     -> last-token logits per request, a pure function of `params` via `functional_call`.
     `reduce` sums a row-parallel linear's partial output over tensor-parallel ranks; `gather`
-    (a vocab-parallel LM head, `params["lm_head"]` this rank's rows) joins the logits' slices."""
-    module = VarlenDecoder(cfg, attention, reduce, gather).to("meta")
+    (a vocab-parallel LM head, `params["lm_head"]` this rank's rows) joins the logits' slices;
+    `add_norm(partial, residual, weight) -> (x, y)` (default: the reduce, the add and the norm
+    as three ops) takes a layer's row-parallel output into the residual and norms the sum."""
+    module = VarlenDecoder(cfg, attention, reduce, gather, add_norm).to("meta")
 
     def step(token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache):
         return functional_call(module, params, (token_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, kv_cache))

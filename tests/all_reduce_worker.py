@@ -1,7 +1,8 @@
-"""One rank of the mixed-crossover test (tests/test_all_reduce_choice.py starts two, on NCCL):
-one symm_mem reduce with one-shot, two-shot and NCCL ranges, a message in each, all three
-captured in one CUDA graph and replayed on fresh inputs against NCCL's eager sum. Prints one
-`RESULT <json>` line."""
+"""One rank of the symm_mem tests that need two GPUs (started two at a time, on NCCL). `mixed`
+(tests/test_all_reduce_choice.py): one reduce with one-shot, two-shot and NCCL ranges, a
+message in each, all three captured in one CUDA graph and replayed on fresh inputs against
+NCCL's eager sum. `fused` (tests/test_reduce_norm.py): the fused all-reduce + add + RMSNorm
+against NCCL's sum, the add and the norm, eagerly and replayed. Prints one `RESULT <json>` line."""
 
 from __future__ import annotations
 
@@ -56,12 +57,57 @@ def mixed(rank: int, world: int) -> dict:
             "torch": torch.__version__}
 
 
+def fused(rank: int, world: int) -> dict:
+    import torch.nn.functional as F
+
+    from models._reduce_norm import _fits, add_norm_fn
+    from models._symm_mem import _BUFFERS
+
+    device = torch.device("cuda", rank)
+    reduce = all_reduce_fn(kind="symm_mem", dtype=torch.bfloat16, device=device)
+    add_norm = add_norm_fn(reduce, 1e-5, fused=True)
+    buf = _BUFFERS[(reduce.group_name, reduce.max_bytes, torch.bfloat16, device)]
+    weight = fresh((HIDDEN,), device, 7)  # the same on every rank, as a norm's weight is
+
+    def want(partial, residual):
+        summed = partial.clone()
+        dist.all_reduce(summed)
+        x = residual + summed
+        return x, F.rms_norm(x, (HIDDEN,), weight, 1e-5)
+
+    def err(got, ref):  # (the new residual's, the normed rows') largest difference
+        return tuple((g.float() - r.float()).abs().max().item() for g, r in zip(got, ref))
+
+    worst, taken = {}, {}
+    for rows in (1, 8, 64):
+        partial, residual = fresh((rows, HIDDEN), device, 10 * rank + rows), fresh((rows, HIDDEN), device, 1000 + rows)
+        taken[str(rows)] = _fits(partial, residual, weight, buf, reduce.one_shot_max_bytes)
+        eager = err(add_norm(partial, residual, weight), want(partial, residual))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            add_norm(partial, residual, weight)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = add_norm(partial, residual, weight)
+        worst[str(rows)] = eager
+        for trial in range(3):
+            partial.copy_(fresh((rows, HIDDEN), device, 100 * trial + 10 * rank + rows))
+            residual.copy_(fresh((rows, HIDDEN), device, 5000 + 100 * trial + rows))
+            ref = want(partial, residual)
+            graph.replay()
+            worst[str(rows)] = tuple(map(max, worst[str(rows)], err(out, ref)))
+    torch.cuda.synchronize()
+    return {"fused": add_norm.fused, "reason": add_norm.reason, "taken": taken, "max_err": worst}
+
+
 def main() -> None:
     scenario, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        result = {"mixed": mixed}[scenario](rank, world)
+        result = {"mixed": mixed, "fused": fused}[scenario](rank, world)
     except Exception as exc:  # reported, so the test can show it
         result = {"crash": f"{type(exc).__name__}: {exc}"}
     result["t_result"] = time.time()

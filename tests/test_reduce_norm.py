@@ -1,0 +1,94 @@
+"""The all-reduce, residual add and RMSNorm as one step (`models._reduce_norm`).
+
+CPU: where the fused launch cannot run it is the three ops as written, bit for bit, with the
+reason named; a step built with it equals the step as written; the registered op traces as
+one node and, with no symmetric buffer, sums through NCCL's functional reduce (gloo here).
+Two CUDA GPUs (marked cuda): the fused launch equals NCCL's sum + add + norm on fresh random
+inputs, eagerly and replayed in a CUDA graph, at 1, 8 and 64 rows."""
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, varlen_step
+from models._reduce_norm import add_norm_fn
+
+from test_all_reduce_choice import two_gpus
+from test_distributed import run_ranks
+
+EPS = 1e-6
+
+
+def fresh(shape, seed: int, dtype=torch.float32) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) + 0.1).to(dtype)
+
+
+def doubled(x):
+    return 2 * x  # a stand-in reduce: two ranks with equal partials
+
+
+doubled.kind = "nccl"
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_where_the_fused_launch_cannot_run_it_is_the_three_ops_and_says_why(fused):
+    add_norm = add_norm_fn(doubled, EPS, fused=fused)
+    assert add_norm.fused is False
+    assert add_norm.reason == ("the all-reduce is nccl's, not symmetric memory's" if fused else "not asked for")
+    partial, residual, weight = fresh((5, 64), 1), fresh((5, 64), 2), fresh((64,), 3)
+    x, y = add_norm(partial, residual, weight)
+    want = residual + 2 * partial
+    assert torch.equal(x, want) and torch.equal(y, F.rms_norm(want, (64,), weight, EPS))
+
+
+def test_a_step_built_with_the_add_norm_equals_the_step_as_written():
+    cfg = DecoderConfig.tiny(max_seq_len=64)
+    params = init_params(cfg, seed=3)
+    batch = BatchLayout((3, 1, 5), (4, 7, 0), block_size=4, max_blocks=16).build(cfg, seed=9)
+    cache = new_paged_cache(cfg, 256, 4, seed=4)
+    plain = varlen_step(cfg, params)(*batch, cache.clone())
+    with_it = varlen_step(cfg, params, add_norm=add_norm_fn(lambda x: x, cfg.eps))(*batch, cache.clone())
+    assert torch.equal(plain, with_it)
+    assert plain.abs().sum() > 0
+
+
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of one rank (NCCL's functional reduce runs on it as the sum of one)."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_registered_op_traces_as_one_node_and_without_a_buffer_reduces_through_nccls_op(one_rank_group):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    op = torch.ops.graphify_models.symm_mem_add_rms_norm
+    partial, residual, weight = fresh((4, 32), 4), fresh((4, 32), 5), fresh((32,), 6)
+    x, y = op(partial, residual, weight, EPS, one_rank_group.group_name, 1 << 20, 1 << 20, 1 << 20)
+    assert torch.equal(x, residual + partial) and torch.equal(y, F.rms_norm(x, (32,), weight, EPS))
+    gm = make_fx(lambda p, r, w: op(p, r, w, EPS, "g", 1 << 20, 1 << 20, 1 << 20), tracing_mode="fake")(
+        partial, residual, weight)
+    calls = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert [c for c in calls if "graphify_models" in c] == ["graphify_models.symm_mem_add_rms_norm.default"]
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_the_fused_launch_equals_nccls_sum_add_and_norm_eagerly_and_in_a_graph():
+    for rank in run_ranks("fused", worker="all_reduce_worker.py", timeout=180):
+        assert rank["fused"] is True, rank["reason"]
+        for rows, (x_err, y_err) in rank["max_err"].items():
+            assert x_err <= 0.0625 and y_err <= 0.0625, (rows, x_err, y_err)  # two bf16 roundings at most (|values| < 8)
+        assert rank["taken"] == {"1": True, "8": True, "64": True}, rank["taken"]
