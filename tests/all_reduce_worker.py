@@ -27,21 +27,26 @@ def fresh(shape, device, seed: int) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
+def captured(call):
+    """(graph, its outputs) of `call()` captured in a CUDA graph after one warm-up run on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    return graph, out
+
+
 def mixed(rank: int, world: int) -> dict:
     device = torch.device("cuda", rank)
     reduce = all_reduce_fn(kind="symm_mem", dtype=torch.bfloat16, device=device, max_bytes=1 << 21,
                            one_shot_max_bytes=64 << 10, two_shot_max_bytes=1 << 20)
     statics = {k: fresh((t, HIDDEN), device, rank) for k, t in TOKENS.items()}
     taken = {k: reduce.kind_for(x.numel() * x.element_size(), x.dtype) for k, x in statics.items()}
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for x in statics.values():
-            reduce(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = {k: reduce(x) for k, x in statics.items()}
+    graph, outs = captured(lambda: {k: reduce(x) for k, x in statics.items()})
     worst = dict.fromkeys(statics, 0.0)
     for trial in range(4):
         wants = {}
@@ -83,14 +88,7 @@ def fused(rank: int, world: int) -> dict:
         partial, residual = fresh((rows, HIDDEN), device, 10 * rank + rows), fresh((rows, HIDDEN), device, 1000 + rows)
         taken[str(rows)] = _fits(partial, residual, weight, buf, reduce.one_shot_max_bytes)
         eager = err(add_norm(partial, residual, weight), want(partial, residual))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            add_norm(partial, residual, weight)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = add_norm(partial, residual, weight)
+        graph, out = captured(lambda: add_norm(partial, residual, weight))  # noqa: B023
         worst[str(rows)] = eager
         for trial in range(3):
             partial.copy_(fresh((rows, HIDDEN), device, 100 * trial + 10 * rank + rows))
