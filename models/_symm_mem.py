@@ -187,7 +187,7 @@ def _make_reduce(name: str, buf: torch.Tensor, max_bytes: int, one_shot_max: int
         return _reduce(x, buf, name, one, two)
 
     reduce.kind, reduce.fallback_reason, reduce.two_shot_reason = "symm_mem", None, two_shot_reason
-    reduce.group_name, reduce.max_bytes = name, max_bytes
+    reduce.group_name, reduce.max_bytes, reduce.buffer = name, max_bytes, buf
     reduce.one_shot_max_bytes, reduce.two_shot_max_bytes = one, two
     reduce.kind_for = lambda nbytes, dtype: choose(nbytes, dtype, one, two, cap, buf.dtype)  # noqa: E731
     return reduce

@@ -6,7 +6,8 @@ Each program takes rows `pid, pid + P, ...` of a [T, H] message. It copies its r
 rank's partial sum into this rank's symmetric buffer, meets the programs of the same id on
 every peer at a barrier, sums the peers' rows in fp32, adds the residual, writes the new
 residual and its RMSNorm, and meets them again, so that no rank writes its buffer for the
-next reduce while a peer still reads it.
+next reduce while a peer still reads it. The buffer and the pads serve one stream at a time
+(torch's one- and two-shot kernels use them too, in stream order).
 
 The barrier is the signal-pad handshake torch's own one-shot kernels use: each program owns
 one 32-bit slot per peer in every rank's signal pad. To signal, a program compare-and-swaps
@@ -44,20 +45,24 @@ def _meet(pads, program, rank: tl.constexpr, world: tl.constexpr):
     tl.debug_barrier()
 
 
-@triton.jit
+# Not specialised on `rows`: Triton would compile a kernel of its own for one row and for row
+# counts divisible by 16, on first sight, and a first sight inside a graph's capture cannot load
+# a new module. `_reduce_norm` compiles this one ahead (`warmup`) before any capture.
+@triton.jit(do_not_specialize=["rows"])
 def all_reduce_add_rms_norm_kernel(
-    buffers, pads, partial, residual, weight, residual_out, normed, rows, eps,
+    peers, pads, partial, residual, weight, residual_out, normed, rows, eps,
     H: tl.constexpr, BLOCK: tl.constexpr, rank: tl.constexpr, world: tl.constexpr,
 ):
     """`residual_out = residual + sum over ranks of partial`, `normed = rms_norm(residual_out) * weight`.
-    `buffers` / `pads`: device arrays of every rank's buffer and signal-pad addresses (uint64)."""
+    `peers`: every rank's buffer as a tensor, in rank order (tensor arguments, so Triton sees
+    their alignment and reads 16 bytes at a time); `pads`: a device array of every rank's
+    signal-pad address (uint64)."""
     program = tl.program_id(0)
     programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < H
-    buffers = buffers.to(tl.pointer_type(tl.uint64))
     pads = pads.to(tl.pointer_type(tl.uint64))
-    own = tl.load(buffers + rank).to(tl.pointer_type(partial.dtype.element_ty))
+    own = peers[rank]
     for row in range(program, rows, programs):
         at = row.to(tl.int64) * H + cols
         tl.store(own + at, tl.load(partial + at, mask=inside), mask=inside)
@@ -66,16 +71,15 @@ def all_reduce_add_rms_norm_kernel(
     for row in range(program, rows, programs):
         at = row.to(tl.int64) * H + cols
         total = tl.load(residual + at, mask=inside, other=0.0).to(tl.float32)
-        # the residual, then the peers in rank order: every rank adds in the same order
-        # (bf16 partials rounded once each, as the one-shot reduce reads them) and gets the same rows
+        # the peers in rank order, in fp32, rounded once: every rank the same rows; at two ranks
+        # bit-equal to the one-shot reduce, at more within a rounding of it (it adds in bf16)
         reduced = tl.zeros([BLOCK], dtype=tl.float32)
         for peer in tl.static_range(world):
-            theirs = tl.load(buffers + peer).to(tl.pointer_type(partial.dtype.element_ty))
-            reduced += tl.load(theirs + at, mask=inside, other=0.0).to(tl.float32)
+            reduced += tl.load(peers[peer] + at, mask=inside, other=0.0).to(tl.float32)
         total += reduced.to(partial.dtype.element_ty).to(tl.float32)
         total = total.to(residual_out.dtype.element_ty)
         tl.store(residual_out + at, total, mask=inside)
         x = total.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)  # as inductor's RMSNorm: within a bf16 rounding of eager's
         tl.store(normed + at, (x * rstd * w).to(normed.dtype.element_ty), mask=inside)
     _meet(pads, program, rank, world)

@@ -1,8 +1,9 @@
 """One rank of the symm_mem tests that need two GPUs (started two at a time, on NCCL). `mixed`
 (tests/test_all_reduce_choice.py): one reduce with one-shot, two-shot and NCCL ranges, a
 message in each, all three captured in one CUDA graph and replayed on fresh inputs against
-NCCL's eager sum. `fused` (tests/test_reduce_norm.py): the fused all-reduce + add + RMSNorm
-against NCCL's sum, the add and the norm, eagerly and replayed. Prints one `RESULT <json>` line."""
+NCCL's eager sum. `fused` and `stress` (tests/test_reduce_norm.py): the fused all-reduce + add +
+RMSNorm against NCCL's sum, the add and the norm, eagerly and replayed, and a chain of them
+replayed back to back with the ranks out of step. Prints one `RESULT <json>` line."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def fused(rank: int, world: int) -> dict:
 
     device = torch.device("cuda", rank)
     reduce = all_reduce_fn(kind="symm_mem", dtype=torch.bfloat16, device=device)
-    add_norm = add_norm_fn(reduce, 1e-5, fused=True)
+    add_norm = add_norm_fn(reduce, 1e-5, fused=True, hidden=HIDDEN, group=dist.group.WORLD)
     buf = _BUFFERS[(reduce.group_name, reduce.max_bytes, torch.bfloat16, device)]
     weight = fresh((HIDDEN,), device, 7)  # the same on every rank, as a norm's weight is
 
@@ -97,7 +98,50 @@ def fused(rank: int, world: int) -> dict:
             graph.replay()
             worst[str(rows)] = tuple(map(max, worst[str(rows)], err(out, ref)))
     torch.cuda.synchronize()
-    return {"fused": add_norm.fused, "reason": add_norm.reason, "taken": taken, "max_err": worst}
+    return {"fused": add_norm.fused, "reason": add_norm.reason, "taken": taken, "max_err": worst,
+            "checksum": [float(t.float().sum()) for t in out]}
+
+
+def stress(rank: int, world: int) -> dict:
+    """A graph of 16 layer boundaries back to back: the fused step, then torch's one-shot reduce on
+    the same buffer, rank 0 held back before each fused step (the ranks out of step), replayed 20
+    times with no host sync between; the last replay against the same chain through NCCL."""
+    import torch.nn.functional as F
+
+    from models._reduce_norm import add_norm_fn
+
+    device = torch.device("cuda", rank)
+    reduce = all_reduce_fn(kind="symm_mem", dtype=torch.bfloat16, device=device)
+    add_norm = add_norm_fn(reduce, 1e-5, fused=True, hidden=HIDDEN, group=dist.group.WORLD)
+    weight, rows = fresh((HIDDEN,), device, 7), 8
+    start, partial = fresh((rows, HIDDEN), device, 11), fresh((rows, HIDDEN), device, 20 + rank) * 0.25
+
+    def chain(boundary, all_reduce, hold=False):
+        x = start
+        for i in range(16):
+            if hold and rank == 0:
+                torch.cuda._sleep(20_000)  # ~10 µs: rank 0 arrives late at every meeting
+            x, y = boundary(partial * (1 + i / 16), x)
+            x = x + all_reduce(y * 0.01)
+        return x
+
+    def summed(t):
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    def unfused(p, x):
+        x = x + summed(p)
+        return x, F.rms_norm(x, (HIDDEN,), weight, 1e-5)
+
+    graph, out = captured(lambda: chain(lambda p, x: add_norm(p, x, weight), reduce, hold=True))
+    for _ in range(20):
+        graph.replay()
+    torch.cuda.synchronize()
+    want = chain(unfused, summed)
+    err = (out.float() - want.float()).abs().max().item()
+    return {"fused": add_norm.fused, "reason": add_norm.reason, "max_err": err,
+            "scale": want.float().abs().max().item(), "checksum": float(out.float().sum())}
 
 
 def main() -> None:
@@ -105,7 +149,7 @@ def main() -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        result = {"mixed": mixed, "fused": fused}[scenario](rank, world)
+        result = {"mixed": mixed, "fused": fused, "stress": stress}[scenario](rank, world)
     except Exception as exc:  # reported, so the test can show it
         result = {"crash": f"{type(exc).__name__}: {exc}"}
     result["t_result"] = time.time()
