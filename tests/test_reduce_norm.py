@@ -96,18 +96,24 @@ def test_the_registered_op_traces_as_one_node_and_without_a_buffer_reduces_throu
         torch.testing.assert_close(got, want)
 
 
+def fused_ranks(scenario: str) -> list[dict]:
+    """The two ranks of a worker scenario: each fused, and both with the same rows."""
+    ranks = run_ranks(scenario, worker="all_reduce_worker.py", timeout=180)
+    for rank in ranks:
+        assert rank["fused"] is True, rank["reason"]
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    return ranks
+
+
 @pytest.mark.cuda
 @two_gpus
 def test_the_fused_launch_equals_nccls_sum_add_and_norm_eagerly_and_in_a_graph():
-    ranks = run_ranks("fused", worker="all_reduce_worker.py", timeout=180)
-    for rank in ranks:
-        assert rank["fused"] is True, rank["reason"]
+    for rank in fused_ranks("fused"):
         for rows, (x_err, y_err) in rank["max_err"].items():
             # two ranks: the sum of two bf16 partials rounded once, as NCCL's, then the add: equal;
             # the norm within two bf16 roundings (|values| < 8)
             assert x_err == 0 and y_err <= 0.0625, (rows, x_err, y_err)
         assert rank["taken"] == {"1": True, "8": True, "64": True}, rank["taken"]
-    assert ranks[0]["checksum"] == ranks[1]["checksum"]  # every rank the same rows
 
 
 @pytest.mark.cuda
@@ -115,8 +121,5 @@ def test_the_fused_launch_equals_nccls_sum_add_and_norm_eagerly_and_in_a_graph()
 def test_fused_steps_back_to_back_with_the_ranks_out_of_step_keep_their_meetings():
     # a broken meeting (a rank reading a buffer before its peer wrote it, or writing it while the
     # peer still reads) gives errors of the values' own size; roundings give a few hundredths of it
-    ranks = run_ranks("stress", worker="all_reduce_worker.py", timeout=180)
-    for rank in ranks:
-        assert rank["fused"] is True, rank["reason"]
+    for rank in fused_ranks("stress"):
         assert rank["max_err"] <= 0.03 * rank["scale"], rank
-    assert ranks[0]["checksum"] == ranks[1]["checksum"]
