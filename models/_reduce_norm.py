@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._symm_mem import _BUFFERS, _HANDLES, _WORLDS, _reduce, nccl_reduce
+from ._symm_mem import _BUFFERS, _HANDLES, _reduce, nccl_reduce
 
 __all__ = ["add_norm_fn", "MAX_HIDDEN", "PROGRAMS"]
 
@@ -82,7 +82,10 @@ def _aligned(*tensors: torch.Tensor) -> bool:
 
 
 def _fits(partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, buf, one_shot_max: int) -> bool:
-    """Whether the fused launch takes this call (else the three ops run as written)."""
+    """Whether the fused launch takes this call (else the three ops run as written). Every rank
+    must answer alike, or one would wait in the kernel for peers running other kernels: these are
+    facts of the call's shapes and dtypes, and of alignment, which fresh tensors from the caching
+    allocator share (512-byte blocks) and views share by their shapes."""
     nbytes = partial.numel() * partial.element_size()
     return (buf is not None and partial.is_cuda and 0 < nbytes <= min(one_shot_max, buf.numel() * buf.element_size())
             and partial.dtype == buf.dtype == residual.dtype == weight.dtype
@@ -99,7 +102,7 @@ def symm_mem_add_rms_norm(partial: torch.Tensor, residual: torch.Tensor, weight:
     """The fused step where it fits, else the all-reduce `choose` picks, the add and the norm."""
     buf = _BUFFERS.get((group_name, max_bytes, partial.dtype, partial.device))
     if _fits(partial, residual, weight, buf, one_shot_max):
-        return _launch(partial, residual, weight, eps, buf, group_name)
+        return _launch(partial, residual, weight, eps, buf)
     reduced = _reduce(partial, buf, group_name, one_shot_max, two_shot_max) if buf is not None \
         else nccl_reduce(group_name)(partial)
     x = residual + reduced
@@ -135,7 +138,7 @@ def _grid_args(partial, residual, weight, eps: float, buf: torch.Tensor):
                                      eps), options
 
 
-def _launch(partial, residual, weight, eps: float, buf: torch.Tensor, name: str):
+def _launch(partial, residual, weight, eps: float, buf: torch.Tensor):
     """One launch of the fused kernel (every rank of the group launches it)."""
     from ._triton_reduce_norm import all_reduce_add_rms_norm_kernel
 
