@@ -59,7 +59,7 @@ from models import (  # noqa: E402
     varlen_axes,
 )
 from transforms import split  # noqa: E402
-from models._symm_mem import DEFAULT_MAX_BYTES, thresholds  # noqa: E402
+from models._symm_mem import DEFAULT_MAX_BYTES, agree, thresholds  # noqa: E402
 
 from ._ranks import ExitTogether, init, maybe_fail, rank_options  # noqa: E402
 from ._report import environment, publish, sync  # noqa: E402
@@ -85,16 +85,6 @@ def run_decode(args, rank: int, world: int, device: torch.device) -> dict:
 
 # -- serving --------------------------------------------------------------------------------
 
-def line_up(group, device: torch.device) -> None:
-    """Every rank of `group` here before the next step: one all-reduce waited for. Work a rank
-    did alone just before (its check pass's last reference step, its GC pass) ends at other
-    times on other ranks, and the first timed step's all-reduces would wait out the difference
-    (18-90 ms on the first step of TP=2 and TP=4 traces, 2026-11-28, against ~10 ms at TP=1)."""
-    flag = torch.zeros(1, device=device)
-    dist.all_reduce(flag, group=group)
-    sync()
-
-
 def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startup: float, timed,
               group=None) -> dict:
     """Check `g` step by step against the single-GPU eager model (its own copy of the
@@ -109,8 +99,12 @@ def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startu
             worst = max(worst, max_err(g(*batch, cache), setup.step(*batch, ref_cache)))
         del ref_cache
         with freeze_gc():
+            # every rank here first: work a rank did alone just before (the check pass's last
+            # reference step, its GC pass) ends at other times on other ranks, and the first timed
+            # step's all-reduces would wait out the difference (18-90 ms on the first step of TP=2
+            # and TP=4 traces, 2026-11-28, against ~10 ms at TP=1)
             if group is not None:
-                line_up(group, cache.device)
+                agree(True, group, cache.device)
             latencies = [timed(lambda: g(*batch, cache))[1] for batch in setup.batches]  # noqa: B023
     calls = len(setup.batches)
     by_mode = {r.mode: r.calls / 2 for r in g.stats.by_mode()}  # checked once, timed once
@@ -236,9 +230,7 @@ def default_all_reduce(world: int, device: torch.device) -> list[str]:
     so all measure the same kinds), else nccl."""
     ok = device.type == "cuda" and world >= 2 and torch.cuda.device_count() >= world and all(
         torch.cuda.can_device_access_peer(device, peer) for peer in range(world) if peer != device.index)
-    flag = torch.tensor([int(ok)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return list(ALL_REDUCE_KINDS) if flag.item() else ["nccl"]
+    return list(ALL_REDUCE_KINDS) if agree(ok, None, device) else ["nccl"]
 
 
 def serving_name(name: str) -> str:

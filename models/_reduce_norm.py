@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._symm_mem import _BUFFERS, _HANDLES, _reduce, nccl_reduce
+from ._symm_mem import _BUFFERS, _HANDLES, _reduce, agree, nccl_reduce
 
 __all__ = ["add_norm_fn", "MAX_HIDDEN", "PROGRAMS"]
 
@@ -40,11 +40,9 @@ def add_norm_fn(reduce, eps: float, fused: bool = False, *, hidden: int | None =
     peers forever."""
     reason = _why_not(reduce) if fused else "not asked for"
     if fused and group is not None and getattr(reduce, "kind", None) == "symm_mem":  # (else the same on every rank)
-        from ._symm_mem import _agree
-
         if reason is None and hidden is not None:
             reason = _compile(reduce, hidden)
-        if not _agree(reason is None, group, reduce.buffer.device):
+        if not agree(reason is None, group, reduce.buffer.device):
             reason = reason or "the fused all-reduce + norm cannot run on another rank"
     if reason is not None:
         def add_norm(partial, residual, weight):

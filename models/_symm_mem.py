@@ -39,8 +39,8 @@ import socket
 
 import torch
 
-__all__ = ["DEFAULT_MAX_BYTES", "ONE_SHOT_MAX_BYTES", "ONE_SHOT_MAX_BYTES_MANY", "KINDS", "choose", "thresholds",
-           "two_shot_reason", "symm_mem_reduce", "nccl_reduce", "nccl_gather_last"]
+__all__ = ["DEFAULT_MAX_BYTES", "ONE_SHOT_MAX_BYTES", "ONE_SHOT_MAX_BYTES_MANY", "KINDS", "agree", "choose",
+           "thresholds", "two_shot_reason", "symm_mem_reduce", "nccl_reduce", "nccl_gather_last"]
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +236,9 @@ def _peer_reason(group, device) -> str | None:
     return None
 
 
-def _agree(ok: bool, group, device) -> bool:
-    """Whether every rank of `group` is ok (collective)."""
+def agree(ok: bool, group, device) -> bool:
+    """Whether every rank of `group` is ok (collective; `group` None: the default group). It
+    returns once every rank has called it: a line-up too."""
     import torch.distributed as dist
 
     flag = torch.tensor([int(ok)], device=device)
@@ -285,7 +286,7 @@ def _check_two_shot(key: tuple, group, buf: torch.Tensor) -> str | None:
                     reason = "the two-shot all-reduce's self-test gave a wrong sum"
             except Exception as exc:  # noqa: BLE001 - any failure is a reason to use one-shot instead
                 reason = f"the two-shot all-reduce failed: {type(exc).__name__}: {exc}"
-        if not _agree(reason is None, group, buf.device):
+        if not agree(reason is None, group, buf.device):
             reason = reason or "the two-shot all-reduce failed on another rank"
         _TWO_SHOT[key] = reason
     return _TWO_SHOT[key]
@@ -335,7 +336,7 @@ def _make_buffer(key: tuple, group) -> str | None:
         reason = _peer_reason(group, device)
     except Exception as exc:  # noqa: BLE001 - no answer is a reason to fall back
         reason = f"could not check P2P access: {type(exc).__name__}: {exc}"
-    if not _agree(reason is None, group, device):
+    if not agree(reason is None, group, device):
         return reason or "another rank cannot read its peers' GPUs directly"
     try:
         buf = _rendezvous(name, max_bytes, dtype, device)
@@ -343,7 +344,7 @@ def _make_buffer(key: tuple, group) -> str | None:
             reason = "the one-shot all-reduce's self-test gave a wrong sum"
     except Exception as exc:  # noqa: BLE001 - any failure is a reason to fall back, on every rank
         buf, reason = None, f"symmetric memory failed: {type(exc).__name__}: {exc}"
-    if not _agree(reason is None, group, device):
+    if not agree(reason is None, group, device):
         return reason or "symmetric memory failed on another rank"
     _BUFFERS[key] = buf
     return None
