@@ -46,8 +46,7 @@ def add_norm_fn(reduce, eps: float, fused: bool = False, *, hidden: int | None =
             reason = reason or "the fused all-reduce + norm cannot run on another rank"
     if reason is not None:
         def add_norm(partial, residual, weight):
-            x = residual + reduce(partial)
-            return x, F.rms_norm(x, (x.shape[-1],), weight, eps)
+            return _three_ops(reduce, partial, residual, weight, eps)
     else:
         name, max_bytes = reduce.group_name, reduce.max_bytes
         one, two = reduce.one_shot_max_bytes, reduce.two_shot_max_bytes
@@ -55,12 +54,17 @@ def add_norm_fn(reduce, eps: float, fused: bool = False, *, hidden: int | None =
         def add_norm(partial, residual, weight):
             n = partial.numel()
             if not isinstance(n, torch.SymInt) and n * partial.element_size() > one:  # known now: not fused
-                x = residual + reduce(partial)  # (inductor fuses the add and the norm around the reduce)
-                return x, F.rms_norm(x, (x.shape[-1],), weight, eps)
+                return _three_ops(reduce, partial, residual, weight, eps)  # (inductor fuses around the reduce)
             return torch.ops.graphify_models.symm_mem_add_rms_norm(
                 partial, residual, weight, eps, name, max_bytes, one, two)
     add_norm.fused, add_norm.reason = reason is None, reason
     return add_norm
+
+
+def _three_ops(reduce, partial, residual, weight, eps: float):
+    """The step unfused: `residual + reduce(partial)` and its RMSNorm."""
+    x = residual + reduce(partial)
+    return x, F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def _why_not(reduce) -> str | None:
@@ -101,10 +105,9 @@ def symm_mem_add_rms_norm(partial: torch.Tensor, residual: torch.Tensor, weight:
     buf = _BUFFERS.get((group_name, max_bytes, partial.dtype, partial.device))
     if _fits(partial, residual, weight, buf, one_shot_max):
         return _launch(partial, residual, weight, eps, buf)
-    reduced = _reduce(partial, buf, group_name, one_shot_max, two_shot_max) if buf is not None \
-        else nccl_reduce(group_name)(partial)
-    x = residual + reduced
-    return x, F.rms_norm(x, (x.shape[-1],), weight, eps)
+    reduce = (lambda p: _reduce(p, buf, group_name, one_shot_max, two_shot_max)) if buf is not None \
+        else nccl_reduce(group_name)
+    return _three_ops(reduce, partial, residual, weight, eps)
 
 
 @symm_mem_add_rms_norm.register_fake

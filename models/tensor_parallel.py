@@ -163,6 +163,6 @@ def tp_varlen_step(cfg: DecoderConfig, params: dict[str, torch.Tensor], rank: in
         mine = {**mine, "lm_head": params["embed"][rank * rows : (rank + 1) * rows].contiguous()}
         gather = nccl_gather_last((group or dist.group.WORLD).group_name, cfg.tp)
     add_norm = add_norm_fn(reduce, cfg.eps, fused=fuse_norm, hidden=cfg.hidden, group=group or dist.group.WORLD)
-    step = varlen_step(cfg, mine, attention, reduce=reduce, gather=gather, add_norm=add_norm if fuse_norm else None)
+    step = varlen_step(cfg, mine, attention, reduce=reduce, gather=gather, add_norm=add_norm)
     step.all_reduce, step.add_norm = reduce, add_norm
     return step

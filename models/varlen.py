@@ -20,6 +20,7 @@ from torch.func import functional_call
 
 from graphify import Support, reqs, tokens, persistent, weakest
 
+from ._reduce_norm import add_norm_fn
 from .attention import BACKENDS
 from .decoder import Decoder, DecoderConfig, _rope
 
@@ -47,7 +48,8 @@ class VarlenDecoder(Decoder):
         super().__init__(cfg)
         self.attention = _backend_names(cfg, attention)
         self.reduce = reduce if reduce is not None else _identity  # TP: sum partial outputs over ranks
-        self.add_norm = add_norm or self._add_norm  # a row-parallel output into the residual, then the next norm
+        # a row-parallel output into the residual, then the next norm (default: the three ops)
+        self.add_norm = add_norm or add_norm_fn(self.reduce, cfg.eps)
         self.gather = gather  # TP, a vocab-parallel LM head: joins the ranks' slices of the logits
         if gather is not None:  # this rank's rows of the (tied) LM head
             if cfg.vocab_size % cfg.tp:
@@ -81,12 +83,6 @@ class VarlenDecoder(Decoder):
         if self.gather is not None:
             return self.gather(F.linear(y, self.lm_head))
         return F.linear(y, self.embed)
-
-
-    def _add_norm(self, partial, residual, weight):
-        """`residual + reduce(partial)` and its RMSNorm, as three ops."""
-        x = residual + self.reduce(partial)
-        return x, F.rms_norm(x, (self.cfg.hidden,), weight, self.cfg.eps)
 
 
 def _identity(x):

@@ -1,7 +1,7 @@
 """The all-reduce, residual add and RMSNorm as one step (`models._reduce_norm`).
 
 CPU: where the fused launch cannot run it is the three ops as written, bit for bit, with the
-reason named; a step built with it equals the step as written; the registered op traces as
+reason named; a step hands each layer boundary to it with the right norm; the registered op traces as
 one node and, with no symmetric buffer, sums through NCCL's functional reduce (gloo here).
 Two CUDA GPUs (marked cuda): the fused launch equals NCCL's sum + add + norm on fresh random
 inputs, eagerly and replayed in a CUDA graph, at 1, 8 and 64 rows, the same on both ranks; and
@@ -47,15 +47,23 @@ def test_where_the_fused_launch_cannot_run_it_is_the_three_ops_and_says_why(fuse
     assert torch.equal(x, want) and torch.equal(y, F.rms_norm(want, (64,), weight, EPS))
 
 
-def test_a_step_built_with_the_add_norm_equals_the_step_as_written():
+def test_a_step_hands_each_layer_boundary_but_the_last_to_its_add_norm_with_the_next_norm():
     cfg = DecoderConfig.tiny(max_seq_len=64)
     params = init_params(cfg, seed=3)
     batch = BatchLayout((3, 1, 5), (4, 7, 0), block_size=4, max_blocks=16).build(cfg, seed=9)
     cache = new_paged_cache(cfg, 256, 4, seed=4)
+    three, seen = add_norm_fn(lambda x: x, cfg.eps), []
+
+    def recording(partial, residual, weight):
+        seen.append(next(name for name, p in params.items() if p is weight))
+        return three(partial, residual, weight)
+
     plain = varlen_step(cfg, params)(*batch, cache.clone())
-    with_it = varlen_step(cfg, params, add_norm=add_norm_fn(lambda x: x, cfg.eps))(*batch, cache.clone())
-    assert torch.equal(plain, with_it)
-    assert plain.abs().sum() > 0
+    with_it = varlen_step(cfg, params, add_norm=recording)(*batch, cache.clone())
+    # after attention: the layer's own post-attention norm; after the MLP: the next layer's input
+    # norm (the last layer's MLP output goes to the final norm, which reads each request's last token)
+    assert seen == ["layers.0.post_norm", "layers.1.input_norm", "layers.1.post_norm"]
+    assert torch.equal(plain, with_it) and plain.abs().sum() > 0
 
 
 @pytest.fixture
