@@ -117,6 +117,15 @@ def trace_row(setup, g, cache, initial: torch.Tensor, name: str, tp: int, startu
             "steps_none_pct": 100 * by_mode.get(Mode.NONE, 0) / calls, "max_err_vs_single_gpu": worst}
 
 
+def serving_build(levers: list[str]) -> tuple[bool, bool]:
+    """(inductor pieces, fused all-reduce + norm) of the serving trace's one build, from the levers
+    asked for: pieces if any lever is of inductor's pieces ("pieces", "pieces+splitkv", ...), the
+    fused norm if any lever has "+fused" (TP > 1 only). The trace's attention splits KV by itself,
+    and its LM head stays replicated, so "+splitkv" and "+vocab" change nothing here."""
+    fuse_norm = any("+fused" in lever for lever in levers)
+    return any(lever.startswith("pieces") for lever in levers), fuse_norm
+
+
 def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
     """The main job's trace (benchmarks/serving.py) through graphify FULL_AND_PIECEWISE at
     TP=1 (each rank its own single-GPU model) and at each TP degree > 1 (`group=`) per
@@ -125,8 +134,7 @@ def run_serving(args, rank: int, world: int, device: torch.device) -> dict:
     from ._serving_trace import ATTENTION, SERVING_MODELS, Setup, step_kinds, step_timer
 
     gpu = device.type == "cuda"
-    fuse_norm = any("+fused" in lever for lever in args.lever)  # TP > 1: each all-reduce fused with the next norm
-    inductor = "pieces" in args.lever or fuse_norm  # (the fused levers are of inductor's pieces)
+    inductor, fuse_norm = serving_build(args.lever)
     setup = Setup(gpu, args.requests, args.seed, specialise_from=1 << 30, model=args.serving_model)
     timed = step_timer(gpu)
     initial = setup.cache.clone()

@@ -14,7 +14,8 @@ import torch
 from benchmarks._report import peak_bandwidth
 from benchmarks._tp_decode import weight_bytes
 from benchmarks._tp_report import TARGET_8B, targets
-from benchmarks.tensor_parallel import serving_name
+from benchmarks._tp_decode import LEVERS
+from benchmarks.tensor_parallel import serving_build, serving_name
 from models import Decoder, DecoderConfig, init_params, init_shard_params, shard_config, shard_params
 
 from test_distributed import base_env, launch
@@ -33,6 +34,15 @@ def test_shards_drawn_on_each_rank_keep_replicated_weights_equal_and_shards_apar
     again = init_shard_params(cfg, 1, seed=3)
     assert all(torch.equal(again[n], ranks[1][n]) for n in again)  # seeded: the same draw each time
     assert not torch.equal(init_shard_params(cfg, 1, seed=4)["layers.0.o_weight"], ranks[1]["layers.0.o_weight"])
+
+
+@pytest.mark.parametrize("lever", sorted(LEVERS))
+def test_the_serving_trace_builds_what_each_lever_names(lever):
+    # every pieces lever compiles the pieces: "pieces+splitkv" alone once ran the step as written
+    inductor, fused = serving_build([lever])
+    assert inductor == (lever != "plain")
+    assert fused == (lever == "pieces+fused+splitkv")
+    assert serving_build(["plain", lever]) == (inductor, fused)  # several levers: the one build has each part asked
 
 
 def test_sharded_draws_keep_the_whole_models_scale():
