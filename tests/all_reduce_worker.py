@@ -3,7 +3,9 @@
 message in each, all three captured in one CUDA graph and replayed on fresh inputs against
 NCCL's eager sum. `fused` and `stress` (tests/test_reduce_norm.py): the fused all-reduce + add +
 RMSNorm against NCCL's sum, the add and the norm, eagerly and replayed, and a chain of them
-replayed back to back with the ranks out of step. Prints one `RESULT <json>` line."""
+replayed back to back with the ranks out of step. `one_fails` (gloo, on the CPU): the fused
+kernel fails to build on one rank only, and every rank takes the three ops. Prints one `RESULT
+<json>` line."""
 
 from __future__ import annotations
 
@@ -144,12 +146,39 @@ def stress(rank: int, world: int) -> dict:
             "scale": want.float().abs().max().item(), "checksum": float(out.float().sum())}
 
 
+def one_fails(rank: int, world: int) -> dict:
+    """`add_norm_fn` where the kernel builds on rank 0 and fails on the others (as a Triton or
+    driver failure on one GPU would): no rank may fuse, since rank 0 launching alone would
+    wait for its peers forever; each says why, and the step is the three ops over the reduce."""
+    import models._reduce_norm as reduce_norm
+
+    def summed(x):  # stands for a symm_mem reduce: what the fused launch would serve
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
+
+    summed.kind, summed.buffer = "symm_mem", torch.empty(1)
+    reduce_norm._why_not = lambda reduce: None  # as if Triton were here
+    reduce_norm._compile = lambda reduce, hidden: None if rank == 0 else "the kernel failed to build (provoked)"
+    add_norm = reduce_norm.add_norm_fn(summed, 1e-6, fused=True, hidden=64, group=dist.group.WORLD)
+    gen = torch.Generator().manual_seed(rank)
+    partial, residual, weight = (torch.randn(shape, generator=gen) for shape in ((3, 64), (3, 64), (64,)))
+    x, y = add_norm(partial, residual, weight)
+    want = residual + summed(partial)
+    return {"fused": add_norm.fused, "reason": add_norm.reason, "x_equal": torch.equal(x, want),
+            "y_equal": torch.equal(y, torch.nn.functional.rms_norm(want, (64,), weight, 1e-6)),
+            "moved": float((want - residual).abs().max())}
+
+
 def main() -> None:
     scenario, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    cpu = scenario == "one_fails"
+    if not cpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("gloo" if cpu else "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
     try:
-        result = {"mixed": mixed, "fused": fused, "stress": stress}[scenario](rank, world)
+        result = {"mixed": mixed, "fused": fused, "stress": stress, "one_fails": one_fails}[scenario](rank, world)
     except Exception as exc:  # reported, so the test can show it
         result = {"crash": f"{type(exc).__name__}: {exc}"}
     result["t_result"] = time.time()

@@ -2,7 +2,8 @@
 
 CPU: where the fused launch cannot run it is the three ops as written, bit for bit, with the
 reason named; a step hands each layer boundary to it with the right norm; the registered op traces as
-one node and, with no symmetric buffer, sums through NCCL's functional reduce (gloo here).
+one node and, with no symmetric buffer, sums through NCCL's functional reduce (gloo here); a kernel
+that fails to build on one of two gloo ranks keeps both on the three ops.
 Two CUDA GPUs (marked cuda): the fused launch equals NCCL's sum + add + norm on fresh random
 inputs, eagerly and replayed in a CUDA graph, at 1, 8 and 64 rows, the same on both ranks; and
 16 of them chained with torch's one-shot reduce on the same buffer, one rank held back, replayed
@@ -102,6 +103,15 @@ def test_the_registered_op_traces_as_one_node_and_without_a_buffer_reduces_throu
     compiled = torch.compile(boundary, backend="inductor", fullgraph=True)(partial, residual, weight)
     for got, want in zip(compiled, boundary(partial, residual, weight)):
         torch.testing.assert_close(got, want)
+
+
+def test_a_kernel_that_fails_to_build_on_one_rank_keeps_every_rank_on_the_three_ops():
+    ranks = run_ranks("one_fails", worker="all_reduce_worker.py", timeout=120, cpu=True)
+    assert [r["fused"] for r in ranks] == [False, False]
+    assert ranks[0]["reason"] == "the fused all-reduce + norm cannot run on another rank"
+    assert ranks[1]["reason"] == "the kernel failed to build (provoked)"
+    for rank in ranks:  # the three ops over the reduce: the peers' partials summed, added, normed
+        assert rank["x_equal"] and rank["y_equal"] and rank["moved"] > 0, rank
 
 
 def fused_ranks(scenario: str) -> list[dict]:
