@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -15,6 +14,7 @@ from models import all_reduce_fn
 from models._symm_mem import DEFAULT_MAX_BYTES
 
 from ._floor import HandWrittenGraph
+from ._report import replay_us
 
 __all__ = ["reducers", "Replay", "check", "time_us", "measure"]
 
@@ -96,22 +96,7 @@ def check(run: Replay, seeds: list[int]) -> float:
 def time_us(run: Replay, reps: int, warmup: int) -> float:
     """The slowest rank's median µs per reduce over `reps` replays: CUDA events between
     replays queued back to back (one sync at the end), or the host clock on the CPU."""
-    for _ in range(warmup):
-        run.replay()
-    per = []
-    if run.graph is not None:
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
-        events[0].record()
-        for i in range(reps):
-            run.replay()
-            events[i + 1].record()
-        torch.cuda.synchronize()
-        per = [events[i].elapsed_time(events[i + 1]) * 1e3 / run.reduces for i in range(reps)]
-    else:
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            run.replay()
-            per.append((time.perf_counter() - t0) * 1e6 / run.reduces)
+    per = [us / run.reduces for us in replay_us(run.replay, run.graph is not None, reps, warmup)]
     slowest = torch.tensor([statistics.median(per)], dtype=torch.float64, device=run.x.device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return slowest.item()

@@ -65,6 +65,27 @@ def time_per_call(fn: Callable[[int], object], *, calls: int = 10, reps: int = 3
     return statistics.median(timer.timeit(calls).mean for _ in range(reps)) * 1e3
 
 
+def replay_us(replay: Callable[[], object], graphed: bool, reps: int, warmup: int) -> list[float]:
+    """µs of each of `reps` calls of `replay` after `warmup` untimed ones: CUDA events between
+    calls queued back to back, one sync at the end (`graphed`), else the host clock."""
+    for _ in range(warmup):
+        replay()
+    if not graphed:
+        per = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            replay()
+            per.append((time.perf_counter() - t0) * 1e6)
+        return per
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    events[0].record()
+    for i in range(reps):
+        replay()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    return [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(reps)]
+
+
 def host_costs_us(fns: "dict[str, Callable[[int], object]]", *, reps: int = 400) -> dict[str, float]:
     """Median host µs per call of each of `fns`, each call issued with the device idle,
     measured interleaved (one call of each per round, the order rotating): a graph

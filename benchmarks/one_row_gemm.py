@@ -32,13 +32,12 @@ import math
 import os
 import statistics
 import sys
-import time
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from ._report import environment, peak_bandwidth, publish, table
+from ._report import environment, peak_bandwidth, publish, replay_us, table
 
 __all__ = ["SHAPES", "LAYER", "FUSED_LAYER", "summarise", "render", "run", "main"]
 
@@ -209,22 +208,7 @@ def check(run: Calls, inputs: list, refs: list) -> tuple[float, float]:
 def time_us(run: Calls, reps: int, warmup: int) -> float:
     """Median µs per call over `reps` replays: CUDA events between replays queued back to back,
     or the host clock on the CPU."""
-    for _ in range(warmup):
-        run.replay()
-    if run.graph is None:
-        per = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            run.replay()
-            per.append((time.perf_counter() - t0) * 1e6 / run.calls)
-        return statistics.median(per)
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
-    events[0].record()
-    for i in range(reps):
-        run.replay()
-        events[i + 1].record()
-    torch.cuda.synchronize()
-    return statistics.median(events[i].elapsed_time(events[i + 1]) * 1e3 / run.calls for i in range(reps))
+    return statistics.median(us / run.calls for us in replay_us(run.replay, run.graph is not None, reps, warmup))
 
 
 def _fp32_products(inputs: list, weights: list) -> list:
