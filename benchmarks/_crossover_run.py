@@ -13,10 +13,9 @@ import torch.distributed as dist
 from models import all_reduce_fn
 from models._symm_mem import DEFAULT_MAX_BYTES
 
-from ._floor import HandWrittenGraph
-from ._report import replay_us
+from ._floor import BackToBack
 
-__all__ = ["reducers", "Replay", "check", "time_us", "measure"]
+__all__ = ["reducers", "back_to_back", "check", "time_us", "measure"]
 
 
 def reducers(dtype: torch.dtype, device: torch.device, max_bytes: int) -> tuple[dict, dict]:
@@ -41,25 +40,10 @@ def reducers(dtype: torch.dtype, device: torch.device, max_bytes: int) -> tuple[
     return kinds, unavailable
 
 
-class Replay:
-    """`reduces` back-to-back reduces of the static input `x`: one graph captured by hand
-    (`HandWrittenGraph`: warmed up on a side stream first, so every rank's collectives pair
-    up), or on the CPU the same calls made eagerly. `replay()` runs them; `outs` are their
-    results; `x` is the input they read (write new values into it)."""
-
-    def __init__(self, reduce, x: torch.Tensor, reduces: int):
-        self.reduce, self.reduces, self.graph = reduce, reduces, None
-        if x.device.type != "cuda":
-            self.x, self.outs = x, [reduce(x) for _ in range(reduces)]
-            return
-        self.graph = HandWrittenGraph(lambda x, _: [reduce(x) for _ in range(reduces)], (x,), None)
-        self.x, self.outs = self.graph.static[0], self.graph.out
-
-    def replay(self) -> None:
-        if self.graph is None:
-            self.outs = [self.reduce(self.x) for _ in range(self.reduces)]
-        else:
-            self.graph.graph.replay()
+def back_to_back(reduce, x: torch.Tensor, reduces: int) -> BackToBack:
+    """`reduces` back-to-back reduces of the static input `x`, captured by hand (warmed up on a
+    side stream first, so every rank's collectives pair up), or eager on the CPU."""
+    return BackToBack(lambda x: [reduce(x) for _ in range(reduces)], x, reduces)
 
 
 def fresh(shape: tuple, dtype: torch.dtype, device: torch.device, seed: int) -> torch.Tensor:
@@ -78,7 +62,7 @@ def tolerance(dtype: torch.dtype, world: int) -> float:
     return 2 * max(world - 1, 1) * ulp
 
 
-def check(run: Replay, seeds: list[int]) -> float:
+def check(run: BackToBack, seeds: list[int]) -> float:
     """The largest difference of any output from NCCL's eager sum, over fresh inputs per seed
     and over the ranks (so every rank reports the same)."""
     worst = torch.zeros((), dtype=torch.float64, device=run.x.device)
@@ -93,11 +77,10 @@ def check(run: Replay, seeds: list[int]) -> float:
     return worst.item()
 
 
-def time_us(run: Replay, reps: int, warmup: int) -> float:
+def time_us(run: BackToBack, reps: int, warmup: int) -> float:
     """The slowest rank's median µs per reduce over `reps` replays: CUDA events between
     replays queued back to back (one sync at the end), or the host clock on the CPU."""
-    per = [us / run.reduces for us in replay_us(run.replay, run.graph is not None, reps, warmup)]
-    slowest = torch.tensor([statistics.median(per)], dtype=torch.float64, device=run.x.device)
+    slowest = torch.tensor([statistics.median(run.per_call_us(reps, warmup))], dtype=torch.float64, device=run.x.device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return slowest.item()
 
@@ -121,7 +104,7 @@ def measure(sizes: list[dict], args, dtype: torch.dtype, device: torch.device) -
                 cell["note"] = f"the reduce takes {taken} at {msg['bytes']} bytes"
                 continue
             x = fresh((msg["tokens"], msg["hidden"]), dtype, device, seed=rank)
-            run = Replay(reduce, x, args.reduces)
+            run = back_to_back(reduce, x, args.reduces)
             seeds = [((m * 8 + k) * 100 + c) * 64 + rank for c in range(args.checks)]
             cell["max_err"] = check(run, seeds)
             cell["ok"] = cell["max_err"] <= tolerance(dtype, world)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+from ._report import replay_us
 
 
 class HandWrittenGraph:
@@ -29,3 +33,29 @@ class HandWrittenGraph:
             dst.copy_(src)
         self.graph.replay()
         return self.out
+
+
+class BackToBack:
+    """`body(x)`: `count` back-to-back calls over the static input `x` (a list of their
+    outputs), as one `HandWrittenGraph` on CUDA, as eager calls on the CPU. `replay()` runs
+    them into `outs`; write new inputs into `x`. What the micro-benchmarks time (one kernel
+    or collective alone): many calls a replay, so a replay's own launch cost is spread."""
+
+    def __init__(self, body: Callable[[torch.Tensor], list], x: torch.Tensor, count: int):
+        self.body, self.count, self.graph = body, count, None
+        if x.device.type != "cuda":
+            self.x = x
+            self.replay()
+            return
+        self.graph = HandWrittenGraph(lambda x, _: body(x), (x,), None)
+        self.x, self.outs = self.graph.static[0], self.graph.out
+
+    def replay(self) -> None:
+        if self.graph is None:
+            self.outs = self.body(self.x)
+        else:
+            self.graph.graph.replay()
+
+    def per_call_us(self, reps: int, warmup: int) -> list[float]:
+        """µs a call of each of `reps` replays after `warmup` (`replay_us`)."""
+        return [us / self.count for us in replay_us(self.replay, self.graph is not None, reps, warmup)]

@@ -37,7 +37,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._report import environment, peak_bandwidth, publish, replay_us, table
+from ._floor import BackToBack
+from ._report import environment, peak_bandwidth, publish, table
 
 __all__ = ["SHAPES", "LAYER", "FUSED_LAYER", "summarise", "render", "run", "main"]
 
@@ -162,37 +163,13 @@ def make(variant: str, m: int, n: int, k: int, device: torch.device):
     raise ValueError(f"make: unknown variant {variant!r}; one of {sorted(VARIANTS)}")
 
 
-class Calls:
-    """`calls` back-to-back `fn(x, weights[i % copies])`: one captured graph on CUDA (warmed up
-    twice on a side stream first), eager calls on the CPU. `replay()` runs them into `outs`;
-    write new inputs into `x`."""
-
-    def __init__(self, fn, x: torch.Tensor, weights: list, calls: int):
-        self.fn, self.x, self.weights, self.calls, self.graph = fn, x, weights, calls, None
-        if x.device.type != "cuda":
-            self.replay()
-            return
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._body()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outs = self._body()
-
-    def _body(self) -> list:
-        return [self.fn(self.x, self.weights[i % len(self.weights)]) for i in range(self.calls)]
-
-    def replay(self) -> None:
-        if self.graph is None:
-            self.outs = self._body()
-        else:
-            self.graph.replay()
+def back_to_back(fn, x: torch.Tensor, weights: list, calls: int) -> BackToBack:
+    """`calls` back-to-back `fn(x, weights[i % copies])`: one graph captured by hand on CUDA,
+    eager calls on the CPU."""
+    return BackToBack(lambda x: [fn(x, weights[i % len(weights)]) for i in range(calls)], x, calls)
 
 
-def check(run: Calls, inputs: list, refs: list) -> tuple[float, float]:
+def check(run: BackToBack, inputs: list, refs: list) -> tuple[float, float]:
     """(largest |y - fp32 product| over every call and input, largest |fp32 product|)."""
     err = top = 0.0
     for x, want in zip(inputs, refs):
@@ -205,10 +182,10 @@ def check(run: Calls, inputs: list, refs: list) -> tuple[float, float]:
     return err, top
 
 
-def time_us(run: Calls, reps: int, warmup: int) -> float:
+def time_us(run: BackToBack, reps: int, warmup: int) -> float:
     """Median µs per call over `reps` replays: CUDA events between replays queued back to back,
     or the host clock on the CPU."""
-    return statistics.median(us / run.calls for us in replay_us(run.replay, run.graph is not None, reps, warmup))
+    return statistics.median(run.per_call_us(reps, warmup))
 
 
 def _fp32_products(inputs: list, weights: list) -> list:
@@ -226,7 +203,7 @@ def _fp32_products(inputs: list, weights: list) -> list:
 
 def measure(fn, shape: Shape, m: int, weights: list, inputs: list, refs: list, calls: int, args, peak) -> dict:
     """One variant at one shape, `calls` calls a graph: checked, then timed."""
-    run = Calls(fn, torch.randn_like(inputs[0]), weights, calls)  # captured on other values than the checks
+    run = back_to_back(fn, torch.randn_like(inputs[0]), weights, calls)  # captured on other values than the checks
     err, top = check(run, inputs, refs)
     us = time_us(run, args.reps, args.warmup)
     gbs = moved_bytes(m, shape.n, shape.k) / us / 1e3
