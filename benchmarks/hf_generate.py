@@ -12,9 +12,10 @@ by itself.
                  plain graphs at once, inductor's kernels once a worker process compiled them;
                  the row says when they came (compiled kernels ready s, from the first call's
                  start) and what the generate() that took them in cost; the timings after it
-    graphify_background_pdl, graphify_background_autotune   the same with inductor's programmatic
-                 dependent launch, or with its autotuned matmuls (max-autotune-no-cudagraphs): run
-                 only when named in --configs
+    graphify_background_pdl, graphify_background_autotune, graphify_background_gemv   the same
+                 with inductor's programmatic dependent launch, with its autotuned matmuls
+                 (max-autotune-no-cudagraphs), or with one-row linears through graphify's Triton
+                 GEMV (`"gemv": True`): run only when named in --configs
 
 Random-weight models from configs (no downloads): the Qwen2.5-0.5B and Llama-3-8B shapes, a
 Gemma 3 1B shape whose window (64) a generation crosses, an MoE shape (8 experts, 2 active),
@@ -87,13 +88,14 @@ SHAPES = {
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
 # the background line's `Options(compile=...)`, and trials of it: inductor settings weighed for
 # decode at the hardware's pace (programmatic dependent launch between its kernels; autotuned
-# one-row matmuls), run when named, not by default
+# one-row matmuls; graphify's GEMV for them), run when named, not by default
 BACKGROUND_COMPILE = {
     "graphify_background": "background",
     "graphify_background_pdl": {"background": True, "options": {"triton.enable_pdl": True}},
     "graphify_background_autotune": {"background": True, "mode": "max-autotune-no-cudagraphs"},
+    "graphify_background_gemv": {"background": True, "gemv": True},
 }
-TRIALS = ("graphify_background_pdl", "graphify_background_autotune")
+TRIALS = ("graphify_background_pdl", "graphify_background_autotune", "graphify_background_gemv")
 CONFIGS = {
     "eager": "eager generate() (transformers' compile off)",
     "hf_compile": "transformers' own compile (no line)",

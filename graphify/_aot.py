@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from . import _one_row_linear  # noqa: F401 - registers graphify::one_row_linear, which saved code may call
 from ._aot_identity import (UNVERIFIABLE, VALUE_GUARDS, class_changes, class_namespaces, identity,
                             identity_changes, rebuilt_from_caller, value_changes, value_print)
 
@@ -86,17 +87,16 @@ def _import_aot():
     return aot
 
 
-def _backend(backend: str, mode, options, dynamic, fold_gqa: bool):
+def _backend(backend: str, mode, options, dynamic, fold_gqa: bool, gemv: bool):
     """A backend `aot_compile` can save: torch's own wrappers (inductor, or an AOTAutograd
-    backend by name), with graphify's grouped-query fold before it."""
-    from ._gqa_fold import fold_grouped_query_decode
+    backend by name), with graphify's rewrites of dynamo's graph before it."""
+    from ._graph_rewrites import rewrite
 
     base = torch._TorchCompileInductorWrapper if backend == "inductor" else torch._TorchCompileWrapper
 
     class Folding(base):
         def __call__(self, gm, example_inputs):
-            if fold_gqa:
-                fold_grouped_query_decode(gm)
+            rewrite(gm, fold_gqa, gemv)
             return super().__call__(gm, example_inputs)
 
     return Folding(mode, options, dynamic) if backend == "inductor" else Folding(backend, mode, options, dynamic)
@@ -104,7 +104,7 @@ def _backend(backend: str, mode, options, dynamic, fold_gqa: bool):
 
 def save(fn: Callable, args: tuple, kwargs: dict, how: dict, path: str, dynamo_config: dict) -> dict:
     """In the worker: compile `TRAMPOLINE(fn, args, kwargs)` as `compile_for_captures` would
-    (`how`: backend, mode, options, dynamic, fold_gqa), save it at `path` and call it once (its
+    (`how`: backend, mode, options, dynamic, fold_gqa, gemv), save it at `path` and call it once (its
     kernels built, and proof it runs). Returns the guard types kept and dropped, counted."""
     from torch._dynamo.aot_compile import aot_compile_fullgraph
     from torch._dynamo.hooks import Hooks
@@ -129,7 +129,7 @@ def save(fn: Callable, args: tuple, kwargs: dict, how: dict, path: str, dynamo_c
     how = dict(how)
     dynamic = how.get("dynamic", True)
     backend = _backend(how.get("backend", "inductor"), how.get("mode"), how.get("options"), dynamic,
-                       how.get("fold_gqa", True))
+                       how.get("fold_gqa", True), how.get("gemv", False))
     with torch._dynamo.config.patch(enable_aot_compile=True, **dynamo_config):
         compiled = aot_compile_fullgraph(TRAMPOLINE, ((fn, args, kwargs), {}), hooks=Hooks(guard_filter_fn=keep),
                                          backend=backend, dynamic=dynamic)

@@ -18,7 +18,7 @@ import torch
 
 from ._aot import AotLoads
 from ._code_claims import claim, reset_code
-from ._gqa_fold import fold_grouped_query_decode
+from ._graph_rewrites import rewrite
 from .extend import as_split
 
 __all__ = ["compile_for_captures", "compile_settings", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend",
@@ -46,15 +46,16 @@ class KeptCompiles:
     """A torch.compile backend: `backend` (inductor by default, with `mode` and `options`
     as torch.compile applies them) whose compiled callables are kept in `outputs`. With
     `fold_gqa`, one-query grouped-query attention reads the unexpanded keys and values
-    (`graphify._gqa_fold`); `folded` counts the attentions rewritten so."""
+    (`graphify._gqa_fold`); `folded` counts the attentions rewritten so. With `gemv`, one-row
+    linears run graphify's GEMV (`graphify._one_row_linear`); `routed` counts them."""
 
-    def __init__(self, backend="inductor", mode=None, options=None, dynamic=None, fold_gqa=True):
+    def __init__(self, backend="inductor", mode=None, options=None, dynamic=None, fold_gqa=True, gemv=False):
         if backend == "inductor":
             self.inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
         else:
             self.inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
-        self.fold_gqa = fold_gqa
-        self.folded = 0
+        self.fold_gqa, self.gemv = fold_gqa, gemv
+        self.folded = self.routed = 0
         self.outputs: list[Callable] = []
 
     @property
@@ -62,8 +63,9 @@ class KeptCompiles:
         return getattr(self.inner, "compiler_name", "inductor")
 
     def __call__(self, gm, example_inputs):
-        if self.fold_gqa:
-            self.folded += fold_grouped_query_decode(gm)
+        done = rewrite(gm, self.fold_gqa, self.gemv)
+        self.folded += done.folded
+        self.routed += done.routed
         compiled = self.inner(gm, example_inputs)
         self.outputs.append(compiled)
         return compiled
@@ -89,22 +91,22 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     # change, 0/1 specialised) compiled 5 times over 10 chat-like calls where this compiles
     # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
     how = compile_settings(how)
-    dynamic, fold_gqa = how.pop("dynamic"), how.pop("fold_gqa")
-    backend = shared_backend(how.pop("backend"), how.pop("mode"), how.pop("options"), dynamic, fold_gqa)
+    dynamic, fold_gqa, gemv = how.pop("dynamic"), how.pop("fold_gqa"), how.pop("gemv")
+    backend = shared_backend(how.pop("backend"), how.pop("mode"), how.pop("options"), dynamic, fold_gqa, gemv)
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs
     return _with_dynamo_config(compiled, dict(DYNAMO_CONFIG), AotLoads(fn))
 
 
 def compile_settings(how: "bool | str | dict") -> dict:
     """`Options.compile` as torch.compile's settings: backend, mode, options, dynamic (True
-    unless given), fold_gqa, and any other torch.compile keyword given."""
+    unless given), fold_gqa, gemv, and any other torch.compile keyword given."""
     how = dict(how) if isinstance(how, dict) else {}
     how.pop("background", None)  # where it compiles (`graphify._background`) and for how long, not how
     how.pop("deadline_s", None)
     how.pop("whole", None)
     return {"backend": how.pop("backend", "inductor"), "mode": how.pop("mode", None),
             "options": how.pop("options", None), "dynamic": how.pop("dynamic", True),
-            "fold_gqa": how.pop("fold_gqa", True), **how}
+            "fold_gqa": how.pop("fold_gqa", True), "gemv": how.pop("gemv", False), **how}
 
 
 # Live backends by what makes them: dynamo guards every compiled entry of a code object on its
@@ -114,18 +116,19 @@ def compile_settings(how: "bool | str | dict") -> dict:
 _BACKENDS: "weakref.WeakValueDictionary[tuple, KeptCompiles]" = weakref.WeakValueDictionary()
 
 
-def shared_backend(backend="inductor", mode=None, options=None, dynamic=None, fold_gqa=True) -> KeptCompiles:
+def shared_backend(backend="inductor", mode=None, options=None, dynamic=None, fold_gqa=True,
+                   gemv=False) -> KeptCompiles:
     """The live `KeptCompiles` made with these arguments, or a new one (unshared where an
     argument cannot be compared)."""
     try:
         key = (backend, mode, tuple(sorted(options.items())) if isinstance(options, dict) else options, dynamic,
-               bool(fold_gqa))
+               bool(fold_gqa), bool(gemv))
         hash(key)
     except TypeError:  # an unhashable option value: a backend of its own
-        return KeptCompiles(backend, mode, options, dynamic, fold_gqa)
+        return KeptCompiles(backend, mode, options, dynamic, fold_gqa, gemv)
     found = _BACKENDS.get(key)
     if found is None:
-        found = _BACKENDS[key] = KeptCompiles(backend, mode, options, dynamic, fold_gqa)
+        found = _BACKENDS[key] = KeptCompiles(backend, mode, options, dynamic, fold_gqa, gemv)
     return found
 
 

@@ -55,7 +55,7 @@ def _compile_choice(instance, attribute, value):
         )
     if isinstance(value, dict) and not isinstance(value.get("background", False), bool):
         raise TypeError(f"Options: compile's 'background' must be True or False, got {value['background']!r}")
-    for switch in ("fold_gqa", "whole"):
+    for switch in ("fold_gqa", "whole", "gemv"):
         if isinstance(value, dict) and not isinstance(value.get(switch, True), bool):
             raise TypeError(f"Options: compile's {switch!r} must be True or False, got {value[switch]!r}")
     if isinstance(value, dict) and "whole" in value and value.get("background") is not True:
@@ -164,7 +164,10 @@ class Options:
       Grouped-query attention of one query (a decode step) reads the cache's keys and values
       unexpanded, where the model expands them per query head (`graphify._gqa_fold`: the
       same attention without a copy of the cache a layer); `"fold_gqa": False` in the dict
-      compiles the model as written. For a split function, FULL graphs
+      compiles the model as written. `"gemv": True` runs every linear of one row (a decode
+      step at batch 1, bf16 or fp16 on CUDA) through graphify's Triton GEMV rather than cuBLAS
+      (`graphify._one_row_linear`; Triton is what inductor uses already); other linears run as
+      written. For a split function, FULL graphs
       record the function it was split from, compiled whole, and PIECEWISE graphs keep its
       pieces. On the reference model it is as fast as compiled pieces
       (`split(..., compile=True)`) for a longer compile (`benchmarks.decode_profile`), so

@@ -69,31 +69,36 @@ def _split(n: int, k: int, block_n: int, block_k: int, programs: int) -> int:
 
 
 def choose(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemvConfig:
-    """The config for an [m, k] x [n, k].T product on a GPU of `sms` SMs: broadcast-multiply
-    up to 4 rows (its fp32 accumulator holds m * block_n * block_k values: fewer K per step as
-    the rows grow), `tl.dot` above; K split until about two programs per SM; three stages of
-    asynchronous copies in flight. A first guess, for `benchmarks.one_row_gemm --sweep` to correct."""
+    """The config for an [m, k] x [n, k].T product on a GPU of `sms` SMs: up to 4 rows,
+    broadcast-multiply over 4 rows of w per program, 1024 K per step at one row (fewer as the
+    rows grow: the fp32 accumulator holds m * block_n * block_k values), plain loads; above
+    4 rows `tl.dot` over 32 rows of w with four stages of asynchronous copies. K is split until
+    about two programs per SM. At one row this was the fastest of `candidates`, or within 1%
+    of it, at every Llama-3-8B shape on an H200 (`benchmarks.one_row_gemm --sweep`)."""
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"choose: m must be 1 to {MAX_ROWS}, got {m}")
     if m <= 4:
-        block_n, block_k = 8, 512 // _pad(m)
-        return GemvConfig(block_n, block_k, _split(n, k, block_n, block_k, 2 * sms), num_warps=4, num_stages=3)
+        block_n, block_k = 4, 1024 // _pad(m)
+        return GemvConfig(block_n, block_k, _split(n, k, block_n, block_k, 2 * sms), num_warps=4, num_stages=1)
     block_n, block_k = 32, 128
     return GemvConfig(block_n, block_k, _split(n, k, block_n, block_k, 2 * sms), num_warps=4, num_stages=4,
                       dot=True)
 
 
 def candidates(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> list[GemvConfig]:
-    """A few configs around `choose`'s (first) for a benchmark to time: broadcast-multiply
-    with 4, 8 or 16 rows of w per program (K per step from a budget of 64 accumulators a
-    thread), plain loads or three stages of asynchronous copies; `tl.dot` with 16 to 64."""
+    """Configs around `choose`'s (first) for a benchmark to time: broadcast-multiply with 2 to
+    16 rows of w per program (K per step from a budget of 32-64 accumulators a thread), plain
+    loads or three stages of asynchronous copies, 4 or 8 warps; `tl.dot` with 16 to 64 rows."""
     pad = _pad(m)
     found = [choose(m, n, k, sms)]
     if pad <= 8:
-        for block_n in (4, 8, 16):
-            block_k = max(64, min(1024, 8192 // (block_n * pad)))
+        for block_n in (2, 4, 8, 16):
+            block_k = max(64, min(2048, 8192 // (block_n * pad)))
             for stages in (1, 3):
                 found.append(GemvConfig(block_n, block_k, _split(n, k, block_n, block_k, 2 * sms), num_stages=stages))
+            found.append(GemvConfig(block_n, block_k, _split(n, k, block_n, block_k, 2 * sms), num_warps=8))
+        for block_k in (512, 2048):
+            found.append(GemvConfig(4, block_k, _split(n, k, 4, block_k, 2 * sms)))
     for block_n, block_k in ((16, 256), (32, 128), (64, 128)):
         found.append(GemvConfig(block_n, block_k, _split(n, k, block_n, block_k, 2 * sms), num_stages=4, dot=True))
     return list(dict.fromkeys(found))

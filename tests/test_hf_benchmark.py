@@ -255,6 +255,7 @@ def test_the_inductor_trials_are_the_background_line_with_one_setting():
         seen[name] = model.forward._first_use.spec.options.compile
     assert seen["graphify_background_pdl"] == {"background": True, "options": {"triton.enable_pdl": True}}
     assert seen["graphify_background_autotune"] == {"background": True, "mode": "max-autotune-no-cudagraphs"}
+    assert seen["graphify_background_gemv"] == {"background": True, "gemv": True}
 
 
 def test_the_chat_loops_swap_call_is_set_against_its_neighbours_own_slowdowns():

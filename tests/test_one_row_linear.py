@@ -1,0 +1,193 @@
+"""`graphify._one_row_linear`: with `Options(compile={"gemv": True})` every linear of dynamo's
+graph becomes `graphify::one_row_linear`, which runs the Triton GEMV for one row of bf16/fp16
+on CUDA and `F.linear` for everything else; the compiled line gives eager's answers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import requires_cuda, saves_aot_eager
+from graphify import Options, graphify
+from graphify import _aot
+from graphify._compiled import KeptCompiles
+from graphify._one_row_linear import GEMV_ROWS, route_one_row_linears, takes_gemv
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+ONE_ROW = dict(device_type="cuda", x_dtype=torch.bfloat16, w_dtype=torch.bfloat16, rows=1, n=4096, k=4096,
+               w_contiguous=True, triton_ready=True)
+
+
+def test_the_gemv_takes_one_row_of_bf16_or_fp16_on_cuda_and_nothing_else():
+    assert takes_gemv(**ONE_ROW)
+    assert takes_gemv(**{**ONE_ROW, "x_dtype": torch.float16, "w_dtype": torch.float16})
+    for change in ({"device_type": "cpu"}, {"x_dtype": torch.float32, "w_dtype": torch.float32},
+                   {"w_dtype": torch.float16}, {"rows": GEMV_ROWS + 1}, {"rows": 0}, {"k": 4100},
+                   {"w_contiguous": False}, {"triton_ready": False}):
+        assert not takes_gemv(**{**ONE_ROW, **change}), change
+
+
+@given(rows=st.integers(0, 64), n=st.integers(1, 200_000), k=st.integers(1, 20_000))
+def test_the_choice_depends_on_rows_and_k_alone_for_a_cuda_bf16_weight(rows, n, k):
+    got = takes_gemv(**{**ONE_ROW, "rows": rows, "n": n, "k": k})
+    assert got == (1 <= rows <= GEMV_ROWS and k % 8 == 0)
+
+
+class Block(torch.nn.Module):
+    """Linears with and without bias, one called with bias as a keyword, one spelled with a
+    weight keyword (left as written)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 16, bias=False)
+        self.c = torch.nn.Parameter(torch.randn(8, 16))
+
+    def forward(self, x):
+        y = self.b(torch.relu(self.a(x)))
+        z = F.linear(y, self.c, bias=None)
+        return y, z, F.linear(y, weight=self.c)
+
+
+def compiled(fn, gemv=True):
+    kept = KeptCompiles("aot_eager", fold_gqa=False, gemv=gemv)
+    return torch.compile(fn, backend=kept, dynamic=True), kept
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_routed_linears_give_f_linear_bit_for_bit_off_cuda(rows):
+    torch.manual_seed(0)
+    block = Block().eval()
+    fn, kept = compiled(block)
+    with torch.no_grad():
+        x = torch.randn(rows, 16)
+        for got, want in zip(fn(x), block(x)):
+            assert torch.equal(got, want)
+    assert kept.routed == 3  # a, b, and the bias keyword; the weight keyword stays as written
+
+
+def test_without_the_option_nothing_is_routed():
+    fn, kept = compiled(Block().eval(), gemv=False)
+    with torch.no_grad():
+        fn(torch.randn(2, 16))
+    assert kept.routed == 0
+
+
+def test_a_graph_without_linears_is_left_untouched():
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+    code = gm.code
+    assert route_one_row_linears(gm) == 0 and gm.code == code
+
+
+def test_options_name_a_gemv_that_is_not_a_bool():
+    with pytest.raises(TypeError, match="'gemv' must be True or False"):
+        Options(compile={"gemv": "yes"})
+
+
+def tiny_llama(device="cpu", dtype=torch.float32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=2, vocab_size=128)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(5)).to(device)
+    return model, dict(input_ids=ids, max_new_tokens=10, do_sample=False, cache_implementation="static",
+                       output_logits=True, return_dict_in_generate=True)
+
+
+def test_the_one_line_with_the_gemv_equals_eager_generate_and_routes_every_projection():
+    from graphify._compiled import _BACKENDS
+
+    model, call = tiny_llama()
+    want = model.generate(**call, disable_compile=True)
+    model.forward = graphify(model.forward, options=Options(compile={"backend": "aot_eager", "gemv": True}))
+    got = model.generate(**call)
+    assert torch.equal(got.sequences, want.sequences)
+    torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=1e-5, rtol=1e-5)
+    assert max(b.routed for b in _BACKENDS.values() if b.gemv) >= 2 * 7 + 1  # 7 a layer and the head
+
+
+@pytest.mark.usefixtures("one_compile_worker")
+@pytest.mark.skipif(not _aot.available(), reason="this torch cannot save compiled functions whole")
+@pytest.mark.parametrize("backend", [
+    pytest.param(("cpu", "aot_eager"), id="sim-cpu", marks=saves_aot_eager),
+    pytest.param(("cuda", "inductor"), id="cuda", marks=[pytest.mark.cuda, requires_cuda]),
+])
+def test_the_background_line_saves_the_routed_linears_and_loads_them_here(backend):
+    device, compiler = backend
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).to(device, dtype)
+    eager = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).to(device, dtype)
+    eager.load_state_dict(model.state_dict())
+    model.forward = graphify(model.forward, options=Options(compile={"background": True, "backend": compiler,
+                                                                      "gemv": True}))
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else {}
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(1, 64, device=device, dtype=dtype)
+            torch.testing.assert_close(model(x), eager(x), **tol)
+        assert model.forward.wait_compiles(240)
+        (ticket,) = model.forward._first_use.jobs.tickets.values()
+        assert ticket.state == "ready", ticket.error
+        assert ticket.loaded is not None, ticket.load_error
+        with open(ticket.aot_path, "rb") as f:
+            assert b"one_row_linear" in f.read()  # the worker's compile routed them
+        for _ in range(4):
+            x = torch.randn(1, 64, device=device, dtype=dtype)
+            torch.testing.assert_close(model(x), eager(x), **tol)
+    assert model.forward._first_use.spec.compiled.aot_loads.calls > 0
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_op_on_cuda_runs_the_gemv_at_one_row_and_f_linear_above(dtype):
+    from graphify.models import _triton_gemv
+
+    if not _triton_gemv.available():
+        pytest.skip("no Triton")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w = torch.randn(1024, 4096, device="cuda", dtype=dtype, generator=g) / 64
+    bias = torch.randn(1024, device="cuda", dtype=dtype, generator=g)
+    for rows in (1, 3):
+        x = torch.randn(1, rows, 4096, device="cuda", dtype=dtype, generator=g)
+        got = torch.ops.graphify.one_row_linear(x, w, bias)
+        exact = F.linear(x.float(), w.float(), bias.float())
+        want = F.linear(x, w, bias)
+        if rows > GEMV_ROWS:
+            assert torch.equal(got, want)
+        else:
+            gemv = _triton_gemv.gemv(x.reshape(1, 4096), w).reshape(1, 1, 1024) + bias
+            assert torch.equal(got, gemv)  # the GEMV ran
+            assert (got.float() - exact).abs().max() <= (want.float() - exact).abs().max() * 2 + 1e-2
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_inductor_with_the_gemv_gives_eagers_tokens_in_a_bf16_generate():
+    from graphify.models import _triton_gemv
+
+    if not _triton_gemv.available():
+        pytest.skip("no Triton")
+    from graphify._compiled import _BACKENDS
+
+    model, call = tiny_llama("cuda", torch.bfloat16)
+    want = model.generate(**call, disable_compile=True)
+    model.forward = graphify(model.forward, options=Options(compile={"gemv": True}))
+    for _ in range(2):  # the first captures; the second replays
+        got = model.generate(**call)
+        assert torch.equal(got.sequences, want.sequences)
+    assert max(b.routed for b in _BACKENDS.values() if b.gemv) >= 2 * 7 + 1
