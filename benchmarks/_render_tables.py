@@ -395,6 +395,25 @@ BENCHES: tuple[Bench, ...] = (
         ),
     ),
     Bench(
+        "one-row-gemm", "Decode's one-row matmuls against peak bandwidth",
+        "python3 -m benchmarks.one_row_gemm [--sweep]",
+        "`y = x @ w.T` in bf16 at the Llama-3-8B weight shapes, M rows: cuBLAS (`F.linear`), cuBLASLt, inductor's "
+        "max-autotune, graphify's Triton GEMV (`choose`'s config) and the fastest of its candidates, each in one "
+        "CUDA graph of back-to-back calls over weights past L2, checked against fp32; GB/s over the bytes read.",
+        (
+            Table("rows", "Per shape", (Col("shape", "shape"), Col("m", "M"), Col("variant", "variant")), (
+                Col("us", "µs", ".2f"), Col("gb_s", "GB/s", ".0f"), Col("peak_pct", "% of peak", ".1f"),
+                Col("vs_a", "÷ cuBLAS", ".3f"), Col("detail", "config"),
+            )),
+            Table("summary", "An 8B layer and token", (Col("m", "M"), Col("group", "sum"), Col("variant", "variant")), (
+                Col("us", "µs", ".1f"), Col("gb_s", "GB/s", ".0f"), Col("peak_pct", "% of peak", ".1f"),
+                Col("vs_a", "÷ cuBLAS", ".3f"),
+            )),
+        ),
+        eras=(("2026-11-28T09:30:00+00:00", "the Triton GEMV's own config at one row is the sweep's winner "
+               "(4 rows of w a program, 1024 K a step, plain loads)"),),
+    ),
+    Bench(
         "hf-tensor-parallel", "Tensor parallelism: a transformers model as users load it",
         "torchrun --nproc-per-node 2 -m benchmarks.hf_tensor_parallel --shape 1b",
         "`from_pretrained(path, tp_plan=\"auto\")` on NCCL, random weights: transformers' eager TP `generate()`, its "
