@@ -69,16 +69,17 @@ def _split(n: int, k: int, block_n: int, block_k: int, programs: int) -> int:
 
 
 def choose(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemvConfig:
-    """The config for an [m, k] x [n, k].T product on a GPU of `sms` SMs: up to 4 rows,
-    broadcast-multiply over 4 rows of w per program, 1024 K per step at one row (fewer as the
-    rows grow: the fp32 accumulator holds m * block_n * block_k values), plain loads; above
-    4 rows `tl.dot` over 32 rows of w with four stages of asynchronous copies. K is split until
-    about two programs per SM. At one row this was the fastest of `candidates`, or within 1%
-    of it, at every Llama-3-8B shape on an H200 (`benchmarks.one_row_gemm --sweep`)."""
+    """The config for an [m, k] x [n, k].T product on a GPU of `sms` SMs. One row:
+    broadcast-multiply over 2 rows of w a program and 2048 K a step (4 and 1024 past 8192 K),
+    plain loads, 4 warps: on an H200 the fastest of `candidates` at every Llama-3-8B shape but
+    the LM head (1.6% off) in `benchmarks.one_row_gemm --sweep`. Up to 4 rows: 4 rows of w and
+    fewer K a step as the rows grow (the fp32 accumulator holds m * block_n * block_k values).
+    Above: `tl.dot` over 32 rows of w, four stages of asynchronous copies. K is split until
+    about two programs per SM."""
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"choose: m must be 1 to {MAX_ROWS}, got {m}")
     if m <= 4:
-        block_n, block_k = 4, 1024 // _pad(m)
+        block_n, block_k = ((2, 2048) if k <= 8192 else (4, 1024)) if m == 1 else (4, 1024 // _pad(m))
         return GemvConfig(block_n, block_k, _split(n, k, block_n, block_k, 2 * sms), num_warps=4, num_stages=1)
     block_n, block_k = 32, 128
     return GemvConfig(block_n, block_k, _split(n, k, block_n, block_k, 2 * sms), num_warps=4, num_stages=4,

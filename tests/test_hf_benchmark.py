@@ -305,3 +305,18 @@ def test_the_first_token_is_timed_in_turn_with_eager_and_the_line_is_put_back(mo
     with pytest.raises(RuntimeError):
         hf_generate.ttft_beside_eager(model, "graphify", None, 3)
     assert model.forward is graphed
+
+
+def test_logits_are_compared_only_while_the_tokens_are_eagers():
+    from benchmarks.hf_generate import max_where, same_prefix
+
+    prompt = torch.tensor([[5, 6], [5, 6]])
+    ref = torch.cat([prompt, torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]])], 1)
+    got = torch.cat([prompt, torch.tensor([[1, 2, 9, 4], [1, 2, 3, 4]])], 1)  # row 0 parts at its third token
+    keep = same_prefix(got, ref, prompt_len=2, steps=4)
+    assert keep.tolist() == [[True, True, False, False], [True, True, True, True]]
+    diff = torch.zeros(2, 4, 3)
+    diff[0, 2, 1] = 7.0  # after the parting: not counted
+    diff[1, 3, 0] = -0.25
+    assert max_where(diff, keep) == 0.25
+    assert max_where(diff, torch.zeros_like(keep)) != max_where(diff, torch.zeros_like(keep))  # NaN: nothing compared

@@ -88,7 +88,8 @@ def test_choose_is_a_pure_function_of_the_shape_and_fills_the_gpu():
             assert tg.candidates(m, s.n, s.k, 132)[0] == config
             programs = -(-s.n // config.block_n) * config.split_k
             assert programs >= 264 or config.split_k == 8 or s.k // (2 * config.split_k) < 2 * config.block_k
-    assert tg.choose(1, 1024, 4096, 132).split_k > 1  # k/v: 256 blocks of 4 rows, split to fill the SMs
+    assert tg.choose(1, 1024, 4096, 132).split_k == 1  # k/v at one row: 512 blocks of 2 rows fill the SMs
+    assert tg.choose(8, 1024, 4096, 132).split_k > 1  # at 8 rows: 32 blocks of 32 rows, split to fill them
     with pytest.raises(ValueError, match="m must be 1 to 16"):
         tg.choose(17, 4096, 4096)
     with pytest.raises(ValueError, match="block_n must be a power of two"):
