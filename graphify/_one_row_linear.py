@@ -64,6 +64,26 @@ def _(x, weight, bias=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+def _keep_for_backward(ctx, inputs, output):
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad):
+    """`F.linear`'s gradients: a compile with grad on (training, or a user's call outside
+    `no_grad`) traces through the op as through the linear it replaced."""
+    x, weight = ctx.saved_tensors
+    rows = grad.reshape(-1, grad.shape[-1])
+    grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+    grad_w = rows.T @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+    grad_b = rows.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return grad_x, grad_w, grad_b
+
+
+one_row_linear.register_autograd(_backward, setup_context=_keep_for_backward)
+
+
 def route_one_row_linears(gm: fx.GraphModule) -> int:
     """Rewrite every `linear` call of `gm` (dynamo's graph) to `one_row_linear` in place;
     returns how many."""

@@ -191,3 +191,30 @@ def test_inductor_with_the_gemv_gives_eagers_tokens_in_a_bf16_generate():
         got = model.generate(**call)
         assert torch.equal(got.sequences, want.sequences)
     assert max(b.routed for b in _BACKENDS.values() if b.gemv) >= 2 * 7 + 1
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_op_has_f_linears_gradients(bias):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(5, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(5, dtype=torch.float64, generator=g, requires_grad=True) if bias else None
+    torch.autograd.gradcheck(lambda *a: torch.ops.graphify.one_row_linear(*a), (x, w, b))
+    up = torch.randn(2, 3, 5, dtype=torch.float64, generator=g)
+    got = torch.autograd.grad(torch.ops.graphify.one_row_linear(x, w, b), (x, w, *([b] if bias else [])), up)
+    want = torch.autograd.grad(F.linear(x, w, b), (x, w, *([b] if bias else [])), up)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+
+
+def test_a_compile_with_grad_on_routes_and_trains_as_written():
+    torch.manual_seed(0)
+    block, twin = Block(), Block()
+    twin.load_state_dict(block.state_dict())
+    fn, kept = compiled(block)
+    x = torch.randn(4, 16)
+    sum(o.sum() for o in fn(x)).backward()
+    sum(o.sum() for o in twin(x)).backward()
+    assert kept.routed == 3
+    for p, q in zip(block.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
