@@ -194,6 +194,7 @@ BENCHES: tuple[Bench, ...] = (
                 Col("gpu_vs_floor", "GPU ÷ weight+KV floor", ".2f"),
                 Col("gemm_us_per_token", "GEMM µs/token", ".0f"), Col("gemm_gb_s", "GEMM GB/s", ".0f"),
                 Col("attention_us_per_token", "attention µs/token", ".0f"),
+                Col("logit_steps_as_eager", "logit steps on eager's tokens", ".2f"),
                 Col("max_logit_diff", "max logit diff vs eager", ".3g"),
                 Col("max_logit_diff_fp32", "vs fp32", ".3g"), Col("rms_logit_diff_fp32", "rms vs fp32", ".3g"),
                 Col("swap_generate_s", "generate() that takes compiled graphs in, s", ".2f"),
