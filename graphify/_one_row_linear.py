@@ -1,10 +1,10 @@
 """Decode's one-row matmuls through a Triton GEMV instead of cuBLAS, inside compiled code.
 
 At a batch of one, every projection of a decode step is a [1, K] x [N, K].T product that reads
-its weight once and computes little. On an H200, cuBLAS reads the Llama-3-8B shapes at 56-88%
+its weight once and computes little. On an H200, cuBLAS reads the Llama-3-8B shapes at 23-88%
 of peak bandwidth (a token's matmuls 4.5 ms); the GEMV of `graphify.models._triton_gemv` reads
-them at 65-92% (4.1 ms; `benchmarks.one_row_gemm`). At 8 rows the two are level, so only one
-row takes the GEMV.
+each of them nearer peak (3.8 ms with its one-row config; `benchmarks.one_row_gemm --sweep`).
+At 8 rows the two are level, so only one row takes the GEMV.
 
 `route_one_row_linears(gm)` rewrites dynamo's graph before inductor compiles it
 (`Options(compile={"gemv": True, ...})`): every `linear` call becomes

@@ -207,6 +207,11 @@ _WORKSPACES: dict = {}  # never freed: a captured graph keeps reading the one it
 def _workspace(device: torch.device, parts: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
     key = (device, parts, blocks)
     if key not in _WORKSPACES:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # made inside a capture, the counters' zeroing would run only when that graph
+            # replays: any other launch before it would meet whatever the memory held
+            raise RuntimeError("gemv: the first split-K call of this shape is inside a CUDA graph capture; "
+                               "call it once outside the capture first")
         _WORKSPACES[key] = (torch.empty(parts, dtype=torch.float32, device=device),
                             torch.zeros(blocks, dtype=torch.int32, device=device))
     return _WORKSPACES[key]

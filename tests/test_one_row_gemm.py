@@ -224,18 +224,30 @@ def test_gemv_equals_torch_at_the_8b_shapes(m):
 @requires_cuda
 @needs_triton
 def test_gemv_split_over_k_replays_in_a_graph_on_fresh_inputs():
-    """k/v's shape splits K: the per-block counters must be back at 0 after every launch."""
+    """K split over 2 programs a block (k/v's shape): the per-block counters must be back at 0
+    after every launch."""
     m, n, k = 1, 1024, 4096
-    config = tg.choose(m, n, k, tg.sms(torch.device("cuda")))
-    assert config.split_k > 1
+    config = tg.GemvConfig(4, 1024, split_k=2)
     w = (torch.randn(n, k, device="cuda") / k ** 0.5).bfloat16()
     x = torch.randn(m, k, device="cuda").bfloat16()
-    tg.gemv(x, w)  # compiles, makes the workspace: before the capture
+    tg.gemv(x, w, config=config)  # compiles, makes the workspace: before the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ys = [tg.gemv(x, w) for _ in range(3)]
+        ys = [tg.gemv(x, w, config=config) for _ in range(3)]
     for _ in range(3):
         x.copy_(torch.randn(m, k, device="cuda"))
         graph.replay()
         for y in ys:
             expect_close(y, x, w)
+
+
+def test_a_split_k_workspace_is_never_first_made_inside_a_capture(monkeypatch):
+    """Made inside a capture, its counters would be zeroed only when that graph replays."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(tg, "_WORKSPACES", {})
+    with pytest.raises(RuntimeError, match="inside a CUDA graph capture"):
+        tg._workspace(torch.device("cuda"), 8, 2)
+    assert tg._WORKSPACES == {}
+    cpu = torch.device("cpu")  # the interpreter's tensors: never captured
+    part, counters = tg._workspace(cpu, 8, 2)
+    assert part.numel() == 8 and counters.tolist() == [0, 0]
