@@ -133,6 +133,29 @@ def test_the_compile_line_equals_eager_generate_and_replays_graphs(backend, fami
     assert calls_by_mode(model.forward)[Mode.FULL] >= NEW_TOKENS - 3, calls_by_mode(model.forward)
 
 
+@pytest.mark.parametrize("family", sorted(ZOO))
+def test_the_compile_line_with_the_one_row_gemv_equals_eager_generate(backend, family):
+    """`"gemv": True` rewrites every family's linears into graphify's op; at these fp32 weights
+    the op runs `F.linear` (the GEMV takes bf16/fp16 only), so what is checked is that the
+    rewrite traces, compiles and replays each family as written."""
+    from graphify._compiled import _BACKENDS
+
+    _, device = backend
+    if device == "cpu" and family not in CPU_COMPILE_LINE:
+        pytest.skip("the compile line on the CPU: one family of each kind (all of them on a GPU)")
+    routed = lambda: sum(b.routed for b in list(_BACKENDS.values()) if b.gemv)  # noqa: E731 - shared backends
+    torch._dynamo.reset()  # another family's entry for a shared forward would spare this one its compile
+    want = generate(fresh(family, device), "static", device, disable_compile=True)
+    model = fresh(family, device)
+    model.forward = graphify(model.forward, options=Options(compile={"backend": "aot_eager", "gemv": True}))
+    before = routed()
+    got = generate(model, "static", device)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert calls_by_mode(model.forward)[Mode.FULL] >= NEW_TOKENS - 3, calls_by_mode(model.forward)
+    if family != "GPT2":  # GPT-2's Conv1D is an addmm, not a linear
+        assert routed() > before
+
+
 # caches whose layers are made on their first use: a second generate()'s new cache is captured at
 # once (its kin had graphs), and that capture's warm-up makes the layers; the next call captures
 LAZY_CACHES = ("T5", "Whisper", "Mamba")
