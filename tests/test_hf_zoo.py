@@ -74,16 +74,19 @@ def fresh(family: str, device: str):
     return getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**config)).to(device).eval()
 
 
-def generate(model, cache: str | None, device: str, **kw):
+def inputs_for(model, device: str, rows: int = 2, dtype=None) -> dict:
+    """A seeded prompt of `rows` rows for `model` (log-mel features in `dtype` for speech)."""
     seeded = torch.Generator().manual_seed(7)
     if isinstance(model, transformers.WhisperForConditionalGeneration):  # speech: log-mel features in
-        inputs = {"input_features": torch.randn(2, 8, 32, generator=seeded).to(device)}
-    else:
-        ids = torch.randint(1, 96, (2, 2), generator=seeded).to(device)
-        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pad_token_id": 0}
+        return {"input_features": torch.randn(rows, 8, 32, generator=seeded).to(device, dtype)}
+    ids = torch.randint(1, 96, (rows, 2), generator=seeded).to(device)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pad_token_id": 0}
+
+
+def generate(model, cache: str | None, device: str, rows: int = 2, dtype=None, **kw):
     return model.generate(
-        **inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation=cache,
-        **kw,
+        **inputs_for(model, device, rows, dtype), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+        do_sample=False, cache_implementation=cache, **kw,
     )
 
 
@@ -164,13 +167,8 @@ TIE = 0.05  # logits this close are a near-tie in bf16: either token may be the 
 
 def scored(model, device: str, **kw):
     """One bf16 row's greedy `generate()` with its logits."""
-    seeded = torch.Generator().manual_seed(7)
-    if isinstance(model, transformers.WhisperForConditionalGeneration):
-        inputs = {"input_features": torch.randn(1, 8, 32, generator=seeded).to(device, torch.bfloat16)}
-    else:
-        inputs = {"input_ids": torch.randint(1, 96, (1, 3), generator=seeded).to(device), "pad_token_id": 0}
-    return model.generate(**inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                          cache_implementation="static", output_logits=True, return_dict_in_generate=True, **kw)
+    return generate(model, "static", device, rows=1, dtype=torch.bfloat16, output_logits=True,
+                    return_dict_in_generate=True, **kw)
 
 
 @pytest.mark.cuda
