@@ -167,9 +167,13 @@ def maybe_fail(args, rank: int, stage: str) -> None:
     """The failure `--fail-rank/--fail-at` asks for (tests: one rank fails, all must end).
     `--fail-how kill`: the rank is killed (SIGKILL, as by the OOM killer) and posts nothing;
     only the heartbeats tell the others. At "stuck" the other ranks wait forever instead, as
-    a rank does on a device whose collective's peer is gone: only `ExitTogether` can end them."""
+    a rank does on a device whose collective's peer is gone: only `ExitTogether` can end them.
+    Every rank is in the group first (a barrier): a rank still forming it when its peer dies
+    ends through `init` instead, for another reason than the one this stage is there to show."""
     if args.fail_at != stage or args.fail_rank is None:
         return
+    if stage == "stuck":
+        dist.barrier()
     if args.fail_rank == rank:
         if getattr(args, "fail_how", "raise") == "kill":
             print(f"injected kill on rank {rank} at {stage} (--fail-how kill)", file=sys.stderr, flush=True)
