@@ -236,9 +236,10 @@ def same_prefix(sequences: torch.Tensor, ref: torch.Tensor, prompt_len: int, ste
     """[B, steps] booleans: whether decode step s's logits (`out.logits[1 + s]`) follow the same
     tokens in `sequences` as in `ref` (the prompt and the first s + 1 new tokens). Where a line's
     greedy token parts from eager's (a near-tie, at random weights), later steps read other
-    tokens, and their logits are not the same question."""
-    new = (sequences[:, prompt_len:prompt_len + steps] == ref[:, prompt_len:prompt_len + steps]).to(sequences.device)
-    return new.cumprod(dim=1).bool().cpu()
+    tokens, and their logits are not the same question. Either may sit on any device (eager's
+    tokens come back from a file, on the CPU)."""
+    new = sequences[:, prompt_len:prompt_len + steps].cpu() == ref[:, prompt_len:prompt_len + steps].cpu()
+    return new.cumprod(dim=1).bool()
 
 
 def max_where(diff: torch.Tensor, keep: torch.Tensor) -> float:

@@ -320,3 +320,13 @@ def test_logits_are_compared_only_while_the_tokens_are_eagers():
     diff[1, 3, 0] = -0.25
     assert max_where(diff, keep) == 0.25
     assert max_where(diff, torch.zeros_like(keep)) != max_where(diff, torch.zeros_like(keep))  # NaN: nothing compared
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: a line's tokens on the GPU beside eager's from a file")
+def test_the_tokens_compared_may_sit_on_different_devices():
+    from benchmarks.hf_generate import same_prefix
+
+    ref = torch.tensor([[5, 1, 2, 3]])
+    keep = same_prefix(ref.cuda(), ref, prompt_len=1, steps=3)
+    assert keep.tolist() == [[True, True, True]] and keep.device.type == "cpu"
+    assert same_prefix(ref, torch.tensor([[5, 1, 9, 3]]).cuda(), prompt_len=1, steps=3).tolist() == [[True, False, False]]

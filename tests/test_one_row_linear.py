@@ -218,3 +218,34 @@ def test_a_compile_with_grad_on_routes_and_trains_as_written():
     assert kept.routed == 3
     for p, q in zip(block.parameters(), twin.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_the_gemv_compiles_where_inductors_kernels_go_unless_the_user_chose(monkeypatch, tmp_path):
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+    from graphify.models import _triton_gemv
+
+    set_here = _triton_gemv._inductors_cache_dir.__wrapped__  # the once-a-process rule itself
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    set_here(0)
+    import os
+
+    assert os.environ["TRITON_CACHE_DIR"] == triton_cache_dir(0)  # where the worker's inductor put them
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    set_here(0)
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path)
+
+
+def test_a_gemv_job_imports_triton_and_the_gemv_when_sent(monkeypatch):
+    import threading
+
+    from graphify import _one_row_linear
+
+    ran = threading.Event()
+    monkeypatch.setattr(_aot, "_PREIMPORTED", {"aot"})  # the loads' imports made already
+    monkeypatch.setattr(_one_row_linear, "triton_ready", ran.set)
+    _aot.preimport(gemv=False)
+    assert not ran.wait(0.2)
+    _aot.preimport(gemv=True)
+    assert ran.wait(10)
+    assert _aot._PREIMPORTED == {"aot", "gemv"}
