@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import importlib
 import io
 import logging
 import re
@@ -42,7 +41,7 @@ from typing import Any
 
 import torch
 
-from . import _one_row_linear  # registers graphify::one_row_linear, which saved code may call
+from . import _one_row_linear  # noqa: F401 - registers graphify::one_row_linear, which saved code may call
 from ._aot_identity import (UNVERIFIABLE, VALUE_GUARDS, class_changes, class_namespaces, identity,
                             identity_changes, rebuilt_from_caller, value_changes, value_print)
 
@@ -164,29 +163,23 @@ def load(path: str, data: bytes | None = None) -> Callable:
     raise RuntimeError("the compiled function still misses globals after they were supplied")
 
 
-_PREIMPORTED: set = set()  # what `preimport` has sent for (under the GIL: set.add is atomic)
-_AOT_LOADS = ("torch._dynamo.aot_compile", "torch._dynamo.package", "torch._functorch._aot_autograd.autograd_cache",
-              "torch._inductor.codecache", "torch._inductor.compile_fx")
+_PREIMPORTED = threading.Event()
 
 
-def preimport(gemv: bool = False) -> None:
+def preimport() -> None:
     """Import, on a thread of its own, what loading a compiled function needs (seconds, the
-    first time in a process), when the first job is sent rather than at the swap. With `gemv`
-    (the job routes one-row matmuls through the Triton GEMV) also the GEMV's module and Triton,
-    which the first replay-to-be would otherwise import at the swap (0.15 s, H200)."""
-    wanted = ["aot"] + (["gemv"] if gemv else [])
-    todo = [w for w in wanted if w not in _PREIMPORTED]
-    if not todo:
+    first time in a process), when the first job is sent rather than at the swap."""
+    if _PREIMPORTED.is_set():
         return
-    _PREIMPORTED.update(todo)
+    _PREIMPORTED.set()
 
     def run():
         try:
-            if "aot" in todo:
-                for name in _AOT_LOADS:
-                    importlib.import_module(name)
-            if "gemv" in todo:
-                _one_row_linear.triton_ready()
+            import torch._dynamo.aot_compile  # noqa: F401
+            import torch._dynamo.package  # noqa: F401
+            import torch._functorch._aot_autograd.autograd_cache  # noqa: F401
+            import torch._inductor.codecache  # noqa: F401
+            import torch._inductor.compile_fx  # noqa: F401
         except Exception:  # noqa: BLE001 - the load imports it again, and says what fails
             log.debug("graphify: pre-import for compiled-function loads failed", exc_info=True)
 

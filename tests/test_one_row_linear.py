@@ -235,17 +235,3 @@ def test_the_gemv_compiles_where_inductors_kernels_go_unless_the_user_chose(monk
     set_here(0)
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path)
 
-
-def test_a_gemv_job_imports_triton_and_the_gemv_when_sent(monkeypatch):
-    import threading
-
-    from graphify import _one_row_linear
-
-    ran = threading.Event()
-    monkeypatch.setattr(_aot, "_PREIMPORTED", {"aot"})  # the loads' imports made already
-    monkeypatch.setattr(_one_row_linear, "triton_ready", ran.set)
-    _aot.preimport(gemv=False)
-    assert not ran.wait(0.2)
-    _aot.preimport(gemv=True)
-    assert ran.wait(10)
-    assert _aot._PREIMPORTED == {"aot", "gemv"}
