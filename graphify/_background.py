@@ -42,6 +42,7 @@ import torch
 
 from . import _aot, _aot_identity, _aot_store
 from ._job_pickle import dumps, parameters_of, torch_state
+from ._triton_env import as_inductor_compiles
 
 log = logging.getLogger("graphify")
 
@@ -148,6 +149,7 @@ class _Compiler:
             return
         self.files = tempfile.mkdtemp(prefix="graphify-compiled-")  # the functions saved whole
         ours, theirs = socket_pair()
+        as_inductor_compiles()  # Triton's keys and folder alike in both processes (the GEMV's binaries found here)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen(  # its own session: a Ctrl-C this process survives leaves it running
             [sys.executable, "-m", "graphify._compile_worker", str(theirs.fileno()), str(os.getpid())],

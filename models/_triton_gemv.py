@@ -23,7 +23,6 @@ interpreter (TRITON_INTERPRET=1 before Triton is imported), for tests.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -203,20 +202,13 @@ def _kernel():
 
 
 @functools.lru_cache(maxsize=None)
-def _inductors_cache_dir(device_index: int) -> None:
-    """Compile into the folder inductor's Triton kernels use. Inductor sets `TRITON_CACHE_DIR`
-    (when unset) at the first kernel it makes in a process, so graphify's compile worker, which
-    runs the GEMV after inductor compiled, leaves the GEMV's binaries there. The process that
-    takes the compiled graphs in meets the GEMV before any inductor kernel of its own: left
-    alone, it would compile the GEMV again into Triton's default folder (0.8 s of the swap at
-    the 8B shapes, H200) rather than load the worker's. A folder the user set is kept."""
-    if "TRITON_CACHE_DIR" in os.environ:
-        return
-    try:
-        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
-    except ImportError:  # a torch without it: Triton's own default
-        return
-    os.environ["TRITON_CACHE_DIR"] = triton_cache_dir(device_index)
+def _compiles_as_inductor(device_index: int) -> None:
+    """Once a process, before the first compile: Triton's cache folder and ptxas as inductor's
+    (`graphify._triton_env`), so the binaries graphify's compile worker built for the GEMV
+    are found here."""
+    from graphify._triton_env import as_inductor_compiles
+
+    as_inductor_compiles(device_index)
 
 
 _WORKSPACES: dict = {}  # never freed: a captured graph keeps reading the one it captured
@@ -282,7 +274,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
     blocks = triton.cdiv(n, cfg.block_n)
     part, counters = (out, out) if cfg.split_k == 1 else _workspace(x.device, cfg.split_k * m_pad * n, blocks)
     if x.is_cuda:
-        _inductors_cache_dir(x.device.index or 0)
+        _compiles_as_inductor(x.device.index or 0)
     kernel[(blocks, cfg.split_k)](
         x, w, out, part, counters, m, n,
         K=k, M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k, STEPS=steps,

@@ -220,18 +220,48 @@ def test_a_compile_with_grad_on_routes_and_trains_as_written():
         torch.testing.assert_close(p.grad, q.grad)
 
 
-def test_the_gemv_compiles_where_inductors_kernels_go_unless_the_user_chose(monkeypatch, tmp_path):
-    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
 
-    from graphify.models import _triton_gemv
-
-    set_here = _triton_gemv._inductors_cache_dir.__wrapped__  # the once-a-process rule itself
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    set_here(0)
+def test_triton_compiles_here_as_inductor_does_unless_the_user_chose(monkeypatch, tmp_path):
     import os
 
-    assert os.environ["TRITON_CACHE_DIR"] == triton_cache_dir(0)  # where the worker's inductor put them
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    set_here(0)
-    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path)
+    from torch._inductor.runtime import compile_tasks
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
 
+    from graphify._triton_env import as_inductor_compiles
+
+    def inductors_rule():  # what torch's does where its wheel ships a ptxas (the CUDA wheels)
+        os.environ["TRITON_PTXAS_PATH"] = "/torch/bin/ptxas"
+
+    monkeypatch.setattr(compile_tasks, "_set_triton_ptxas_path", inductors_rule)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    as_inductor_compiles(0)
+    assert (os.environ["TRITON_CACHE_DIR"], os.environ["TRITON_PTXAS_PATH"]) == (triton_cache_dir(0), "/torch/bin/ptxas")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "/mine/ptxas")
+    as_inductor_compiles(0)
+    assert (os.environ["TRITON_CACHE_DIR"], os.environ["TRITON_PTXAS_PATH"]) == (str(tmp_path), "/mine/ptxas")
+
+
+def test_the_compile_worker_starts_with_tritons_settings_as_inductors(monkeypatch):
+    """The worker inherits them: its GEMV binaries are keyed and placed as this process looks."""
+    import subprocess
+
+    from graphify import _background
+
+    started = {}
+
+    class Refused(Exception):
+        pass
+
+    def popen(*args, env, **kwargs):
+        started.update(env)
+        raise Refused
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setattr(_background, "as_inductor_compiles", lambda: __import__("os").environ.update(
+        TRITON_CACHE_DIR="/inductors/triton/0"))
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(Refused):
+        _background._Compiler()._start()
+    assert started["TRITON_CACHE_DIR"] == "/inductors/triton/0"
