@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import _one_row_linear
 from ._aot import AotLoads
 from ._code_claims import claim, reset_code
 from ._graph_rewrites import rewrite
@@ -92,6 +93,8 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
     how = compile_settings(how)
     dynamic, fold_gqa, gemv = how.pop("dynamic"), how.pop("fold_gqa"), how.pop("gemv")
+    if gemv:  # Triton and the GEMV imported here and now, not inside the call that takes compiled graphs in (0.15 s, H200)
+        _one_row_linear.triton_ready()
     backend = shared_backend(how.pop("backend"), how.pop("mode"), how.pop("options"), dynamic, fold_gqa, gemv)
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs
     return _with_dynamo_config(compiled, dict(DYNAMO_CONFIG), AotLoads(fn))

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-__all__ = ["route_one_row_linears", "takes_gemv", "one_row_linear", "GEMV_ROWS"]
+__all__ = ["route_one_row_linears", "takes_gemv", "one_row_linear", "triton_ready", "GEMV_ROWS"]
 
 GEMV_ROWS = 1  # rows the GEMV takes: at 8 it is level with cuBLAS (0.97-0.98 a token, H200)
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -39,7 +39,8 @@ def takes_gemv(device_type: str, x_dtype, w_dtype, rows: int, n: int, k: int, w_
 
 
 @functools.lru_cache(maxsize=1)
-def _triton_ready() -> bool:
+def triton_ready() -> bool:
+    """Whether the GEMV can run here (Triton importable, not its interpreter); imports both."""
     from graphify.models import _triton_gemv
 
     return _triton_gemv.available() and not _triton_gemv.interpreting()
@@ -51,7 +52,7 @@ def one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     if weight.dim() == 2 and x.is_cuda and takes_gemv(x.device.type, x.dtype, weight.dtype, rows, weight.shape[0], k,
-                                                      weight.is_contiguous(), _triton_ready()):
+                                                      weight.is_contiguous(), triton_ready()):
         from graphify.models._triton_gemv import gemv
 
         out = gemv(x.reshape(rows, k), weight).reshape(*x.shape[:-1], weight.shape[0])

@@ -265,3 +265,15 @@ def test_the_compile_worker_starts_with_tritons_settings_as_inductors(monkeypatc
     with pytest.raises(Refused):
         _background._Compiler()._start()
     assert started["TRITON_CACHE_DIR"] == "/inductors/triton/0"
+
+
+def test_a_gemv_compile_line_imports_triton_and_the_gemv_when_made(monkeypatch):
+    """Not inside the call that later takes the compiled graphs in."""
+    from graphify import _one_row_linear
+
+    seen = []
+    monkeypatch.setattr(_one_row_linear, "triton_ready", lambda: seen.append(True) or False)
+    graphify(lambda x: x * 2, options=Options(compile={"background": True}))
+    assert seen == []
+    graphify(lambda x: x * 2, options=Options(compile={"background": True, "gemv": True}))
+    assert seen == [True]
