@@ -7,7 +7,7 @@ When the worker compiles in parallel, its own process never sets them, so a Trit
 runs there (the GEMV of `Options(compile={"gemv": True})`) is keyed with Triton's bundled
 ptxas, in Triton's default folder; the process that takes the compiled graphs in has set them
 by then, misses the worker's binaries and compiles the kernel again inside the swap (on an
-H200, 0.5-0.8 s of a 0.65-0.97 s swap at the 8B shapes, where a plain one took 0.17 s).
+H200, swaps of 0.65-0.97 s at two layers of the 8B shapes, where one without the GEMV took 0.17 s).
 
 `as_inductor_compiles()` sets both as inductor would, before the worker starts (which then
 inherits them) and before the GEMV's first compile. A value the user set is kept.
