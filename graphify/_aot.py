@@ -5,8 +5,8 @@ The worker compiles a call with torch's `aot_compile` (dynamo's full-graph captu
 backend) and saves the result to a file; the caller loads it (`load_compiled_function`: the
 transformed bytecode, its guards and the backend's artifacts) and its captures call it. The
 swap that once re-ran dynamo's trace of a whole model forward in the caller (7-30 s at 0.5B)
-becomes a load (about 1 s at 0.5B on an H200, torch 2.11; its imports are made on a thread
-of their own when the first job is sent, `preimport`).
+becomes a load (about 1 s at 0.5B on an H200, torch 2.11; its imports are made when
+`graphify(...)` makes the line, `preimport`).
 
 What is compiled is `TRAMPOLINE(fn, args, kwargs)`: the function as the caller calls it is an
 argument, so its guards name it as one. The guards torch cannot save are dropped
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import importlib
 import io
 import logging
 import re
@@ -163,27 +164,37 @@ def load(path: str, data: bytes | None = None) -> Callable:
     raise RuntimeError("the compiled function still misses globals after they were supplied")
 
 
-_PREIMPORTED = threading.Event()
+# What `load` and the code it loads import: torch's loader and what its load of a saved function
+# reaches (the shape validator, AOTAutograd's subclass wrappers, what sympy imports the first time
+# it subtracts two guard expressions), the header of inductor's output
+# code (`torch/_inductor/codegen/wrapper.py`) and of its Triton kernels. Where one cannot be
+# imported (Triton on most CPU machines) the load does without it too.
+LOAD_IMPORTS = ("torch._dynamo.aot_compile", "torch._dynamo.package", "torch._functorch._aot_autograd.autograd_cache",
+                "torch._functorch._aot_autograd.subclass_codegen", "torch.fx.experimental.validator", "sympy.tensor.tensor",
+                "torch._inductor.codecache", "torch._inductor.compile_fx", "torch._inductor.hooks",
+                "torch._inductor.utils", "torch._inductor.codegen.memory_planning", "torch._inductor.async_compile",
+                "torch._inductor.select_algorithm", "torch._inductor.runtime.debug_utils", "triton", "triton.language",
+                "torch._inductor.runtime.triton_heuristics", "torch._inductor.runtime.triton_helpers",
+                "torch._inductor.runtime.hints")
+_PREIMPORTED = False
 
 
 def preimport() -> None:
-    """Import, on a thread of its own, what loading a compiled function needs (seconds, the
-    first time in a process), when the first job is sent rather than at the swap."""
-    if _PREIMPORTED.is_set():
+    """Import what loading a compiled function needs (seconds the first time in a process), on
+    the caller's thread when `graphify(...)` makes a background line, not inside the call that
+    takes compiled graphs in. Never on a thread of its own: these imports register operators and
+    lowerings with torch's dispatcher, which the caller's thread reads without its lock while an
+    operator runs (the GPU suite failed with std::bad_alloc and basic_string::_M_create inside
+    graphify.models' attention operators while such imports ran beside it)."""
+    global _PREIMPORTED
+    if _PREIMPORTED:
         return
-    _PREIMPORTED.set()
-
-    def run():
+    _PREIMPORTED = True
+    for name in LOAD_IMPORTS:
         try:
-            import torch._dynamo.aot_compile  # noqa: F401
-            import torch._dynamo.package  # noqa: F401
-            import torch._functorch._aot_autograd.autograd_cache  # noqa: F401
-            import torch._inductor.codecache  # noqa: F401
-            import torch._inductor.compile_fx  # noqa: F401
+            importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the load imports it again, and says what fails
-            log.debug("graphify: pre-import for compiled-function loads failed", exc_info=True)
-
-    threading.Thread(target=run, name="graphify-aot-imports", daemon=True).start()
+            log.debug("graphify: pre-import of %s for compiled-function loads failed", name, exc_info=True)
 
 
 def _first_call_checked():

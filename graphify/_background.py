@@ -117,7 +117,6 @@ class _Compiler:
                 if job.pop("whole", False):  # where the worker saves it whole: the store, or here
                     job["aot_path"] = ticket.aot_path = job.get("aot_path") or os.path.join(self.files,
                                                                                              f"{ticket.id}.aot")
-                    _aot.preimport()
                 fn_id = self.functions.get(owner)
                 shared = parameters_of(fn)
                 if fn_id is None:  # the function once (its parameters by IPC handle), then calls of it

@@ -631,3 +631,63 @@ def test_a_compiled_capture_that_fails_falls_back_only_where_the_compile_is_to_b
         assert tried == [False, True] and "could not be captured here" in job.why
     with pytest.raises(type(error)):  # strict: whatever failed is raised
         capture_with(_Job(), capture, strict=True)
+
+
+IMPORTS_ON_THE_CALLERS_THREAD = """
+import importlib.abc, sys, threading
+sys.path[:0] = {paths!r}
+import torch
+from graphify import Options, graphify
+from test_background_compile import Block
+
+torch.manual_seed(0)
+model, eager = Block().to({device!r}).eval(), Block().to({device!r}).eval()
+eager.load_state_dict(model.state_dict())
+model.forward = graphify(model.forward, options=Options(compile={{"background": True, "backend": {compiler!r}}}))
+elsewhere = []  # modules imported on a thread other than the caller's
+
+class Recorder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if threading.current_thread() is not threading.main_thread():
+            elsewhere.append(name)
+
+sys.meta_path.insert(0, Recorder())
+with torch.no_grad():
+    for _ in range(4):
+        x = torch.randn(3, 16, device={device!r})
+        torch.testing.assert_close(model(x), eager(x))
+    assert model.forward.wait_compiles(240)
+    for _ in range(3):
+        x = torch.randn(3, 16, device={device!r})
+        torch.testing.assert_close(model(x), eager(x))
+(ticket,) = model.forward._first_use.jobs.tickets.values()
+assert ticket.loaded is not None, (ticket.state, ticket.error, ticket.load_error)
+print("RESULT", model.forward._first_use.jobs.swaps, sorted({{n for n in elsewhere if n in sys.modules}}))
+"""
+
+
+@LINES
+def test_the_load_of_a_compiled_function_imports_nothing_off_the_callers_thread(backend, tmp_path):
+    """Imports register operators and lowerings with torch's dispatcher, which the caller's
+    thread reads without its lock while an operator runs: imports on another thread beside it
+    corrupted it (std::bad_alloc, basic_string::_M_create inside custom operators, GPU suite).
+    `graphify(...)` makes them for a background line, so the thread that loads the worker's
+    compiled function (inductor's output code, its Triton kernels) imports nothing. A fresh
+    process, with caches of its own: a kept function would load with no job sent."""
+    import subprocess
+    import sys
+
+    _, device, compiler = backend
+    if not _aot.saves(compiler):
+        pytest.skip(f"this torch does not save {compiler}'s compiled functions whole (graphify._aot.saves)")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    code = IMPORTS_ON_THE_CALLERS_THREAD.format(paths=[tests] + [p for p in sys.path if p], device=device,
+                                                compiler=compiler)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env.pop("TRITON_CACHE_DIR", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT_S, env=env)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-3000:]
+    swaps, imported = line.split(" ", 2)[1:]
+    assert int(swaps) == 1
+    assert imported == "[]", f"imported off the caller's thread: {imported}"
