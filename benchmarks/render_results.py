@@ -188,7 +188,7 @@ SUMMARY = re.compile(
 )
 COUNTED = ("passed", "failed", "errors", "error", "skipped", "xfailed", "xpassed")
 # Outcomes of a step that ran one test file outside pytest's summary line, as a file states them.
-STEP_OUTCOMES = (r"(tests/\w+\.py) (\d+ of \d+ passed)", r"(tests/\w+\.py)[^.;]*? (did not finish)")
+STEP_OUTCOMES = (r"(tests/\w+\.py) (\d+ of \d+ passed)", r"(tests/\w+\.py|the suite)[^.;]*? (did not finish)")
 VERSIONS = (("torch", r"torch ([\w.+]+)"), ("CUDA", r"CUDA ([\d.]+)"), ("transformers", r"transformers ([\d.]+)"))
 
 

@@ -219,3 +219,19 @@ def test_a_claim_counts_only_the_runs_that_measured_what_it_shows():
     text, used = rr.render_cell(runs, "hf-generate", "per-token", Cell({"model": "m"}, "{ms_per_token:.1f}"))
     assert len(used) == 3
     assert rr.render_cell(runs[:1], "hf-generate", "per-token", Cell({"model": "m"}, "{x:.3f}")) == ("-", [])
+
+
+def test_a_suite_run_is_read_with_its_summaries_and_the_steps_it_states():
+    """A cut run has no pytest summary: the block's own words say so, and its row does too."""
+    from benchmarks.render_results import parse_suite
+
+    block = """Device: NVIDIA H200 (nvidia-h200, one GPU; torch 2.11.0+cu130, CUDA 13.0, transformers 5.17.0)
+date: 2026-11-28 13:01 UTC (the tree of commit b7860de)
+
+Result: the suite did not finish (cut by its own limit); tests/test_background_compile.py 1 of 1 passed.
+"""
+    suite = parse_suite("gpu-tests-x.txt", block)
+    assert (suite.date, suite.commit, suite.device) == ("2026-11-28 13:01", "b7860de", "NVIDIA H200")
+    assert suite.results == (("tests/test_background_compile.py", "1 of 1 passed"), ("the suite", "did not finish"))
+    whole = parse_suite("gpu-tests-x.txt", block.replace("Result:", "3 failed, 1455 passed, 9 skipped in 381.93s\n"))
+    assert whole.results[0] == ("the suite", "1455 passed, 3 failed, 9 skipped")
