@@ -285,7 +285,8 @@ def load_saved(ticket: Ticket) -> Any:
     not saved, or did not load: the capture then compiles here, from the caches). The thread
     that reads the worker's answers loads it (no call waits on the load; inductor's kernels
     are loaded there, not launched, and graphify captures in CUDA's thread-local mode, which
-    lets other threads load modules meanwhile)."""
+    lets other threads load modules meanwhile). It imports nothing: `graphify(...)` imported
+    what a load needs on the caller's thread (`_aot.preimport`)."""
     with ticket.loading:
         return _load_once(ticket)
 
