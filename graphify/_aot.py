@@ -166,10 +166,10 @@ def load(path: str, data: bytes | None = None) -> Callable:
 
 # What `load` and the code it loads import: torch's loader and what its load of a saved function
 # reaches (the shape validator, AOTAutograd's subclass wrappers, what sympy imports the first time
-# it subtracts two guard expressions), the header of inductor's output
-# code (`torch/_inductor/codegen/wrapper.py`) and of its Triton kernels, and what inductor's compile
-# pool (which the output code starts) imports. Where one cannot be
-# imported (Triton on most CPU machines) the load does without it too.
+# it subtracts two guard expressions), the headers of inductor's output code
+# (`torch/_inductor/codegen/wrapper.py`) and of its Triton kernels, and what inductor's compile
+# pool (which the output code starts) imports. Where one cannot be imported (Triton on most CPU
+# machines) the load does without it too.
 LOAD_IMPORTS = ("torch._dynamo.aot_compile", "torch._dynamo.package", "torch._functorch._aot_autograd.autograd_cache",
                 "torch._functorch._aot_autograd.subclass_codegen", "torch.fx.experimental.validator", "sympy.tensor.tensor",
                 "torch._inductor.codecache", "torch._inductor.compile_fx", "torch._inductor.hooks",

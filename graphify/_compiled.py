@@ -22,7 +22,7 @@ from ._code_claims import claim, reset_code
 from ._graph_rewrites import rewrite
 from .extend import as_split
 
-__all__ = ["compile_for_captures", "compile_settings", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend",
+__all__ = ["compile_for_captures", "compile_settings", "compiles_in_background", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend",
            "forget_compiled"]
 
 # Dynamo settings while the function compiles. With dynamic shapes dynamo makes every float
@@ -91,7 +91,7 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     # sizes and cache lengths all the time, and dynamo's default (static first, dynamic on a
     # change, 0/1 specialised) compiled 5 times over 10 chat-like calls where this compiles
     # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
-    if how == "background" or isinstance(how, dict) and how.get("background") is True:
+    if compiles_in_background(how):
         _aot.preimport()  # what the swap's load needs, imported here and now (0.8 s on a CPU), not inside the swap
     how = compile_settings(how)
     dynamic, fold_gqa, gemv = how.pop("dynamic"), how.pop("fold_gqa"), how.pop("gemv")
@@ -100,6 +100,11 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     backend = shared_backend(how.pop("backend"), how.pop("mode"), how.pop("options"), dynamic, fold_gqa, gemv)
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs
     return _with_dynamo_config(compiled, dict(DYNAMO_CONFIG), AotLoads(fn))
+
+
+def compiles_in_background(how: "bool | str | dict") -> bool:
+    """Whether `Options.compile` asks for a compile in a worker process while plain graphs serve."""
+    return how == "background" or isinstance(how, dict) and how.get("background", False) is True
 
 
 def compile_settings(how: "bool | str | dict") -> dict:

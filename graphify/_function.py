@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from ._batching import Batching
-from ._compiled import compile_for_captures
+from ._compiled import compile_for_captures, compiles_in_background
 from ._keys import KeySet, plan_keys
 from ._layout import fn_name
 from ._mode import Mode
@@ -73,8 +73,7 @@ class FunctionSpec:
     @property
     def background(self) -> bool:
         """Whether first use compiles in a worker process while plain graphs serve."""
-        how = self.options.compile
-        return how == "background" or isinstance(how, dict) and how.get("background", False) is True
+        return compiles_in_background(self.options.compile)
 
     def plain(self) -> "FunctionSpec":
         """This spec with captures recording the function as written (no compile)."""
