@@ -139,6 +139,10 @@ def weights_check_rows(device: str) -> list[dict]:
     with ran.collecting(), ran.recording(), torch.no_grad():  # the code a capture's warm-up would see run
         model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device))
     watch = Watch("bench", Reach.walk({"forward": model.forward, **global_hook_dicts()}, deep=True, ran=ran))
+    # the same model passed in as an argument (`graphify(lambda ids, model: model(ids))`): the
+    # capture's deep walk starts from the function and the module the argument holds
+    passed = Watch("bench", Reach.walk({"step": _call_model, "static model": model, **global_hook_dicts()},
+                                       deep=True, ran=ran))
     tensors = list(model.parameters()) + list(model.buffers())
     ptrs, indices = [t.data_ptr() for t in tensors], list(range(len(tensors)))
     buffers = list(model.buffers())
@@ -155,6 +159,7 @@ def weights_check_rows(device: str) -> list[dict]:
 
     costs = host_costs_us({
         "graphify's check (Watch.check)": lambda i: watch.check(),
+        "graphify's check, the model passed as an argument": lambda i: passed.check(),
         "graphify's check before (parameters' generation + buffers)": before,
         "every tensor's storage": lambda i: every(tensors, ptrs, indices),
     }, reps=2000)
@@ -164,6 +169,10 @@ def weights_check_rows(device: str) -> list[dict]:
              f"dict watchers: {WATCHERS}")
     return [{"batch": 0, "what": f"check alone, 8B structure: {what}", "us": us, "vs_replay": float("nan"),
              "structure": shape} for what, us in costs.items()]
+
+
+def _call_model(model, ids):
+    return model(input_ids=ids)
 
 
 def _llama_8b_structure(device: str):
@@ -195,12 +204,13 @@ def reach_check_us() -> float | None:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--name", default="call-cost", help="the results file's name (a second run beside the first)")
     args = parser.parse_args(argv)
     result = run(tuple(args.batch_sizes))
     md = table(result["rows"], [("batch", "B", "d"), ("what", "call", "s"), ("us", "host µs", ".1f"),
                                 ("vs_replay", "÷ replay", ".2f")])
     print(md)
-    publish("call-cost", result, md)
+    publish(args.name, result, md)
     return result
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "REPLACED_ADVICE",
     "GraphifyError", "CaptureError", "InputMismatchError", "PersistentSwapError", "UnsupportedOpError",
     "DispatchMismatchError", "StateChangedError",
 ]
@@ -50,3 +51,11 @@ class StateReplacedError(CaptureError):
 class StaleReachError(StateChangedError):
     """A tensor or value a graph reads through a static object or the closure was replaced
     after capture (graphify._reach); the graph would read the old one."""
+
+
+# what to do where calls replace tensors a graph would read (transformers' DynamicCache grows so)
+REPLACED_ADVICE = (
+    "transformers' DynamicCache (generate()'s default) grows this way: pass cache_implementation=\"static\" "
+    "to generate() (or a StaticCache as past_key_values), whose tensors are updated in place. Otherwise keep "
+    "such state in tensors written in place, or leave this function ungraphified"
+)

@@ -53,7 +53,8 @@ from ._runtime import Miss
 from ._stats import Stats
 from ._reach import stateful_in
 from ._room import Room
-from ._structures import Pending, family_of, first_sighting, fits, likeness_of, static_objects
+from ._structures import (DRIFTS_BEFORE_WARNING, Pending, after_drift, drift_warning, family_of, first_sighting, fits,
+                          likeness_of, static_objects)
 from .capture import CallCapture, FunctionReads, Prepared, prepare
 
 __all__ = ["FirstUse", "MAX_STRUCTURES", "MAX_EXACT_GRAPHS", "EXACT_MAX_TOKENS", "MAX_IDLE"]
@@ -177,7 +178,10 @@ class FirstUse:
         if any(fits(r, layout, slots) for r in self.refused) or family in self.refused_families:
             return self._eager(args, kwargs)
         if first_sighting(self, prepared, family, objects):  # its warm-up, before the walk of its objects
-            self.pending = Pending(layout, specs, self.spec.label)
+            self.pending = after_drift(self.pending, Pending(layout, specs, self.spec.label, family), slots)
+            if self.pending.drifts == DRIFTS_BEFORE_WARNING and "drift" not in self.warned:
+                self.warned.add("drift")
+                warnings.warn(drift_warning(self.pending, bool(objects)), stacklevel=4)
             return self._eager(args, kwargs)
         branch = branch_of(stateful := stateful_in(objects), layout.slot_names, slots)
         if branch is None:  # a state no graph stands in for (a cache window's crossing)
@@ -189,7 +193,7 @@ class FirstUse:
             return self.run(args, kwargs)  # served by the structure that took the new objects over
         # kin: the same call with new static objects (a new cache, maybe of another length)
         sighted = first_sighting(self, prepared, family, objects, takeover=False)  # no idle look-alike took it
-        self.pending = Pending(layout, specs, self.spec.label)
+        self.pending = Pending(layout, specs, self.spec.label, family)
         if sighted:
             return self._eager(args, kwargs)
         kin = next((s for s in self.structures if s.family == family and s.graphs), None) if objects else None

@@ -273,10 +273,17 @@ _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 
 def _opaque_to_dynamo(fn):
     """Mark `fn` so dynamo neither inlines it while tracing a caller (a graph break, as for
-    torch.compiler.disable'd functions) nor compiles its frame; no wrapper, no per-call cost."""
-    from torch._dynamo.eval_frame import skip_code
+    torch.compiler.disable'd functions) nor compiles its frame; no wrapper, no per-call cost.
+    Through torch's C half of dynamo (what `torch._dynamo.eval_frame.skip_code` calls), so
+    `import graphify` imports no compiler; an older torch without it imports dynamo's."""
+    frames = torch._C._dynamo.eval_frame
+    if all(hasattr(frames, name) for name in ("set_code_exec_strategy", "_FrameExecStrategy", "_FrameAction")):
+        action = frames._FrameAction
+        frames.set_code_exec_strategy(fn.__code__, frames._FrameExecStrategy(action.SKIP, action.DEFAULT))
+    else:
+        from torch._dynamo.eval_frame import skip_code
 
-    skip_code(fn.__code__)
+        skip_code(fn.__code__)
     fn._torchdynamo_disable = True
     return fn
 

@@ -4,17 +4,29 @@ A capture that CUDA invalidates (a host sync inside it) leaves torch's allocator
 in capture state for the rest of the process, so the first warm-up of a capture runs under
 `CaptureGuard`, a dispatch mode that raises `UnsupportedOpError` naming the op instead. The
 simulation backend captures under it too, so CPU tests reject what a GPU would.
+
+On a GPU every read of a device tensor's values by the host is a copy to the host, which
+the dispatch mode sees. On the simulation the tensors already live on the host, and most
+such reads (`.tolist()`, `.numpy()`, `np.asarray(t)`, `.cpu()`) dispatch no op at all, so
+while the simulation captures (`simulating()`), `HostReadGuard`, a function mode, rejects
+the Tensor methods that read values on the host without an op, for the same reason and
+with the same error as a GPU's copy (`.item()`, `bool(t)`, `int(t)` and formatting
+dispatch `aten::_local_scalar_dense`, which the op guard refuses on either).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._errors import UnsupportedOpError
 from ._keepalive import torch_fft_seen
 
-__all__ = ["CaptureGuard", "UNCAPTURABLE_OPS"]
+__all__ = ["CaptureGuard", "HostReadGuard", "UNCAPTURABLE_OPS", "first_run_guards", "simulating"]
 
 # Ops that break stream capture: they read device values on the host (a sync) or
 # produce shapes that depend on data.
@@ -44,6 +56,62 @@ def _device_to_host(name: str, args, kwargs) -> bool:
     if name == "aten::copy_":
         return args[0].device.type == "cpu" and args[1].is_cuda
     return False
+
+
+# Tensor methods that read a tensor's values on the host (on a GPU: a copy to the host) and
+# dispatch no op on the CPU (`.item()`, `bool(t)`, `int(t)`, formatting dispatch one: the op guard sees them)
+_HOST_READS = {"tolist": ".tolist()", "numpy": ".numpy()", "__array__": "np.asarray(t)", "cpu": ".cpu()",
+               "__repr__": "repr(t) or print(t)", "__str__": "str(t) or print(t)"}
+_READERS = {getattr(torch.Tensor, name): what for name, what in _HOST_READS.items()}
+_to = torch.Tensor.to
+
+
+def _host_read(func, args, kwargs) -> str | None:
+    """What `func(*args, **kwargs)` reads on the host, if it is a host read of a tensor's values."""
+    if func is _to:  # `.to("cpu")` names the host; `.to(x.device)` on the simulation is no read
+        target = (kwargs or {}).get("device", args[1] if len(args) > 1 else None)
+        return '.to("cpu")' if isinstance(target, str) and target.split(":")[0] == "cpu" else None
+    return _READERS.get(func)
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def simulating():
+    """While inside, on this thread, captures run on the simulation: its tensors stand for a
+    GPU's, and a host read of their values is refused as a GPU's copy would be."""
+    before = getattr(_local, "simulating", False)
+    _local.simulating = True
+    try:
+        yield
+    finally:
+        _local.simulating = before
+
+
+class HostReadGuard(TorchFunctionMode):
+    """Raise `UnsupportedOpError` on a Tensor method that reads values on the host (the
+    simulation's stand-in for a GPU's copy to the host; see the module doc)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        what = _host_read(func, args, kwargs)
+        if what is not None and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta":
+            raise UnsupportedOpError(
+                f"{what} reads a device tensor's values on the host{_caller()}: on a GPU that is a copy to the "
+                "host, which a CUDA graph cannot capture (the replay would keep the values read at capture); keep "
+                "it out of the graphified function, or make it a split op (split(fn, ops)) so it runs eagerly"
+            )
+        return func(*args, **(kwargs or {}))
+
+
+def first_run_guards():
+    """The guards a capture's first run is under: the op guard, and on the simulation the
+    host-read guard."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(CaptureGuard())
+    if getattr(_local, "simulating", False):
+        stack.enter_context(HostReadGuard())
+    return stack
 
 
 class CaptureGuard(TorchDispatchMode):

@@ -8,7 +8,8 @@ one of those). Comparing every parameter's address before every call costs about
 instead, and `graphify._watch` compares addresses only when it moved:
 
 - `Parameter.__setattr__` for `.data`;
-- `Parameter.set_`, `resize_`, `resize_as_` and `as_strided_` (the in-place metadata ops);
+- `Parameter.set_`, `resize_`, `resize_as_`, `as_strided_` and the in-place view ops
+  (`t_`, `transpose_`, `squeeze_`, ...): new shape or strides over the same storage;
 - `torch._C._swap_tensor_impl`, under every `torch.utils.swap_tensors`;
 - `Module._apply`, whichever way torch converts;
 - `Module.__setattr__` for `__class__` (`torch.nn.utils.parametrize` swaps a module's
@@ -25,6 +26,10 @@ import functools
 import torch
 
 __all__ = ["generation", "install_hooks"]
+
+# in-place ops that change what memory a Parameter's elements are read from
+_METADATA_OPS = ("set_", "resize_", "resize_as_", "as_strided_", "t_", "transpose_", "swapdims_", "swapaxes_",
+                 "squeeze_", "unsqueeze_")
 
 _generation = [0]
 _hooked = [False]
@@ -72,8 +77,9 @@ def install_hooks() -> None:
         return
     parameter = torch.nn.Parameter
     parameter.__setattr__ = _set_parameter_attr
-    for name in ("set_", "resize_", "resize_as_", "as_strided_"):
-        setattr(parameter, name, _bumping(getattr(torch.Tensor, name)))
+    for name in _METADATA_OPS:
+        if hasattr(torch.Tensor, name):
+            setattr(parameter, name, _bumping(getattr(torch.Tensor, name)))
     torch._C._swap_tensor_impl = _bumping(torch._C._swap_tensor_impl)
     torch.nn.Module._apply = _bumping(torch.nn.Module._apply)
     torch.nn.Module.__setattr__ = _module_setattr(torch.nn.Module.__setattr__)

@@ -49,6 +49,7 @@ __all__ = ["Reach", "Edges", "has_address", "read_edge", "stateful_in", "stored_
 
 _data_ptr = torch.Tensor.data_ptr
 _shape = attrgetter("shape")
+_stride = torch.Tensor.stride
 
 class Edges:
     """Parallel lists of one kind of edge: holder, key, expected value, path. `attr`: the
@@ -99,8 +100,8 @@ class Reach:
         self.functions: list = []  # (function, path) whose code, defaults and closure a deep walk read
         self.classes: dict = {}  # id(class dict) -> class, for the class dicts a deep walk read
         self.tensors: tuple = ()  # every tensor, in `tensor_edges()` order
-        # (tensors with an address that means something, their addresses, every tensor's shape)
-        self._where: tuple = ((), (), [])
+        # (tensors with an address that means something, their addresses and strides, every tensor's shape)
+        self._where: tuple = ((), (), [], [])
         self._index: dict = {}  # id(edge list) -> {id(holder): edge indices}, for `describe(within=...)`
         self.walker = None  # the `Walk` that recorded it, to go on with (`extend`)
 
@@ -141,7 +142,8 @@ class Reach:
         # identity and shape are checked)
         addressed = tuple(t for t in self.tensors if has_address(t))
         shapes: dict = {}  # one object per distinct shape: fewer objects for the per-call check to read
-        self._where = (addressed, tuple(map(_data_ptr, addressed)), [shapes.setdefault(s, s) for s in map(_shape, self.tensors)])
+        self._where = (addressed, tuple(map(_data_ptr, addressed)), [shapes.setdefault(s, s) for s in map(_shape, self.tensors)],
+                       list(map(_stride, addressed)))
 
     def edges(self) -> int:
         return sum(len(e) for group in (self.objects, self.plains, self.tensor_items) for e in group)
@@ -187,8 +189,10 @@ class Reach:
             return True
         if list(map(len, self.sized.holders)) != self.sized.values:
             return True
-        addressed, ptrs, shapes = self._where
-        return tuple(map(_data_ptr, addressed)) != ptrs or list(map(_shape, self.tensors)) != shapes
+        addressed, ptrs, shapes, strides = self._where
+        # (the same address with other strides reads other elements: `p.data = p.data.t()`)
+        return tuple(map(_data_ptr, addressed)) != ptrs or list(map(_shape, self.tensors)) != shapes \
+            or list(map(_stride, addressed)) != strides
 
     def describe(self, within: set | None = None, plains: bool = True) -> str | None:
         """The first path that differs from the record, as 'path: what changed'; None if none.
@@ -217,13 +221,17 @@ class Reach:
                 return f"{path}: {n} entries -> {len(container)}{shown}"
         if within is not None:
             return None
-        addressed, addresses, shapes = self._where
-        ptrs = dict(zip(map(id, addressed), addresses))
+        addressed, addresses, shapes, strides = self._where
+        layouts = dict(zip(map(id, addressed), zip(addresses, strides)))
         for t, shape, (_, _, _, path) in zip(self.tensors, shapes, self.tensor_edges()):
-            if id(t) in ptrs and t.data_ptr() != ptrs[id(t)]:
-                return f"{path}: new storage under the same tensor ({ptrs[id(t)]:#x} -> {t.data_ptr():#x})"
+            ptr, stride = layouts.get(id(t), (None, None))
+            if ptr is not None and t.data_ptr() != ptr:
+                return f"{path}: new storage under the same tensor ({ptr:#x} -> {t.data_ptr():#x})"
             if t.shape != shape:
                 return f"{path}: shape changed in place ({tuple(shape)} -> {tuple(t.shape)})"
+            if stride is not None and t.stride() != stride:
+                return (f"{path}: strides changed over the same storage ({stride} -> {t.stride()}, "
+                        f"offset {t.storage_offset()})")
         return None
 
     def _edges_of(self, edges: Edges, within: set) -> list:

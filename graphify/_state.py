@@ -27,7 +27,7 @@ import attrs
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass, is_traceable_wrapper_subclass_type
 
-from ._guard import CaptureGuard
+from ._guard import first_run_guards
 from ._ran import recording_now
 from ._state_types import capture_contexts, put_owned
 
@@ -260,7 +260,7 @@ def _first_run(fn: Callable, guard, *args):
     outside both."""
     if isinstance(guard, Unguarded):
         return guard(*args)
-    with (CaptureGuard() if guard else contextlib.nullcontext()), (recording_now() if guard else contextlib.nullcontext()):
+    with (first_run_guards() if guard else contextlib.nullcontext()), (recording_now() if guard else contextlib.nullcontext()):
         return (guard if callable(guard) else fn)(*args)
 
 

@@ -16,17 +16,60 @@ from typing import Any
 import attrs
 
 from ._axes import Kind, by_value, mismatch
+from ._errors import REPLACED_ADVICE
 
-__all__ = ["Pending", "family_of", "likeness_of", "fits", "static_objects", "first_sighting"]
+__all__ = ["DRIFTS_BEFORE_WARNING", "Pending", "after_drift", "drift_warning", "family_of", "likeness_of", "fits",
+           "static_objects", "first_sighting"]
+
+
+# calls in a row whose shapes moved from the previous call's before one warning says why they run
+# eagerly (a prefill then decode steps moves once; a mask growing with a DynamicCache moves every call)
+DRIFTS_BEFORE_WARNING = 3
 
 
 @attrs.define(eq=False)
 class Pending:
-    """The previous call, which ran eagerly: its structure, to compare the next call with."""
+    """The previous call, which ran eagerly: its structure, to compare the next call with;
+    `drifts`: how many calls in a row up to it moved a shape from the call before (`after_drift`)."""
 
     layout: Any
     specs: tuple
     label: str
+    family: tuple = ()
+    drifts: int = 0
+    drift: str = ""  # what moved last
+
+
+def after_drift(previous: Pending | None, pending: Pending, slots: Sequence[Any]) -> Pending:
+    """`pending` (a call of no structure, run eagerly), counting the calls in a row whose
+    shapes moved from the previous one's: a call whose shapes change every time (a mask that
+    grows with a growing cache) never repeats its structure, so it never gets graphs."""
+    drift = _shape_drift(previous, pending.family, slots)
+    if drift is not None:
+        pending.drifts, pending.drift = previous.drifts + 1, drift
+    return pending
+
+
+def drift_warning(pending: Pending, holds_objects: bool) -> str:
+    """Why calls whose shapes move every call run eagerly, and what to do."""
+    advice = (" " + REPLACED_ADVICE) if holds_objects else (
+        ": keep those shapes fixed (pad to a fixed length), or leave this function ungraphified")
+    return (f"{pending.label}: a shape outside the batch axis changes on every call ({pending.drift}), so no two "
+            "calls in a row share a call structure and these calls run eagerly, without graphs (a graph keeps "
+            f"every shape it was captured with){advice}")
+
+
+def _shape_drift(pending: Pending | None, family: tuple, slots: Sequence[Any]) -> str | None:
+    """What changed from the previous call (`pending`) to a call of the same family (the same
+    call with other non-batch shapes); None where the families differ."""
+    if pending is None or pending.family != family:
+        return None
+    for spec in pending.specs:
+        if spec.axis.kind is not Kind.STATIC:
+            wrong = mismatch(pending.label, spec, slots[spec.index])
+            if wrong is not None:
+                return str(wrong).removeprefix(f"{pending.label}: ")
+    return None
 
 
 def family_of(layout, specs) -> tuple:

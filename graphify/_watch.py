@@ -13,8 +13,9 @@ cost milliseconds at 8B, so `Watch` splits them by what can tell it that they ch
   code and defaults, which a function watcher follows from 3.12 on): compared by identity
   every call, in C;
 - the storage under parameters: `graphify._params` moves a generation whenever Python
-  rebinds it (`.data =`, `set_`, `swap_tensors`, `.to()`); other tensors' addresses and
-  shapes are compared every call (they are few: rotary tables, closure tensors).
+  rebinds it (`.data =`, `set_`, `swap_tensors`, `.to()`, in-place transposes); other tensors'
+  addresses, shapes and strides are compared every call (they are few: rotary tables,
+  closure tensors).
 
 When any of these moved, `verify` compares the edges of the dicts that moved, or every
 edge (values by equality, tensors by identity, address and shape): a real change raises `StateChangedError` naming its path; a
@@ -39,6 +40,7 @@ __all__ = ["Watch"]
 
 _data_ptr = torch.Tensor.data_ptr
 _shape = attrgetter("shape")
+_stride = torch.Tensor.stride
 # holders whose edges cannot change, or that `same_functions` covers
 _IMMUTABLE_HOLDERS = (tuple, frozenset, types.MethodType, functools.partial, types.FunctionType)
 
@@ -71,7 +73,7 @@ class Watch:
         self.held = (tuple(cells.values()), tuple(lists.values()), tuple(f for f, _ in reach.functions), tuple(slots))
         # tensors whose storage Python can swap without a hook: checked by address every call
         plain = tuple(t for t in reach.tensors if not isinstance(t, torch.nn.Parameter) and has_address(t))
-        self.plain = (plain, tuple(map(_data_ptr, plain)), list(map(_shape, plain)))
+        self.plain = (plain, tuple(map(_data_ptr, plain)), list(map(_shape, plain)), list(map(_stride, plain)))
         self.requires_grad = any(t.requires_grad for t in reach.tensors)
         self.expected: tuple = ()
         self._take()
@@ -97,7 +99,7 @@ class Watch:
         defaults too (with watchers, their changes move the counter instead)."""
         generation, cell_values, list_items, function_states, slot_values = self.expected
         cells, lists, functions, slots = self.held
-        tensors, ptrs, shapes = self.plain
+        tensors, ptrs, shapes, strides = self.plain
         return (
             _params.generation() == generation
             and same_cells(cells, cell_values)
@@ -106,6 +108,7 @@ class Watch:
             and (not slots or all(getattr(h, k) is v for (h, k), v in zip(slots, slot_values)))
             and tuple(map(_data_ptr, tensors)) == ptrs
             and list(map(_shape, tensors)) == shapes
+            and list(map(_stride, tensors)) == strides
         )
 
     def check(self) -> None:

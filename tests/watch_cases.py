@@ -97,6 +97,19 @@ class Scaled(torch.nn.Module):
         return self.named["out"](y)
 
 
+class Mixed(torch.nn.Module):
+    """A square buffer the forward multiplies by: a transpose over the same storage changes its answer."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.lin = torch.nn.Linear(D, D)
+        self.register_buffer("mix", torch.randn(D, D))
+        self.to(device)
+
+    def forward(self, x):
+        return self.lin(x) @ self.mix
+
+
 def _apply(model, x):
     return model(x)
 
@@ -159,6 +172,28 @@ def _list_argument(device) -> World:
         return mods[0](x)
 
     return World(step, lambda: reload(mods[0]), call=lambda f, x: f(x, mods))
+
+
+def _module_argument(device, change, how: str = "positional", model=None) -> World:
+    """A model passed *in*: positionally, by keyword, or bound by keyword in a partial."""
+    model = model if model is not None else mlp(device)
+    if how == "positional":
+        return World(lambda x, model: model(x), lambda: change(model), call=lambda f, x: f(x, model))
+    if how == "keyword":
+        def step(x, *, model):
+            return model(x)
+
+        return World(step, lambda: change(model), call=lambda f, x: f(x, model=model))
+    return World(functools.partial(_apply_keyword, model=model), lambda: change(model))
+
+
+def _apply_keyword(x, *, model):
+    return model(x)
+
+
+def _restride(p) -> None:
+    """New strides over the same storage: `p.data = p.data.t()` (same data pointer)."""
+    p.data = p.data.t()
 
 
 def _static_attribute(device) -> World:
@@ -283,6 +318,35 @@ CHANGES = [
          r"__self__\.model.*_parameters"),
     Case("list argument, assign=True", _list_argument, r"_parameters"),
     Case("attribute of a static argument", _static_attribute, r"model.*_parameters"),
+    # a model passed in: as an argument, by keyword, bound by keyword in a partial
+    Case("module argument, assign=True", lambda d: _module_argument(d, reload), r"_parameters\['(weight|bias)'\]"),
+    Case("module keyword argument, assign=True", lambda d: _module_argument(d, reload, "keyword"),
+         r"_parameters\['(weight|bias)'\]"),
+    Case("partial keyword, assign=True", lambda d: _module_argument(d, reload, "partial"),
+         r"keywords.*_parameters\['(weight|bias)'\]"),
+    Case("module argument, p.data = new", lambda d: _module_argument(
+        d, lambda m: setattr(m[0].weight, "data", torch.randn(D, D, device=d))), r"new storage"),
+    Case("partial keyword, p.data = new", lambda d: _module_argument(
+        d, lambda m: setattr(m[0].weight, "data", torch.randn(D, D, device=d)), "partial"), r"new storage"),
+    Case("module argument, float attribute", lambda d: _module_argument(
+        d, lambda m: setattr(m, "scale", 3.0), model=Scaled(d).eval()), r"\.scale"),
+    Case("module keyword argument, forward hook added", lambda d: _module_argument(
+        d, lambda m: m[0].register_forward_hook(lambda mod, args, out: out * 2), "keyword"), r"_forward_hooks"),
+    Case("module argument, train()", lambda d: _module_argument(
+        d, lambda m: m.train(), model=torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.Dropout(0.5)).to(d).eval()),
+        r"training", seeded=True),
+    Case("module argument, submodule replaced", lambda d: _module_argument(
+        d, lambda m: m.__setitem__(0, torch.nn.Linear(D, D).to(d))), r"_modules\['0'\]"),
+    # a parameter given new strides over the same storage
+    Case("module's parameter restrided", lambda d: (lambda m: World(m, lambda: _restride(m[0].weight)))(mlp(d)),
+         r"strides"),
+    Case("closure's parameter restrided", lambda d: _closure(d, lambda m: _restride(m[0].weight)), r"strides"),
+    Case("buffer restrided", lambda d: (lambda m: World(m, lambda: setattr(m.mix, "data", m.mix.data.t())))(
+        Mixed(d).eval()), r"strides"),
+    Case("parameter transposed in place (t_)", lambda d: (lambda m: World(m, lambda: m.lin.weight.t_()))(
+        Mixed(d).eval()), r"strides"),
+    Case("module argument's parameter restrided", lambda d: _module_argument(d, lambda m: _restride(m[0].weight)),
+         r"strides"),
     # the storage under a parameter of a model reached through a closure
     Case("p.data = new", lambda d: _closure(d, lambda m: setattr(m[0].weight, "data", torch.randn(D, D, device=d))),
          r"new storage"),
@@ -364,6 +428,11 @@ CONTROLS = [  # in place: the graphs see it, and keep replaying
     Case("steering tensor updated in place", lambda d: _inplace_steering(d)),
     Case("buffer updated in place", lambda d: _module_world(d, lambda m: m.offset.add_(1.0))),
     Case("dropout in eval mode, seeded", _no_dropout_now, seeded=True),
+    Case("copy_ into a weight of the model passed in", lambda d: _module_argument(
+        d, lambda m: m[0].weight.copy_(torch.randn(D, D, device=d)))),
+    Case("load_state_dict without assign, partial keyword", lambda d: _module_argument(d, lambda m: m.load_state_dict(
+        {k: torch.randn_like(v) for k, v in m.state_dict().items()}), "partial")),
+    Case("optimizer step on the model passed by keyword", lambda d: _module_argument(d, _sgd_step, "keyword")),
 ]
 
 

@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from .._alias import held_alias
 from .._errors import CaptureError
 from .._reach import has_address
-from .._guard import UNCAPTURABLE_OPS, CaptureGuard
+from .._guard import UNCAPTURABLE_OPS, CaptureGuard, simulating
 from .._state import eager_runs
 from ._base import Captured, CompiledCode
 from .graph_pool import GraphPool
@@ -259,6 +259,11 @@ class SimBackend:
         graph = SimGraph(pool.for_capture())  # counted from here, as torch counts a capture begun
         if self.rerun:
             return graph.holding(pool, _rerun_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper))
+        with simulating():
+            return graph.holding(pool, self._taped_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper))
+
+    def _taped_capture(self, fn: Callable, args: tuple, *, warmups: int, guard, keeper) -> Captured:
+        """Warm-ups, then the capture run on the tape (see `capture`)."""
         twin = guard if callable(guard) else (fn.twin if isinstance(fn, CompiledCode) else None) or getattr(
             fn, "_torchdynamo_orig_callable", None)
         recorded = bool(warmups)
@@ -294,7 +299,7 @@ class SimBackend:
                 _copy_all(static_out, [(values[s.index] if isinstance(s, _Slot) else s).detach() for s in sources])
 
         nbytes = sum(t.untyped_storage().nbytes() for t in static_out)
-        return graph.holding(pool, Captured(replay, None, outputs, nbytes))
+        return Captured(replay, None, outputs, nbytes)
 
 
 class SimGraph:

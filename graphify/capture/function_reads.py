@@ -61,8 +61,12 @@ class FunctionReads:
                 and all(map(is_, last_roots.values(), roots.values())) and ran_then == len(self.ran) \
                 and (watch.unchanged() or watch.verify() is None):  # (nothing it recorded changed, or nothing read)
             return last
+        # static objects are their shallow walk's, but those it handed off (a model passed in) are
+        # walked here like a model reached any other way
+        handed = {id(obj) for obj in roots.values()}
+        skip = tuple(obj for obj in objects.values() if id(obj) not in handed)
         deep = Reach.walk(roots, deep=True, lengths=not self.effects, plains_are_effects=self.effects,
-                          skip=tuple(objects.values()), ran=self.ran)
+                          skip=skip, ran=self.ran)
         self.walked = (deep, roots, len(self.ran))
         return deep
 

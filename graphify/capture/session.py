@@ -29,7 +29,7 @@ from torch.utils import _pytree as pytree
 
 from .._axes import Kind
 from .._distributed import graph_code, track_ungrouped
-from .._errors import CaptureError, StateReplacedError
+from .._errors import REPLACED_ADVICE, CaptureError, StateReplacedError
 from .._function import FunctionSpec
 from .._global_state import GlobalState
 from .._keepalive import LibraryHold, holding
@@ -252,11 +252,6 @@ class CaptureSession:
             self.pool.trim()
 
 
-_REPLACED_ADVICE = (
-    "transformers' DynamicCache (generate()'s default) grows this way: pass cache_implementation=\"static\" "
-    "to generate() (or a StaticCache as past_key_values), whose tensors are updated in place. Otherwise keep "
-    "such state in tensors written in place, or leave this function ungraphified"
-)
 
 
 def _unchanged(label: str, reach: tuple[Reach, ...], snapshots: tuple[Snapshot, ...]) -> None:
@@ -280,7 +275,7 @@ def _unchanged(label: str, reach: tuple[Reach, ...], snapshots: tuple[Snapshot, 
             raise StateReplacedError(
                 f"{label}: each call replaces a tensor it reads through a static argument or the closure "
                 f"({what}); a graph reads the memory it captured and would go on reading the old tensor. "
-                + _REPLACED_ADVICE, replaced=True,
+                + REPLACED_ADVICE, replaced=True,
             )
         raise StateReplacedError(
             f"{label}: each call changes Python state of a static argument ({what}); a graph "
