@@ -5,13 +5,14 @@ in capture state for the rest of the process, so the first warm-up of a capture 
 `CaptureGuard`, a dispatch mode that raises `UnsupportedOpError` naming the op instead. The
 simulation backend captures under it too, so CPU tests reject what a GPU would.
 
-On a GPU every read of a device tensor's values by the host is a copy to the host, which
-the dispatch mode sees. On the simulation the tensors already live on the host, and most
-such reads (`.tolist()`, `.numpy()`, `np.asarray(t)`, `.cpu()`) dispatch no op at all, so
-while the simulation captures (`simulating()`), `HostReadGuard`, a function mode, rejects
-the Tensor methods that read values on the host without an op, for the same reason and
-with the same error as a GPU's copy (`.item()`, `bool(t)`, `int(t)` and formatting
-dispatch `aten::_local_scalar_dense`, which the op guard refuses on either).
+Every read of a device tensor's values by the host is a copy to the host on a GPU, but the
+dispatch mode does not see them all: `repr(t)` turns dispatch modes off before it copies,
+and on the simulation, whose tensors already live on the host, `.tolist()`, `.numpy()`,
+`np.asarray(t)` and `.cpu()` dispatch no op at all. So `HostReadGuard`, a function mode,
+rejects those Tensor methods themselves on a device tensor (a CUDA tensor; while the
+simulation captures, `simulating()`, any tensor), with the same error on either.
+(`.item()`, `bool(t)`, `int(t)` and formatting dispatch `aten::_local_scalar_dense`, which
+the op guard refuses.)
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class HostReadGuard(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         what = _host_read(func, args, kwargs)
-        if what is not None and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta":
+        if what is not None and args and isinstance(args[0], torch.Tensor) and _on_device(args[0]):
             raise UnsupportedOpError(
                 f"{what} reads a device tensor's values on the host{_caller()}: on a GPU that is a copy to the "
                 "host, which a CUDA graph cannot capture (the replay would keep the values read at capture); keep "
@@ -104,14 +105,17 @@ class HostReadGuard(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _on_device(t: torch.Tensor) -> bool:
+    """Whether `t` stands for device memory: a GPU's tensor, or any tensor the simulation captures over."""
+    kind = t.device.type
+    return kind not in ("cpu", "meta") or (kind == "cpu" and getattr(_local, "simulating", False))
+
+
+@contextlib.contextmanager
 def first_run_guards():
-    """The guards a capture's first run is under: the op guard, and on the simulation the
-    host-read guard."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(CaptureGuard())
-    if getattr(_local, "simulating", False):
-        stack.enter_context(HostReadGuard())
-    return stack
+    """The guards a capture's first run is under: the op guard and the host-read guard."""
+    with CaptureGuard(), HostReadGuard():
+        yield
 
 
 class CaptureGuard(TorchDispatchMode):
