@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from models._symm_mem import DEFAULT_MAX_BYTES, KINDS, choose, thresholds
+from graphify.models._symm_mem import DEFAULT_MAX_BYTES, KINDS, choose, thresholds
 
 from ._report import table
 

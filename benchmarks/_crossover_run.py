@@ -10,8 +10,8 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from models import all_reduce_fn
-from models._symm_mem import DEFAULT_MAX_BYTES
+from graphify.models import all_reduce_fn
+from graphify.models._symm_mem import DEFAULT_MAX_BYTES
 
 from ._floor import BackToBack
 

@@ -11,9 +11,10 @@ import time
 import attrs
 import torch
 
-from graphify import Options, freeze_gc, graphify, sglang_piecewise_sizes
-from models import BlockTables, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
-from transforms import split
+from graphify import Options, graphify, sglang_piecewise_sizes
+from graphify.capture import freeze_gc
+from graphify.models import BlockTables, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
+from graphify.transforms import split
 
 from ._report import host_pipelined_us, kernels, sync, time_per_call
 from .trace import schedule, synthetic_requests

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from graphify import Options, graphify
-from models import (
+from graphify.models import (
     BlockTables,
     Decoder,
     DecoderConfig,
@@ -38,8 +38,8 @@ from models import (
     varlen_axes,
     varlen_step,
 )
-from models import attention
-from transforms import split
+from graphify.models import attention
+from graphify.transforms import split
 
 from ._floor import HandWrittenGraph
 from ._ranks import maybe_fail

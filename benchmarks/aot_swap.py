@@ -6,10 +6,10 @@ dynamo's bytecode trace of the whole forward in the caller, then loads inductor'
 the caches the worker filled: seconds of stall. Here, for one decode step of a transformers
 model over a StaticCache (random weights from a config, the shapes of `benchmarks.hf_generate`):
 
-- worker (a process of its own, empty compile caches): `graphify._aot.save`, as graphify's
+- worker (a process of its own, empty compile caches): `graphify.compile.aot.save`, as graphify's
   compile worker saves a job whole (aot_compile, the guards torch cannot save dropped,
   `save_compiled_function`); its seconds, and the guards kept and dropped by type;
-- caller (this process): `graphify._aot.load` twice (the first pays the imports), one decode
+- caller (this process): `graphify.compile.aot.load` twice (the first pays the imports), one decode
   step through it, its logits against eager's;
 - the swap with the compile traced here (a fresh process on the worker's warm caches):
   `torch.compile(_aot.TRAMPOLINE, fullgraph=True)` and its first call: dynamo's trace, then
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from graphify import _aot
-from graphify._compiled import DYNAMO_CONFIG, compile_settings
+from graphify.compile import aot as _aot
+from graphify.compile.compiled import DYNAMO_CONFIG, compile_settings
 
 __all__ = ["main"]
 

@@ -1,7 +1,7 @@
 """Where a graphify call's host time goes, beside a bare `CUDAGraph.replay()` of the same
 graph: every variant timed interleaved (each call after a synchronize, the order rotating),
 and the launch inside graphify's call timed from within it. Also what the check of tensors
-read through a static object costs (`graphify._reach`, run before every replay): the same
+read through a static object costs (`graphify.reads.reach`, run before every replay): the same
 step with its KV cache held by an object, and the check alone over a 24-layer transformers
 StaticCache (the Qwen2.5-0.5B shape).
 
@@ -19,9 +19,9 @@ from torch.utils.benchmark import Timer
 
 from graphify import Options, graphify, persistent, tokens, vllm_sizes
 from graphify import static as static_axis
-from graphify._hand_out import hand_out_for
-from graphify._runtime import STATIC_PLAN
-from models import DecoderConfig, decode_step, init_params, new_kv_cache
+from graphify.call.hand_out import hand_out_for
+from graphify.call.runtime import STATIC_PLAN
+from graphify.models import DecoderConfig, decode_step, init_params, new_kv_cache
 
 from ._report import environment, host_costs_us, publish, table
 
@@ -127,12 +127,12 @@ def weights_check_rows(device: str) -> list[dict]:
     beside the check graphify made before it watched more than the parameters (a weights
     generation and the buffers' storage), and every tensor's storage compared (torch's C++
     comparison where the build has it, else Python)."""
-    from graphify._params import generation
-    from graphify._ran import CodeRan
-    from graphify._reach import Reach
-    from graphify._roots import global_hook_dicts
-    from graphify._versions import WATCHERS
-    from graphify._watch import Watch
+    from graphify.reads.parameter_storage import generation
+    from graphify.reads.code_ran import CodeRan
+    from graphify.reads.reach import Reach
+    from graphify.reads.code_names import global_hook_dicts
+    from graphify.reads.dict_marks import WATCHERS
+    from graphify.reads.watch import Watch
 
     model = _llama_8b_structure(device)
     ran = CodeRan()
@@ -158,8 +158,8 @@ def weights_check_rows(device: str) -> list[dict]:
             raise AssertionError
 
     costs = host_costs_us({
-        "graphify's check (Watch.check)": lambda i: watch.check(),
-        "graphify's check, the model passed as an argument": lambda i: passed.check(),
+        "graphify's check (Watch.check)": lambda i: watch.guard(),  # (the row keeps its name: earlier results)
+        "graphify's check, the model passed as an argument": lambda i: passed.guard(),
         "graphify's check before (parameters' generation + buffers)": before,
         "every tensor's storage": lambda i: every(tensors, ptrs, indices),
     }, reps=2000)
@@ -190,7 +190,7 @@ def reach_check_us() -> float | None:
         import transformers
     except ImportError:
         return None
-    from graphify._reach import Reach
+    from graphify.reads.reach import Reach
 
     cfg = transformers.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                    num_attention_heads=14, num_key_value_heads=2, vocab_size=1000)

@@ -21,8 +21,8 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="graphi
 import torch  # noqa: E402
 
 from graphify import Options, graphify  # noqa: E402
-from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step  # noqa: E402,E501
-from transforms import split  # noqa: E402
+from graphify.models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step  # noqa: E402,E501
+from graphify.transforms import split  # noqa: E402
 
 from ._report import environment, publish, sync, table, time_per_call  # noqa: E402
 

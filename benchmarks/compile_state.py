@@ -30,8 +30,8 @@ import os
 import torch
 
 from graphify import Mode, Options, graphify, sglang_piecewise_sizes
-from models import model_support, split_ops, varlen_axes
-from transforms import split
+from graphify.models import model_support, split_ops, varlen_axes
+from graphify.transforms import split
 
 from ._report import cuda_spans, environment, fresh_compile_caches, kernels, publish, table, time_per_call
 from ._serving_trace import ATTENTION, Setup

@@ -21,8 +21,8 @@ import attrs
 import torch
 
 from graphify import Options, graphify, persistent, tokens, vllm_sizes
-from graphify._runtime import STATIC_PLAN
-from models import DecoderConfig, decode_step, init_params, new_kv_cache
+from graphify.call.runtime import STATIC_PLAN
+from graphify.models import DecoderConfig, decode_step, init_params, new_kv_cache
 
 from . import dispatch as dispatch_bench
 from ._floor import HandWrittenGraph

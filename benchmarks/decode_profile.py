@@ -23,8 +23,8 @@ import attrs
 import torch
 
 from graphify import Mode, Options, graphify
-from models import model_support, split_ops, varlen_axes
-from transforms import split
+from graphify.models import model_support, split_ops, varlen_axes
+from graphify.transforms import split
 
 from ._report import environment, fresh_compile_caches, host_pipelined_us, kernels, publish, table, time_per_call
 from .peers import ReduceOverhead

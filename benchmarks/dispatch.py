@@ -9,7 +9,9 @@ import random
 import torch
 from torch.utils.benchmark import Timer
 
-from graphify import Dispatcher, dispatch, plan_keys, vllm_sizes
+from graphify import dispatch, vllm_sizes
+from graphify.plan.dispatch import Dispatcher
+from graphify.plan.keys import plan_keys
 
 
 def _us(stmt: str, names: dict, seconds: float) -> float:

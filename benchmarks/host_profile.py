@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from graphify import graphify, vllm_sizes
-from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
-from models import attention as attn
-from transforms import split
+from graphify.models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
+from graphify.models import attention as attn
+from graphify.transforms import split
 
 from ._report import host_costs_us
 
@@ -33,7 +33,7 @@ def main():
     k = torch.randn(t, kvh, d, device="cuda", dtype=cfg.dtype)
     out = torch.empty_like(q)
     ids, pos, slots, ql, sl, bt = batch
-    from models import _triton_attention as tri
+    from graphify.models import _triton_attention as tri
     calls = {
         "whole piecewise step (g(...))": lambda i: g(*batch, cache),
         "schedule.replay(8, 8)": lambda i: sched.replay(8, 8),

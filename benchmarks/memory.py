@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from graphify import Options, Pool, graphify, persistent, tokens, vllm_sizes
-from models import DecoderConfig, decode_step, init_params, new_kv_cache
+from graphify.models import DecoderConfig, decode_step, init_params, new_kv_cache
 
 from ._report import environment, publish, sync, table
 

@@ -154,7 +154,7 @@ def make(variant: str, m: int, n: int, k: int, device: torch.device):
         torch._dynamo.reset()  # a fresh compile per shape: no recompile limit, no earlier shape's guards
         return torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False), ""
     if variant == "triton":
-        from models import _triton_gemv as tg
+        from graphify.models import _triton_gemv as tg
 
         if not tg.available():
             raise RuntimeError("Triton is not installed")
@@ -218,7 +218,7 @@ def _error(exc: BaseException) -> str:
 
 def sweep(shape: Shape, m: int, weights, inputs, refs, calls: int, args, peak, device) -> dict:
     """(e): every config of `candidates` measured; the fastest correct one, the others in `tried`."""
-    from models import _triton_gemv as tg
+    from graphify.models import _triton_gemv as tg
 
     if not tg.available():
         raise RuntimeError("Triton is not installed")

@@ -24,8 +24,8 @@ import attrs
 import torch
 
 from graphify import Options, Pool, graphify, sglang_piecewise_sizes, vllm_sizes
-from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
-from transforms import split
+from graphify.models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
+from graphify.transforms import split
 
 from ._report import environment, publish, sync, table, time_per_call
 

@@ -26,8 +26,8 @@ def log(name, text):
 def startup(count):
     import gc
     from graphify import graphify, vllm_sizes
-    from models import model_support, split_ops, varlen_axes
-    from transforms import split
+    from graphify.models import model_support, split_ops, varlen_axes
+    from graphify.transforms import split
     from benchmarks.startup import ATTENTION, MAX_SIZE, Model, tracing_setup
     log("startup-prof.txt", f"tracing set-up s {tracing_setup():.3f}")
     f = "startup-prof.txt"
@@ -54,7 +54,7 @@ def startup(count):
             ref = model.step(*batch).float()
             log(f, f"max err {q}: {(g(*batch).float() - ref).abs().max().item()}")
     g.release(); del g; gc.collect(); torch.cuda.empty_cache()
-    import transforms._schedule as sch
+    import graphify.transforms._schedule as sch
     from graphify.backends.torch_cuda import TorchCudaBackend
     spent = {"sched.replay": 0.0, "capture_pieces": 0.0, "backend.capture": 0.0, "capture_end": 0.0}
     def timer(obj, name, key):  # host seconds summed over every call inside one capture: no Timer measures that
@@ -83,11 +83,11 @@ def startup(count):
 
 def host():
     from graphify import Options, graphify, persistent, tokens, vllm_sizes
-    from models import decode_step, init_params, new_kv_cache
+    from graphify.models import decode_step, init_params, new_kv_cache
     from benchmarks.decode import MODELS, make_inputs, own_cost_us
     from benchmarks._report import host_costs_us
-    from graphify._hand_out import hand_out_for
-    from graphify._runtime import STATIC_PLAN
+    from graphify.call.hand_out import hand_out_for
+    from graphify.call.runtime import STATIC_PLAN
     cfg = MODELS["0.5b"][0]()
     params = init_params(cfg, seed=0, device="cuda")
     cache = new_kv_cache(cfg, 64, device="cuda", seed=1)

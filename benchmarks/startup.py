@@ -26,8 +26,8 @@ import time
 import torch
 
 from graphify import graphify, vllm_sizes
-from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
-from transforms import split
+from graphify.models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
+from graphify.transforms import split
 
 from ._report import environment, publish, sync, table
 

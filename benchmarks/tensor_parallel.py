@@ -48,8 +48,9 @@ import time  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from graphify import Mode, Options, freeze_gc, graphify, sglang_piecewise_sizes  # noqa: E402
-from models import (  # noqa: E402
+from graphify import Mode, Options, graphify, sglang_piecewise_sizes
+from graphify.capture import freeze_gc
+from graphify.models import (  # noqa: E402
     ALL_REDUCE_KINDS,
     model_support,
     shard_config,
@@ -58,8 +59,8 @@ from models import (  # noqa: E402
     tp_varlen_step,
     varlen_axes,
 )
-from transforms import split  # noqa: E402
-from models._symm_mem import DEFAULT_MAX_BYTES, agree, thresholds  # noqa: E402
+from graphify.transforms import split  # noqa: E402
+from graphify.models._symm_mem import DEFAULT_MAX_BYTES, agree, thresholds  # noqa: E402
 
 from ._ranks import ExitTogether, init, maybe_fail, rank_options  # noqa: E402
 from ._report import environment, publish, sync  # noqa: E402

@@ -5,17 +5,17 @@
     >>> step = step.capture(ids, positions, kv_cache)                                         # doctest: +SKIP
     >>> logits = step(ids, positions, kv_cache)                                                # doctest: +SKIP
 
-Pure parts (modes, descriptors, support, sizes, keys, dispatch) never touch a device;
-only the backends capture and replay.
+This is the public surface: the transform and its callable, its options, argument axes,
+capture-size schedules, the pure dispatch that tests can call on plain data, and errors.
+Code extending graphify builds on `graphify.extend`; graphify's own adapters are
+`graphify.transforms` (`split`, transformers) and `graphify.models`. The packages under
+`graphify/` are internal, layered from `base` up to `graphified` (see the README's layout).
 """
 
-from ._axes import ArgSpec, Axis, fixed, persistent, reqs, static, tokens
-from .capture import freeze_gc
-from ._check import CheckReport, CheckRow
-from ._descriptor import BatchDescriptor
-from ._distributed import release_all
-from ._dispatch import Decision, Dispatcher, dispatch, explain_miss
-from ._errors import (
+from graphify.base.axes import fixed, persistent, reqs, static, tokens
+from graphify.base.batching import Batching
+from graphify.base.descriptor import BatchDescriptor
+from graphify.base.errors import (
     CaptureError,
     DispatchMismatchError,
     GraphifyError,
@@ -24,44 +24,31 @@ from ._errors import (
     StateChangedError,
     UnsupportedOpError,
 )
-from ._batching import Batching
-from ._graphify import Graphified
-from ._transform import graphify
-from ._keys import KeySet, plan_keys
-from ._options import Options
-from ._mode import RUNTIME_MODES, Mode
-from ._pool import Pool, PoolReport
-from ._sizes import (
-    normalize_sizes,
-    pad_to,
-    padding_table,
-    round_to_multiple,
-    sglang_decode_sizes,
-    sglang_piecewise_sizes,
-    vllm_sizes,
-)
-from ._stats import Stats, StatsRow
-from ._support import Resolution, Support, resolve_mode, weakest
-from ._table import Entry, GraphTable
+from graphify.base.limits import Limits
+from graphify.base.modes import Mode
+from graphify.base.options import Options
+from graphify.distributed.lockstep import release_all
+from graphify.graphified.callable import Graphified
+from graphify.graphified.check import CheckReport
+from graphify.graphified.transform import graphify
+from graphify.plan.dispatch import Decision, dispatch, explain_miss
+from graphify.plan.keys import KeySet
+from graphify.plan.pool import Pool
+from graphify.plan.sizes import pad_to, sglang_decode_sizes, sglang_piecewise_sizes, vllm_sizes
+from graphify.plan.stats import Stats
+from graphify.plan.support import Resolution, Support, resolve_mode
 
 __all__ = [
+    # the transform and its callable
+    "graphify", "Graphified", "Options", "Limits", "Mode", "Batching", "Support", "Pool", "CheckReport", "Stats",
     "release_all",
-    "ArgSpec", "Axis", "BatchDescriptor", "Batching", "CaptureError", "CheckReport", "CheckRow", "Decision", "DispatchMismatchError", "Dispatcher", "Entry",
-    "GraphTable", "Graphified", "GraphifyError", "InputMismatchError", "KeySet", "Mode", "Options", "StateChangedError",
-    "PersistentSwapError", "Pool", "PoolReport", "RUNTIME_MODES", "Resolution", "Stats", "StatsRow",
-    "Support", "UnsupportedOpError", "dispatch", "explain_miss", "fixed", "freeze_gc", "graphify",
-    "normalize_sizes", "pad_to", "padding_table", "persistent", "plan_keys", "reqs",
-    "resolve_mode", "round_to_multiple", "sglang_decode_sizes", "sglang_piecewise_sizes",
-    "static", "tokens", "vllm_sizes", "weakest",
+    # argument axes
+    "tokens", "reqs", "fixed", "persistent", "static",
+    # capture sizes and the pure dispatch
+    "vllm_sizes", "sglang_decode_sizes", "sglang_piecewise_sizes", "pad_to", "BatchDescriptor", "KeySet", "dispatch",
+    "Decision", "explain_miss", "resolve_mode", "Resolution",
+    # errors
+    "GraphifyError", "CaptureError", "UnsupportedOpError", "InputMismatchError", "PersistentSwapError",
+    "StateChangedError", "DispatchMismatchError",
 ]
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str):
-    """`graphify.split` (and `SplitError`): `graphify.transforms.split`, imported when first
-    asked for."""
-    if name in ("split", "SplitError"):
-        import importlib
-
-        return getattr(importlib.import_module("graphify.transforms.split"), name)
-    raise AttributeError(f"module 'graphify' has no attribute {name!r}")

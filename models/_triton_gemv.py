@@ -204,9 +204,9 @@ def _kernel():
 @functools.lru_cache(maxsize=None)
 def _compiles_as_inductor(device_index: int) -> None:
     """Once a process, before the first compile: Triton's cache folder and ptxas as inductor's
-    (`graphify._triton_env`), so the binaries graphify's compile worker built for the GEMV
+    (`graphify.compile.background.triton_env`), so the binaries graphify's compile worker built for the GEMV
     are found here."""
-    from graphify._triton_env import as_inductor_compiles
+    from graphify.extend import as_inductor_compiles
 
     as_inductor_compiles(device_index)
 

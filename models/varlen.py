@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from graphify import Support, reqs, tokens, persistent, weakest
+from graphify import Support, reqs, tokens, persistent
+from graphify.extend import weakest
 
 from ._reduce_norm import add_norm_fn
 from .attention import BACKENDS

@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from models import all_reduce_fn
+from graphify.models import all_reduce_fn
 
 HIDDEN = 4096
 TOKENS = {"one_shot": 4, "two_shot": 64, "nccl": 256}  # 32 KiB, 512 KiB, 2 MiB of bf16
@@ -68,8 +68,8 @@ def mixed(rank: int, world: int) -> dict:
 def fused(rank: int, world: int) -> dict:
     import torch.nn.functional as F
 
-    from models._reduce_norm import _fits, add_norm_fn
-    from models._symm_mem import _BUFFERS
+    from graphify.models._reduce_norm import _fits, add_norm_fn
+    from graphify.models._symm_mem import _BUFFERS
 
     device = torch.device("cuda", rank)
     reduce = all_reduce_fn(kind="symm_mem", dtype=torch.bfloat16, device=device)
@@ -110,7 +110,7 @@ def stress(rank: int, world: int) -> dict:
     times with no host sync between; the last replay against the same chain through NCCL."""
     import torch.nn.functional as F
 
-    from models._reduce_norm import add_norm_fn
+    from graphify.models._reduce_norm import add_norm_fn
 
     device = torch.device("cuda", rank)
     reduce = all_reduce_fn(kind="symm_mem", dtype=torch.bfloat16, device=device)
@@ -150,7 +150,7 @@ def one_fails(rank: int, world: int) -> dict:
     """`add_norm_fn` where the kernel builds on rank 0 and fails on the others (as a Triton or
     driver failure on one GPU would): no rank may fuse, since rank 0 launching alone would
     wait for its peers forever; each says why, and the step is the three ops over the reduce."""
-    import models._reduce_norm as reduce_norm
+    import graphify.models._reduce_norm as reduce_norm
 
     def summed(x):  # stands for a symm_mem reduce: what the fused launch would serve
         out = x.clone()

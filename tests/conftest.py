@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, settings
 
-from graphify import _aot  # noqa: E402
+from graphify.compile import aot as _aot  # noqa: E402
 
 settings.register_profile("ci", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", deadline=None, max_examples=600)
@@ -28,7 +28,7 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch
 # The simulation's compiled functions (AOTAutograd's aot_eager) are saved whole from torch 2.13;
 # torch 2.11 (the GPU machines') saves only inductor's, so there only the CUDA tests load them.
 saves_aot_eager = pytest.mark.skipif(not _aot.saves("aot_eager"),
-                                     reason="this torch saves only inductor's compiled functions whole (graphify._aot.saves)")
+                                     reason="this torch saves only inductor's compiled functions whole (graphify.compile.aot.saves)")
 
 BACKENDS = [
     pytest.param(("sim", "cpu"), id="sim-cpu"),
@@ -44,9 +44,9 @@ def backend(request):
 
 @pytest.fixture(autouse=True)
 def _compiled_functions_kept_per_test(tmp_path, monkeypatch):
-    """Compiled functions kept for later processes (`graphify._aot_store`) go to a folder of the
+    """Compiled functions kept for later processes (`graphify.compile.aot_store`) go to a folder of the
     test's own: a test never starts from what another test, or an earlier run, compiled."""
-    from graphify import _aot_store
+    from graphify.compile import aot_store as _aot_store
 
     monkeypatch.setattr(_aot_store, "DIRECTORY", str(tmp_path / "graphify-whole"))
 
@@ -55,7 +55,7 @@ def _compiled_functions_kept_per_test(tmp_path, monkeypatch):
 def one_compile_worker():
     """One compile worker for a module's tests (`usefixtures`): a worker's start costs
     seconds, and it imports the test module as written, whatever a test changed here."""
-    from graphify import _background
+    from graphify.compile.background import line as _background
 
     _background.reset()
     yield

@@ -18,7 +18,7 @@ from graphify import graphify, tokens
 
 
 def _no_keepalive() -> None:
-    import graphify._keepalive as keepalive
+    import graphify.backends.keepalive as keepalive
     import graphify.capture.session as session
     import graphify.backends.torch_cuda as torch_cuda
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import transformers
 
 from graphify import Options, graphify
-from graphify._distributed import ungrouped_graphs
+from graphify.distributed.lockstep import ungrouped_graphs
 
 NEW = 8  # tokens each generate() adds
 

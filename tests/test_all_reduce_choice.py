@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from benchmarks._crossover import messages, render, suggest, summarise
 from benchmarks._crossover_run import tolerance
-from models import all_reduce_fn
-from models._symm_mem import DEFAULT_MAX_BYTES, KINDS, _make_reduce, choose, thresholds, two_shot_reason
+from graphify.models import all_reduce_fn
+from graphify.models._symm_mem import DEFAULT_MAX_BYTES, KINDS, _make_reduce, choose, thresholds, two_shot_reason
 
 from test_distributed import WORLD, base_env, launch, run_ranks
 

@@ -1,4 +1,4 @@
-"""Compiled functions loaded from the worker (`graphify._aot`) against state the caller
+"""Compiled functions loaded from the worker (`graphify.compile.aot`) against state the caller
 changed before the job was sent (module constants, global containers, partials, callable
 objects, class attributes, torch's own classes): never served by the worker's trace of the
 modules as written. Each loaded call is compared with eager (mismatches recorded, asserted
@@ -15,7 +15,8 @@ import torch
 
 from conftest import saves_aot_eager
 from graphify import Options, graphify
-from graphify import _aot, _background
+from graphify.compile import aot as _aot
+from graphify.compile.background import line as _background
 
 WAIT_S = 240
 pytestmark = [saves_aot_eager, pytest.mark.usefixtures("one_compile_worker")]  # aot_eager: the simulation's compiles
@@ -162,7 +163,7 @@ def test_state_changed_before_the_job_is_sent_is_never_served_from_the_worker(sc
     """The caller's state differs from the module as the worker imports it, changed before
     the job is sent. A global's plain values and a class attribute: torch rebuilds those kept
     guards from this process's values when it loads, so graphify records and compares them
-    (`graphify._aot.value_changes`); torch's classes: their namespaces are compared too."""
+    (`graphify.compile.aot.value_changes`); torch's classes: their namespaces are compared too."""
     SCENARIOS[scenario](monkeypatch)
     what = scenario.split("-")[0]
     if what == "torch":
@@ -217,7 +218,7 @@ def test_a_caller_with_its_own_thread_count_takes_the_workers_function_in(monkey
 def test_a_librarys_process_state_goes_with_the_job_and_is_set_in_the_worker(monkeypatch):
     """`register_carried`: read in the caller when the job's state is taken, put in the worker
     under `applied`; a read that fails leaves that state out rather than the job."""
-    from graphify import _job_pickle
+    from graphify.compile.background import job_pickle as _job_pickle
     from graphify.extend import register_carried
 
     monkeypatch.setattr(_job_pickle, "CARRIED", {})

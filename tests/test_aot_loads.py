@@ -1,4 +1,4 @@
-"""Compiled functions the worker saves whole and this process loads (`graphify._aot`): the
+"""Compiled functions the worker saves whole and this process loads (`graphify.compile.aot`): the
 guards torch cannot save (the identity of functions, classes, modules, builtins and closure
 cells) are stood for by identities checked here at each capture, and by graphify's watch at
 each call. A change to any of them, made before the job was sent (the worker imports the
@@ -15,7 +15,8 @@ import torch
 
 from conftest import calls_by_mode, requires_cuda, saves_aot_eager
 from graphify import Mode, Options, graphify
-from graphify import _aot, _background
+from graphify.compile import aot as _aot
+from graphify.compile.background import line as _background
 from test_background_compile import compiles_here
 
 WAIT_S = 240
@@ -278,7 +279,7 @@ def test_a_transformers_decode_step_is_taken_in_as_the_worker_saved_it(backend, 
 def test_a_later_graphified_model_captures_compiled_graphs_from_its_first_capture(backend, moved, monkeypatch,
                                                                                   this_module):
     """What a restarted process does: the compiled function an earlier worker kept
-    (`graphify._aot_store`) is loaded at the first capture and captured at once, no job sent,
+    (`graphify.compile.aot_store`) is loaded at the first capture and captured at once, no job sent,
     unless an object its dropped guards stood for is another here (then plain graphs and a job)."""
     model, eager = twins(backend[1])
     swapped_in(model, eager, backend)
@@ -341,7 +342,7 @@ def test_a_loaded_function_skips_the_first_call_aliasing_check_the_worker_made(b
 
 
 def test_kept_functions_are_named_by_function_kind_settings_and_sizes():
-    from graphify import _aot_store
+    from graphify.compile import aot_store as _aot_store
 
     small, large = Helped(16), Helped(32)
     kind, settings, state = ("family", 1), {"backend": "inductor"}, {"default_dtype": torch.float32}
@@ -386,7 +387,7 @@ def test_a_restarted_process_captures_compiled_graphs_from_its_first_capture(mon
     there, with its modules and builtins found by name, and serves from the first capture."""
     import subprocess
 
-    from graphify import _aot_store
+    from graphify.compile import aot_store as _aot_store
 
     monkeypatch.setattr(_aot_store, "DIRECTORY", None)  # inductor's cache directory, shared with the child
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
@@ -404,7 +405,7 @@ def test_a_restarted_process_captures_compiled_graphs_from_its_first_capture(mon
 def test_names_do_not_follow_set_or_dict_order():
     """Set order follows string hashes, which differ between processes (a restarted process
     named its kept functions apart before `canonical`)."""
-    from graphify._aot_store import canonical
+    from graphify.compile.aot_store import canonical
 
     words = [f"w{i}" for i in range(40)]
     assert canonical({"s": set(words), "d": dict.fromkeys(words, 1)}) == \
@@ -415,7 +416,7 @@ def test_names_do_not_follow_set_or_dict_order():
 @saves_aot_eager
 def test_a_kept_function_that_cannot_be_read_is_passed_over_without_raising(tmp_path):
     """A truncated or foreign file where a kept function should be: plain graphs and a job."""
-    from graphify import _aot_store
+    from graphify.compile import aot_store as _aot_store
 
     model, eager = twins("cpu")
     swapped_in(model, eager, ("sim", "cpu", "aot_eager"))
@@ -434,7 +435,7 @@ def test_a_kept_function_that_cannot_be_read_is_passed_over_without_raising(tmp_
 @pytest.mark.parametrize("how", [{"background": True}, {"background": True, "options": {"freezing": True}},
                                  {"background": True, "whole": False}])
 def test_a_function_is_saved_whole_unless_asked_not_to_or_its_weights_would_be_folded_in(how):
-    from graphify._compile_jobs import Job
+    from graphify.compile.background.jobs import Job
 
     jobs = types.SimpleNamespace(spec=types.SimpleNamespace(options=Options(compile=how)))
     assert Job(jobs, (), None, ()).whole == (how.get("options") is None and how.get("whole", True))
@@ -462,7 +463,7 @@ def test_a_loaded_function_that_fails_here_is_dropped_and_the_call_compiles_here
 
 
 def test_a_saved_function_whose_guards_are_not_its_pair_is_not_loaded(tmp_path):
-    from graphify import _aot_store
+    from graphify.compile import aot_store as _aot_store
 
     path = str(tmp_path / "f.aot")
     (tmp_path / "f.aot").write_bytes(b"compiled")
@@ -476,7 +477,7 @@ def test_a_saved_function_whose_guards_are_not_its_pair_is_not_loaded(tmp_path):
 def test_a_backend_this_torch_cannot_save_is_not_saved_whole(monkeypatch):
     """Where `_aot.saves` says no (torch 2.11 and AOTAutograd's aot_eager), the job is sent
     without a path to save to: the caller traces it from the caches, as before saving whole."""
-    from graphify._compile_jobs import Job
+    from graphify.compile.background.jobs import Job
 
     jobs = types.SimpleNamespace(spec=types.SimpleNamespace(options=Options(compile={"background": True,
                                                                                      "backend": "aot_eager"})))
@@ -498,7 +499,7 @@ def test_a_rebuilt_transformers_model_is_recorded_as_its_transformers_records_it
     saved function guards on the entry's absence, and no call here is served by it."""
     transformers = pytest.importorskip("transformers")
     capturing = pytest.importorskip("transformers.utils.output_capturing")
-    from transforms.hf import _recorded_again
+    from graphify.transforms.hf import _recorded_again
 
     config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1)
@@ -521,7 +522,7 @@ def test_the_workers_registry_takes_the_callers_key_order(registry, monkeypatch)
     worker makes of it: the caller's keys in the caller's order, its own entries' values kept,
     the empty entry for classes it never recorded, its extra keys last."""
     capturing = pytest.importorskip("transformers.utils.output_capturing")
-    from transforms.hf import _registry_in_order, _registry_keys
+    from graphify.transforms.hf import _registry_in_order, _registry_keys
 
     fresh = {} if registry.startswith("a plain") else type(capturing._CAN_RECORD_REGISTRY)()
     monkeypatch.setattr(capturing, "_CAN_RECORD_REGISTRY", fresh)

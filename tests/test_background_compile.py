@@ -1,5 +1,5 @@
 """`Options(compile="background")`: plain graphs at once, compiled ones once a worker process
-has compiled the same calls (`graphify._background`). The worker is a real process here;
+has compiled the same calls (`graphify.compile.background.line`). The worker is a real process here;
 on the CPU it compiles with AOTAutograd's "aot_eager" backend (exact, quick), on a GPU with
 inductor."""
 
@@ -14,10 +14,11 @@ import torch
 
 from conftest import calls_by_mode, requires_cuda
 from graphify import Mode, Options, graphify
-from graphify import _aot, _background
-from graphify._compile_jobs import OOM_TRIES, CompileJobs, Job, capture_with
-from graphify._compiled import shared_backend
-from graphify._errors import CaptureError, StateReplacedError
+from graphify.compile import aot as _aot
+from graphify.compile.background import line as _background
+from graphify.compile.background.jobs import OOM_TRIES, CompileJobs, Job, capture_with
+from graphify.compile.compiled import shared_backend
+from graphify.base.errors import CaptureError, StateReplacedError
 
 WAIT_S = 240  # the worker imports torch (and transformers) before its first job
 
@@ -84,7 +85,7 @@ def background(backend: str, whole: bool = True) -> Options:
 
 def compiles_here(backend: str) -> int:
     """How many graphs this process compiled through graphify's shared backend."""
-    return len(shared_backend(backend, None, None, True).outputs)
+    return len(shared_backend(backend, None, None, True, ("fold_gqa",)).outputs)  # the rewrites on by default
 
 
 @pytest.fixture
@@ -137,7 +138,7 @@ def test_the_call_that_takes_compiled_graphs_in_replays_at_once_without_the_op_g
     captures at once (no eager warm-up call), and its capture's first warm-up runs the eager
     original outside the op guard and the code recording, which the plain capture ran over
     the same code (they were most of that call's cost: 8B, H100)."""
-    from graphify._guard import CaptureGuard
+    from graphify.backends.op_guard import CaptureGuard
 
     _, device, compiler = backend
     block, eager = on_the_line(Block, device, compiler)
@@ -184,7 +185,7 @@ def test_the_swap_undoes_its_compiled_warm_up_by_the_writes_the_replaced_structu
     storage is copied whole before and put back after (`graphify.capture.kin_writes`); so is a
     later kin's (a new object). The in-place sum matches eager's at every call only if each
     warm-up was undone."""
-    from graphify._state import StateKeeper
+    from graphify.backends.tensor_writes import StateKeeper
 
     _, device, compiler = backend
     model, eager = on_the_line(Accumulates, device, compiler)
@@ -272,7 +273,7 @@ def test_the_callers_compile_loads_what_the_worker_compiled(backend, fresh_worke
 
 
 def test_the_worker_runs_under_the_callers_precision_settings_and_changes_no_other():
-    from graphify._job_pickle import _apply_precision, applied, precision_settings, torch_state
+    from graphify.compile.background.job_pickle import _apply_precision, applied, precision_settings, torch_state
 
     default = precision_settings()
     with applied(torch_state()):  # the same settings: nothing set (a set switch moves others: another cache key)
@@ -483,8 +484,8 @@ def test_a_call_crosses_as_a_compact_copy_of_the_same_view(monkeypatch):
     model's symbols differently in the worker (another cache key: a cold compile in the call)."""
     import pickle
 
-    from graphify import _job_pickle
-    from graphify._job_pickle import dumps, view_geometry
+    from graphify.compile.background import job_pickle as _job_pickle
+    from graphify.compile.background.job_pickle import dumps, view_geometry
 
     big = torch.randn(200_000, 2)
     view, mask = big[:2], torch.randn(8, 1, 1, 300)[..., :192]
@@ -516,7 +517,7 @@ def test_a_copy_keeps_what_dynamo_keys_its_compile_on():
     a copy without the mark compiled another graph (other static inputs), a cache miss here."""
     import pickle
 
-    from graphify._job_pickle import dumps
+    from graphify.compile.background.job_pickle import dumps
 
     cache, plain = torch.randn(4, 8), torch.randn(4, 8)
     torch._dynamo.mark_static_address(cache)
@@ -554,7 +555,7 @@ def test_weights_swapped_after_the_worker_has_the_function_are_compiled_again(wh
 
 
 class _Job:
-    """A stand-in for `graphify._compile_jobs.Job`: ready, and what it was given up for."""
+    """A stand-in for `graphify.compile.background.jobs.Job`: ready, and what it was given up for."""
 
     ready = True
     why = None
@@ -679,7 +680,7 @@ def test_the_load_of_a_compiled_function_imports_nothing_off_the_callers_thread(
 
     _, device, compiler = backend
     if not _aot.saves(compiler):
-        pytest.skip(f"this torch does not save {compiler}'s compiled functions whole (graphify._aot.saves)")
+        pytest.skip(f"this torch does not save {compiler}'s compiled functions whole (graphify.compile.aot.saves)")
     tests = os.path.dirname(os.path.abspath(__file__))
     code = IMPORTS_ON_THE_CALLERS_THREAD.format(paths=[tests] + [p for p in sys.path if p], device=device,
                                                 compiler=compiler)

@@ -9,7 +9,7 @@ import torch
 
 from conftest import calls_by_mode, counted
 from graphify import Batching, GraphifyError, Options, Pool, fixed, graphify, persistent, reqs, static, tokens
-from graphify._errors import InputMismatchError
+from graphify.base.errors import InputMismatchError
 
 CALL = "graphify(mlp, mode='FULL')"
 

@@ -14,9 +14,9 @@ import pytest
 
 from graphify import BatchDescriptor
 from graphify.capture.capturers import CaptureSettings, KeyCapture, mode_capturers
-from graphify._mode import Mode
+from graphify.base.modes import Mode
 from graphify.backends import Captured
-from graphify.backends._base import CompiledCode
+from graphify.backends.interface import CompiledCode
 
 
 class FakeBackend:

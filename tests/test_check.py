@@ -37,7 +37,7 @@ def test_check_finds_a_function_that_mixes_rows_across_the_batch(backend):
 
 
 def test_check_with_request_axes_needs_and_uses_make_batch(backend):
-    from models import init_params, new_paged_cache, varlen_axes, varlen_step
+    from graphify.models import init_params, new_paged_cache, varlen_axes, varlen_step
     from test_split import BLOCK, CFG, layout
 
     name, device = backend

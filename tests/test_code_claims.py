@@ -1,5 +1,5 @@
 """A graphified closure's compile uses no dynamo entry another graphified closure of the same
-code made, where this torch does not guard inlined functions' defaults (`graphify._code_claims`)."""
+code made, where this torch does not guard inlined functions' defaults (`graphify.compile.code_claims`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch._dynamo
 
 from graphify import Options, graphify
-from graphify import _code_claims
+from graphify.compile import code_claims as _code_claims
 
 D = 8
 

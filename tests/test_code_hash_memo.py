@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from graphify import _aot_identity
+from graphify.compile import aot_identity as _aot_identity
 
 
 class Block(torch.nn.Module):

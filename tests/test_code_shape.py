@@ -1,6 +1,6 @@
-"""The package's shape, measured: small classes, short functions, short files, and a call
-path that reads down (no module of `graphify/` imports one that imports it back, at the top
-of a file or inside a function).
+"""The package's shape, measured: small classes, short functions, short files, and no module
+of `graphify/` that imports one that imports it back, at the top of a file or inside a
+function (the layers are `test_layers.py`'s).
 
 Limits for `graphify/`: a class holds at most 15 fields (attrs fields and names assigned on
 `self`), a function spans at most 60 lines and takes at most 8 parameters (`self` and `cls`
@@ -12,33 +12,15 @@ from __future__ import annotations
 import ast
 import pathlib
 
-import pytest
+from test_layers import imported, module_name
+
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "graphify"
 MAX_FIELDS, MAX_LINES, MAX_PARAMS, MAX_FILE_LINES = 15, 60, 8, 400
 
-# The layers a call passes through, top first: a module may import only modules listed
-# after it (or modules in no list: plain data and helpers below all of these).
-LAYERS = (
-    "graphify._transform",
-    "graphify._graphify",
-    "graphify._check",
-    "graphify._first_use",
-    "graphify._call_paths",
-    "graphify._runtime",
-    "graphify.capture",
-    "graphify._table",
-)
-
-
 def _files():
     return sorted(PACKAGE.rglob("*.py"))
-
-
-def _module(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -80,22 +62,8 @@ def shape_violations(files=None) -> list[str]:
 
 def imports() -> dict[str, set[str]]:
     """{module: graphify modules it imports}, wherever in the file the import is."""
-    modules = {_module(p): p for p in _files()}
-    graph = {}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-                target = ".".join(base + ([node.module] if node.module else []))
-                for alias in node.names:
-                    full = f"{target}.{alias.name}"
-                    found.add(full if full in modules else target)
-            elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names)
-        graph[name] = {m for m in found if m in modules and m != name}
-    return graph
+    modules = {module_name(p): p for p in _files()}
+    return {name: {m for m in imported(path) if m in modules and m != name} for name, path in modules.items()}
 
 
 def _reaches(graph: dict, start: str) -> set[str]:
@@ -130,12 +98,3 @@ def test_no_module_imports_one_that_imports_it_back():
     graph = imports()
     cycles = sorted(m for m in graph if m in _reaches(graph, m))
     assert cycles == []
-
-
-@pytest.mark.parametrize("upper", LAYERS[:-1])
-def test_the_call_path_reads_down(upper):
-    graph = imports()
-    below = LAYERS[LAYERS.index(upper) + 1:]
-    for lower in below:
-        reached = _reaches(graph, lower) | {lower}
-        assert not any(m == upper or m.startswith(upper + ".") for m in reached), f"{lower} reaches {upper}"

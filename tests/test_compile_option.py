@@ -13,7 +13,7 @@ import torch._dynamo
 
 from conftest import calls_by_mode, counted
 from graphify import CaptureError, Mode, Options, graphify, persistent, static, tokens
-from graphify._layout import CallLayout
+from graphify.base.call_layout import CallLayout
 
 
 @pytest.fixture(autouse=True)
@@ -173,8 +173,8 @@ def test_a_split_function_is_compiled_whole_for_full_graphs_and_kept_in_pieces_f
     """Options(compile=...) on a split function: FULL graphs record the function it was split
     from, compiled whole (inductor may then fuse across the split ops), PIECEWISE graphs run
     its pieces, eager calls run it as split; all equal the unsplit function on fresh batches."""
-    from models import BlockTables, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
-    from transforms import split
+    from graphify.models import BlockTables, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
+    from graphify.transforms import split
 
     device = backend[1]
     cfg = DecoderConfig.tiny(max_seq_len=256, layers=2)
@@ -274,7 +274,7 @@ def test_a_compile_with_dynamic_shapes_traces_the_function_once(backend, monkeyp
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
-    import graphify._compiled as compiled
+    import graphify.compile.compiled as compiled
 
     if floats == "symbolic":  # the old setting: shows what the test would catch
         monkeypatch.setattr(compiled, "DYNAMO_CONFIG", {})
@@ -361,7 +361,7 @@ def test_a_change_drops_the_entries_on_the_frame_torch_compile_puts_around_a_mod
     """torch.compile of a module keeps its entries on a wrapper frame of its own (torch 2.11:
     `external_utils.wrap_inline`), where torch 2.11 served an entry traced over a submodule's
     old class after `m[1].__class__ = Tanh`: a change graphify sees drops those too."""
-    from graphify._compiled import _module_frame_codes, forget_compiled
+    from graphify.compile.compiled import _module_frame_codes, forget_compiled
 
     frames = _module_frame_codes()
     if not frames:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import transforms._compile as compile_mod
+import graphify.transforms._compile as compile_mod
 from conftest import calls_by_mode, counted
-from graphify import Options, graphify, plan_keys, vllm_sizes
-from graphify._keys import specialised_sizes
-from models import BlockTables, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
-from transforms import split
-from transforms._compile import piece_key
+from graphify import Options, graphify, vllm_sizes
+from graphify.plan.keys import plan_keys
+from graphify.plan.keys import specialised_sizes
+from graphify.models import BlockTables, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
+from graphify.transforms import split
+from graphify.transforms._compile import piece_key
 
 
 def tiny(layers: int):

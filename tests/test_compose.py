@@ -131,7 +131,7 @@ def test_a_user_file_under_a_folder_named_graphify_is_still_named(tmp_path):
     import importlib.util
 
     from graphify import UnsupportedOpError
-    from graphify.capture.errors import _user_frame
+    from graphify.capture.failed import _user_frame
 
     src = tmp_path / "graphify" / "user_code.py"
     src.parent.mkdir()

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, varlen_step
-from models import attention as attention_module
+from graphify.models import BatchLayout, DecoderConfig, init_params, new_paged_cache, varlen_step
+from graphify.models import attention as attention_module
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 
@@ -63,7 +63,7 @@ def test_direct_launches_share_a_kernel_only_where_triton_would(monkeypatch):
     Over bfloat16 arguments that move q's, k's, v's and out's 16-byte alignment and the
     ints' classes (1, multiples of 16, other; all 32-bit here), equal keys must mean equal
     specialisations, and the direct launches must equal Triton's own."""
-    from models import _triton_attention as tri
+    from graphify.models import _triton_attention as tri
 
     if not tri._FAST:
         pytest.skip(f"the direct launch is off with Triton {tri.triton.__version__} (written for 3.6)")
@@ -109,7 +109,7 @@ def test_any_request_count_shares_one_compiled_kernel():
     """The request count is not specialised on: a batch of one request (a lone prefill,
     never seen by a capture) or of 16 runs the kernel the others compiled, instead of
     compiling its own in the middle of serving (0.8-1.2 s on the H100)."""
-    from models import _triton_attention as tri
+    from graphify.models import _triton_attention as tri
 
     cfg = DecoderConfig.tiny(max_seq_len=256, hidden=256, heads=8, kv_heads=2, ffn=256, dtype=torch.bfloat16)
     compiled = tri._attention_kernel.device_caches[torch.cuda.current_device()][0]
@@ -133,7 +133,7 @@ def test_any_request_count_shares_one_compiled_kernel():
 def test_layers_index_the_cache_as_python_does_on_both_launch_paths(monkeypatch, fast):
     """A negative layer counts from the end and one out of range raises IndexError, through
     Triton's launch and through the direct one (which computes the layer's address itself)."""
-    from models import _triton_attention as tri
+    from graphify.models import _triton_attention as tri
 
     if fast and not tri._FAST:
         pytest.skip(f"the direct launch is off with Triton {tri.triton.__version__} (written for 3.6)")

@@ -34,7 +34,7 @@ def test_weak_outputs_use_less_pool_memory_and_stay_correct():
     weak = capture(True, w)
     kept, shared = strong.pool.report(), weak.pool.report()
     out = 512 * 16384 * 4
-    workspace = 32 << 20  # cuBLAS's, allocated inside each pool (graphify._keepalive): at most 32 MiB on Hopper
+    workspace = 32 << 20  # cuBLAS's, allocated inside each pool (graphify.backends.keepalive): at most 32 MiB on Hopper
     assert kept.reserved_bytes >= out * 1.8  # 512 + 256 + 128 + 64 rows of output kept
     assert shared.reserved_bytes <= out * 1.2 + workspace  # one block, reused by every size
     print(f"weak outputs: pool {shared.reserved_bytes / 2**20:.0f} MiB vs {kept.reserved_bytes / 2**20:.0f} MiB")

@@ -5,8 +5,8 @@ import torch
 
 from conftest import calls_by_mode, counted, requires_cuda
 from graphify import Batching, Options, Pool, graphify, sglang_piecewise_sizes
-from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
-from transforms import split
+from graphify.models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
+from graphify.transforms import split
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 CFG = DecoderConfig.tiny(max_seq_len=256, hidden=256, heads=4, kv_heads=2, ffn=512, layers=4, vocab_size=512)

@@ -6,9 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graphify import BatchDescriptor, Dispatcher, KeySet, Mode, dispatch, explain_miss, plan_keys, vllm_sizes
-from graphify._dispatch import dispatcher_for
-from graphify._sizes import normalize_sizes
+from graphify import BatchDescriptor, KeySet, Mode, dispatch, explain_miss, vllm_sizes
+from graphify.plan.dispatch import Dispatcher
+from graphify.plan.keys import plan_keys
+from graphify.plan.dispatch import dispatcher_for
+from graphify.plan.sizes import normalize_sizes
 
 sizes_st = st.lists(st.integers(1, 300), min_size=1, max_size=20).map(normalize_sizes)
 modes_st = st.sampled_from(list(Mode))

@@ -201,9 +201,9 @@ def test_the_symm_mem_reduce_decides_per_call_what_a_trace_cannot_know():
     # Under split's symbolic trace: one registered op that decides when it runs.
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
-    from models._symm_mem import _make_reduce
-    from transforms import split
+    from graphify.models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
+    from graphify.models._symm_mem import _make_reduce
+    from graphify.transforms import split
 
     buf = torch.zeros(4096)  # a stand-in for the rendezvoused buffer: tracing runs no kernel
     reduce = _make_reduce("g", buf, buf.numel() * 4)
@@ -224,14 +224,14 @@ def test_the_symm_mem_reduce_decides_per_call_what_a_trace_cannot_know():
 
 
 def test_an_unknown_all_reduce_kind_is_refused():
-    from models import all_reduce_fn
+    from graphify.models import all_reduce_fn
 
     with pytest.raises(ValueError, match="'nvls' is not one of"):
         all_reduce_fn(kind="nvls")
 
 
 def test_lockstep_codes_round_trip_and_name_the_choice():
-    from graphify._distributed import decode_code, describe_choice, graph_code
+    from graphify.distributed.lockstep import decode_code, describe_choice, graph_code
 
     for choice in [(0, 1, -1), (2, 8, 8), (1, 8192, 512), (2, 16_000_000, 16_000_000)]:
         assert decode_code(graph_code(*choice)) == choice
@@ -477,7 +477,7 @@ def test_a_nccl_rank_killed_mid_run_ends_the_rank_replaying_graphs_that_wait_for
 TEARDOWN_SCRIPT = """
 import json, os, torch, torch.distributed as dist
 from graphify import graphify
-from graphify._distributed import ungrouped_graphs
+from graphify.distributed.lockstep import ungrouped_graphs
 dist.init_process_group("gloo")
 w = torch.randn(8, 8)
 f = lambda x: (x @ w).relu()  # noqa: E731

@@ -10,7 +10,7 @@ from graphify import Mode, Options, graphify, reqs, tokens
 
 
 def varlen_params():
-    from models import init_params
+    from graphify.models import init_params
     from test_split import CFG
 
     return init_params(CFG, seed=3)
@@ -18,9 +18,9 @@ def varlen_params():
 
 def test_a_batch_that_may_not_use_full_graphs_runs_piecewise_or_eagerly(backend):
     params = varlen_params()
-    from models import model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
+    from graphify.models import model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
     from test_split import BLOCK, CFG, check_against_eager, layout
-    from transforms import split
+    from graphify.transforms import split
 
     name, device = backend
     step = varlen_step(CFG, {k: v.to(device) for k, v in params.items()}, "unified")

@@ -1,4 +1,4 @@
-"""First-use capture (graphify._first_use): a callable never `capture()`d gets its graphs
+"""First-use capture (graphify.first_use.first_use): a callable never `capture()`d gets its graphs
 when calls need them. Counted through `stats` and the structures it keeps; outputs always
 compared with eager on fresh random inputs."""
 
@@ -14,9 +14,12 @@ import pytest
 import torch
 
 from graphify import CaptureError, GraphifyError, InputMismatchError, Mode, Options, graphify, persistent, tokens
-from graphify._call_paths import runtime_for
-from graphify._first_use import MAX_EXACT_GRAPHS, MAX_STRUCTURES, FirstUse
-from graphify._runtime import Miss
+from graphify.call.paths import runtime_for
+from graphify.base.limits import Limits
+from graphify.first_use.first_use import FirstUse
+
+MAX_STRUCTURES, MAX_EXACT_GRAPHS = Limits().structures, Limits().graphs_per_structure
+from graphify.call.runtime import Miss
 from graphify.capture import CallCapture, prepare
 
 
@@ -94,6 +97,27 @@ def test_structures_are_bounded(backend, caplog):
     assert len(g._first_use.structures) == MAX_STRUCTURES
     assert calls_by_mode(g)[Mode.FULL] == MAX_STRUCTURES * 2  # each structure's second and third call replayed
     assert sum("call structures already have graphs" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("bound", [2, 3])
+def test_a_users_limits_bound_structures_and_graphs(backend, bound):
+    """`Options(limits=Limits(...))` sets the bounds: `bound` structures, `bound` graphs each."""
+    device = backend[1]
+    g = graphify(lambda x: x + 1, options=Options(backend=backend[0], limits=Limits(structures=bound,
+                                                                                   graphs_per_structure=bound)))
+    for width in range(1, bound + 3):
+        for rows in (1, 1, 2, 3, 4, 5):
+            x = torch.randn(rows, width, device=device)
+            assert torch.equal(g(x), x + 1)
+    assert len(g._first_use.structures) == bound
+    assert all(len(s.runtime.table) == bound for s in g._first_use.structures)
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValueError, match="structures must be a positive int"):
+        Limits(structures=0)
+    with pytest.raises(TypeError):
+        Options(limits={"structures": 2})
 
 
 def test_exact_sizes_are_bounded(backend, caplog):
@@ -283,7 +307,7 @@ def test_objects_kept_past_the_bound_make_room_and_cycling_over_them_stops_that(
     so each new object is captured and replays. Calls that come back to objects whose graphs
     went so would capture every time: after MAX_RETURNS of them the bound holds, the rest
     run eagerly (logged once), and captures stop."""
-    from graphify._room import MAX_RETURNS
+    from graphify.first_use.room import MAX_RETURNS
 
     device, log = backend[1], []
 
@@ -471,7 +495,7 @@ def test_objects_each_called_once_do_not_cost_a_failed_capture_apiece(backend):
     """The retry above is bounded for a kind of call: objects that make their layers on first
     use and are each called once fail `MAX_RETRIES` captures in a row, then their kind runs
     eagerly with one warning."""
-    from graphify._capture_failures import MAX_RETRIES
+    from graphify.first_use.failures import MAX_RETRIES
 
     device, log = backend[1], []
     g = graphify(lambda x, layer: layer.step(x), options=Options(backend=backend[0]))
@@ -500,7 +524,7 @@ def test_a_first_sighting_runs_eagerly_without_walking_its_objects(backend, monk
     which only a capture or a take-over needs, is not made for it. A call that may go further
     (its structure seen just before, or a kind with graphs: kin) still walks, and every
     answer is eager's."""
-    import graphify._first_use as fu_module
+    import graphify.first_use.first_use as fu_module
 
     walks = []
     real = fu_module.stateful_in
@@ -526,7 +550,7 @@ def test_a_call_of_another_structure_is_not_watched_by_one_it_does_not_fit(backe
     """First use tries its structures in turn: each checks the call's arguments before what
     the function reads, so a call another structure serves costs no watch of this one's
     state (a replay is still watched first: `tests/test_watch.py`)."""
-    from graphify._reads import Reads
+    from graphify.reads.table_reads import Reads
 
     watched = []
     real = Reads.check

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from conftest import calls_by_mode
 from graphify import Mode, Options, StateChangedError, graphify
-from graphify._global_state import GlobalState
-from graphify._job_pickle import _apply_precision, precision_settings
+from graphify.reads.torch_settings import GlobalState
+from graphify.compile.background.job_pickle import _apply_precision, precision_settings
 
 
 @contextlib.contextmanager
@@ -112,7 +112,7 @@ def test_an_explicit_capture_refuses_a_call_under_another_setting_and_names_it(b
 
 def test_grad_mode_alone_does_not_refuse_a_replay(backend):
     """Graphs replay without autograd in either grad mode (a call in grad mode with tensors
-    that require grad is warned about, `graphify._reads`): grad mode is not a setting here."""
+    that require grad is warned about, `graphify.reads.table_reads`): grad mode is not a setting here."""
     name, device = backend
     x, step = inputs(device), stepper(device)
     with torch.no_grad():
@@ -151,8 +151,8 @@ def test_the_record_compares_the_settings_it_was_taken_under():
 def test_a_compile_job_carries_the_callers_attention_backends_to_its_worker():
     """The worker's trace bakes in the attention kernel the enabled backends give: it traces
     under the caller's choice, read when the job is sent and set in the worker."""
-    from graphify._global_state import sdp_flags, set_sdp_flags
-    from graphify._job_pickle import applied, torch_state
+    from graphify.reads.torch_settings import sdp_flags, set_sdp_flags
+    from graphify.compile.background.job_pickle import applied, torch_state
 
     before = sdp_flags()
     with math_attention():

@@ -1,4 +1,4 @@
-"""`graphify._gqa_fold`: one-query grouped-query attention compiled without the expanded keys
+"""`graphify.transforms.gqa_fold`: one-query grouped-query attention compiled without the expanded keys
 and values gives the attention as written, and only what the fold can prove is folded."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from conftest import requires_cuda
 from graphify import Options
-from graphify._compiled import KeptCompiles
+from graphify.compile.compiled import KeptCompiles
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +45,7 @@ def inputs(batch, heads, groups, queries, length, mask_kind, device="cpu", dtype
 def compiled(fn, backend="aot_eager", fold=True, dynamic=None):
     """`fn` compiled through graphify's backend. Dynamo's default makes a size symbolic once
     it changes: the head counts stay constants, as a model's (from its weights) do."""
-    kept = KeptCompiles(backend, fold_gqa=fold)
+    kept = KeptCompiles(backend, rewrites=("fold_gqa",) if fold else ())
     return torch.compile(fn, backend=kept, dynamic=dynamic), kept
 
 
@@ -56,7 +56,7 @@ def test_one_query_attention_folds_and_equals_the_attention_as_written(mask_kind
     for length in (7, 12, 19):  # a second length compiles it with the length symbolic, a third reuses that
         q, k, v, mask = inputs(batch, heads, groups, 1, length, mask_kind, seed=length)
         torch.testing.assert_close(fn(q, k, v, mask), attention(q, k, v, mask), atol=1e-6, rtol=1e-5)
-    assert kept.folded == (2 if groups < heads else 0)
+    assert kept.counts.get("fold_gqa", 0) == (2 if groups < heads else 0)
 
 
 @pytest.mark.parametrize("case", ["two_queries", "per_head_mask", "causal", "tiled", "keys_only", "symbolic_heads"])
@@ -77,7 +77,7 @@ def test_attention_the_fold_cannot_prove_is_left_as_written(case):
 
     graphed, kept = compiled(fn, dynamic=True if case == "symbolic_heads" else None)
     torch.testing.assert_close(graphed(q, k, v, mask), fn(q, k, v, mask), atol=1e-6, rtol=1e-5)
-    assert kept.folded == 0
+    assert kept.counts.get("fold_gqa", 0) == 0
 
 
 @pytest.mark.parametrize("write", ["source_index_copy", "source_setitem", "copy_mul"])
@@ -97,7 +97,7 @@ def test_a_write_between_the_expansion_and_the_attention_keeps_it_as_written(wri
     graphed, kept = compiled(fn)
     q, k, v, mask = inputs(2, 8, 2, 1, 9, "bool")
     torch.testing.assert_close(graphed(q, k.clone(), v, mask), fn(q, k.clone(), v, mask), atol=1e-6, rtol=1e-5)
-    assert kept.folded == 0
+    assert kept.counts.get("fold_gqa", 0) == 0
 
 
 def one_expansion_for_both(q, k, v, mask):
@@ -115,7 +115,7 @@ def test_other_spellings_of_the_expansion_fold_too(fn):
     graphed, kept = compiled(fn)
     q, k, v, mask = inputs(2, 8, 2, 1, 10, "float")
     torch.testing.assert_close(graphed(q, k, v, mask), fn(q, k, v, mask), atol=1e-6, rtol=1e-5)
-    assert kept.folded == 1
+    assert kept.counts.get("fold_gqa", 0) == 1
 
 
 def test_an_expansion_read_elsewhere_stays_for_that_reader():
@@ -127,11 +127,11 @@ def test_an_expansion_read_elsewhere_stays_for_that_reader():
     q, k, v, mask = inputs(2, 8, 2, 1, 10, "float")
     got, want = graphed(q, k, v, mask), fn(q, k, v, mask)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert kept.folded == 1
+    assert kept.counts.get("fold_gqa", 0) == 1
 
 
 def test_a_graph_the_planner_cannot_read_is_left_as_written(monkeypatch):
-    import graphify._gqa_fold as fold
+    import graphify.transforms.gqa_fold as fold
 
     def unreadable(node):
         raise AttributeError("a node unlike any the fold knows")
@@ -140,14 +140,14 @@ def test_a_graph_the_planner_cannot_read_is_left_as_written(monkeypatch):
     graphed, kept = compiled(attention)
     q, k, v, mask = inputs(2, 8, 2, 1, 10, "bool")
     torch.testing.assert_close(graphed(q, k, v, mask), attention(q, k, v, mask))
-    assert kept.folded == 0
+    assert kept.counts.get("fold_gqa", 0) == 0
 
 
 def test_fold_off_compiles_the_model_as_written():
     graphed, kept = compiled(attention, fold=False)
     q, k, v, mask = inputs(2, 8, 2, 1, 10, "bool")
     torch.testing.assert_close(graphed(q, k, v, mask), attention(q, k, v, mask))
-    assert kept.folded == 0
+    assert kept.counts.get("fold_gqa", 0) == 0
 
 
 def test_options_name_a_fold_that_is_not_a_bool():
@@ -172,7 +172,7 @@ def tiny_llama():
 def test_a_transformers_decode_step_compiled_with_the_fold_equals_eager():
     """The compiled forward itself (the CPU simulation's graphs replay the function as
     written, so only a direct compile shows the folded graph's numbers)."""
-    from graphify._compiled import compile_for_captures
+    from graphify.compile.compiled import compile_for_captures
 
     model, call = tiny_llama()
     want = model.generate(**call, disable_compile=True)
@@ -180,9 +180,9 @@ def test_a_transformers_decode_step_compiled_with_the_fold_equals_eager():
     got = model.generate(**call, disable_compile=True)
     assert torch.equal(got.sequences, want.sequences)
     torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=1e-5, rtol=1e-5)
-    from graphify._compiled import _BACKENDS
+    from graphify.compile.compiled import _BACKENDS
 
-    assert max(b.folded for b in _BACKENDS.values()) >= 3  # every layer's attention at a decode step
+    assert max(b.counts.get("fold_gqa", 0) for b in _BACKENDS.values()) >= 3  # every layer's attention at a decode step
 
 
 def test_the_one_line_with_the_compile_line_folds_and_equals_eager_generate():
@@ -193,9 +193,9 @@ def test_the_one_line_with_the_compile_line_folds_and_equals_eager_generate():
     model.forward = graphify(model.forward, options=Options(compile={"backend": "aot_eager"}))
     got = model.generate(**call)
     assert torch.equal(got.sequences, want.sequences)
-    from graphify._compiled import _BACKENDS
+    from graphify.compile.compiled import _BACKENDS
 
-    assert max(b.folded for b in _BACKENDS.values()) >= 3
+    assert max(b.counts.get("fold_gqa", 0) for b in _BACKENDS.values()) >= 3
 
 
 @requires_cuda
@@ -208,4 +208,4 @@ def test_inductor_on_cuda_folds_and_equals_the_attention_as_written(mask_kind):
         got, want = fn(q, k, v, mask), attention(q, k, v, mask)
         exact = attention(q.float(), k.float(), v.float(), None if mask is None else mask if mask.dtype == torch.bool else mask.float())
         assert (got.float() - exact).abs().max() <= (want.float() - exact).abs().max() * 2 + 1e-2
-    assert kept.folded >= 1
+    assert kept.counts.get("fold_gqa", 0) >= 1

@@ -101,7 +101,7 @@ def test_capture_returns_a_new_callable_and_the_old_one_still_works(backend):
 
 
 def test_decoder_decode_step_matches_eager_and_writes_the_same_cache(backend):
-    from models import DecoderConfig, decode_step, init_params, new_kv_cache
+    from graphify.models import DecoderConfig, decode_step, init_params, new_kv_cache
 
     name, device = backend
     cfg = DecoderConfig.tiny()
@@ -338,9 +338,9 @@ def test_compiled_functions_get_an_unguarded_warmup_before_full_capture():
 
 
 def test_output_alias_shares_memory_on_a_storage_of_its_own():
-    from graphify._alias import alias as _alias
-    from graphify._alias import alias_maker
-    from graphify._alias import metadata as _metadata
+    from graphify.base.alias import alias as _alias
+    from graphify.base.alias import alias_maker
+    from graphify.base.alias import metadata as _metadata
 
     base = torch.randn(6, 4)
     view = base[2:5]
@@ -365,3 +365,17 @@ def test_graphify_as_a_decorator_with_options():
     captured = double.capture(x)
     torch.testing.assert_close(captured(x), x * 2)
     assert calls_by_mode(captured) == counted(full=1)
+
+
+def test_a_padding_ratio_in_the_limits_runs_wasteful_batches_eagerly():
+    """`Options(limits=Limits(padding_ratio=1.5))`: 3 rows pad to 4 (1.33x) and replay; 5 rows
+    would pad to 8 (1.6x) and run eagerly."""
+    from graphify import Limits
+
+    w = torch.randn(4, 4)
+    g = graphify(lambda x: x @ w, sizes=(4, 8), options=Options(backend="sim", limits=Limits(padding_ratio=1.5)))
+    g = g.capture(torch.randn(8, 4))
+    for rows in (3, 5):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(g(x), x @ w)
+    assert calls_by_mode(g) == counted(full=1, none=1)

@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import calls_by_mode, counted  # noqa: E402
 from graphify import Options, CaptureError, InputMismatchError, graphify  # noqa: E402
-from transforms.hf import decode_graphs, greedy_generate, static_cache  # noqa: E402
+from graphify.transforms.hf import decode_graphs, greedy_generate, static_cache  # noqa: E402
 
 TINY = dict(
     vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

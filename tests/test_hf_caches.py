@@ -259,7 +259,9 @@ def test_generate_outputs_kept_with_their_caches_keep_every_call_on_graphs(backe
     step of every call still replays (it ran eagerly from the ninth call on, which on a GPU
     also gave eager's kernels instead of the compile line's), the number of structures stays
     bounded, and every kept cache still holds what its own generate() left in it."""
-    from graphify._first_use import MAX_STRUCTURES
+    from graphify.base.limits import Limits
+
+    MAX_STRUCTURES = Limits().structures
 
     _, device = backend
     model, ref = llama(device), llama(device)

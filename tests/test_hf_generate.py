@@ -222,9 +222,9 @@ def test_registrations_elsewhere_do_not_trigger_the_full_comparison():
     generate(model, prompt(2, 5, "cpu"), 8, do_sample=False)  # each forward slices its layers: a new ModuleList
     torch.nn.ModuleList([torch.nn.Linear(2, 2)])  # a registration on a module nobody watches
     watch = model.forward._first_use.current().runtime.table.reads.watch
-    watch.check()
+    watch.guard()
     assert watch.verified == 0 and calls_by_mode(model.forward)[Mode.FULL] >= 6
     model.model.extra = torch.nn.Linear(2, 2)  # a registration on the watched model does count
     with pytest.raises(StateChangedError, match=r"model\.model\.__dict__|_modules"):
-        watch.check()
+        watch.guard()
     assert watch.verified == 1

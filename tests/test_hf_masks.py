@@ -165,7 +165,7 @@ def test_a_forward_adapter_loaded_under_two_module_names_runs_once():
     module (closures of one factory) both run."""
     import types
 
-    from graphify._state_types import _FORWARD_ADAPTERS, adapt_forward_owner, register_forward_adapter
+    from graphify.reads.stateful_types import _FORWARD_ADAPTERS, adapt_forward_owner, register_forward_adapter
 
     seen = []
 

@@ -4,7 +4,7 @@ simulation too.
 On a GPU such a read is a copy to the host, which a capture cannot hold: a graph would keep
 the values read at capture. On the CPU simulation the tensors already live on the host and
 most such reads (`.tolist()`, `.numpy()`, `np.asarray(t)`, `.cpu()`) dispatch no op, so
-the simulation refuses the Tensor methods themselves (`graphify._guard.HostReadGuard`).
+the simulation refuses the Tensor methods themselves (`graphify.backends.op_guard.HostReadGuard`).
 Each kind below picks its answer from a value it reads on the host; fresh inputs move that
 value, so a replay that kept the captured one would answer wrongly. First use runs such calls
 eagerly with one warning naming the line; `capture()` refuses them.

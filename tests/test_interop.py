@@ -8,7 +8,7 @@ import torch
 
 from conftest import calls_by_mode, counted
 from graphify import Options, GraphifyError, Pool, graphify, persistent, tokens
-from graphify._interop import array_library, foreign_library
+from graphify.base.interop import array_library, foreign_library
 
 SIZES = (1, 2, 4, 8, 16)
 

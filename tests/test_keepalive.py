@@ -1,4 +1,4 @@
-"""graphify._keepalive on the CPU, with stand-ins for what only CUDA has: CuPy's plan cache
+"""graphify.backends.keepalive on the CPU, with stand-ins for what only CUDA has: CuPy's plan cache
 (a fake `cupy.fft._fft` module whose LRU holds two plans) and torch's cuFFT plan cache
 (its four functions replaced by a dict). The GPU cases are tests/test_cuda_eviction.py."""
 
@@ -12,8 +12,8 @@ import weakref
 import pytest
 import torch
 
-import graphify._keepalive as keepalive
-from graphify._keepalive import LibraryHold, holding, pinned_cufft_devices, torch_fft_seen
+import graphify.backends.keepalive as keepalive
+from graphify.backends.keepalive import LibraryHold, holding, pinned_cufft_devices, torch_fft_seen
 
 
 class Plan:

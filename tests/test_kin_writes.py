@@ -1,5 +1,5 @@
 """What a structure's captures wrote, carried to a kin's compiled captures
-(`graphify.capture.kin_writes`, `graphify._state.KinWrites`): positions in the walk of the
+(`graphify.capture.kin_writes`, `graphify.backends.tensor_writes.KinWrites`): positions in the walk of the
 static objects, the storages they name in another walk, and when nothing may be said."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from graphify._state import KinWrites, StateKeeper
+from graphify.backends.tensor_writes import KinWrites, StateKeeper
 from graphify.capture import kin_writes
 from graphify.capture.kin_writes import storages_at, written_positions
 

@@ -2,7 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graphify import RUNTIME_MODES, Mode
+from graphify import Mode
+from graphify.base.modes import RUNTIME_MODES
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from benchmarks import one_row_gemm as bench
 from conftest import requires_cuda
-from models import _triton_gemv as tg
+from graphify.models import _triton_gemv as tg
 
 needs_triton = pytest.mark.skipif(not tg.available(), reason="Triton is not installed (the GPU machines have it)")
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,7 +148,7 @@ CASES = {  # (m, n, k, config or None for choose's): ragged N and K, splits, bot
 # more into `out` (the same bits: the split's partials summed in a fixed order), the counters.
 CASE_RUNNER = """
 import json, sys, torch
-from models import _triton_gemv as tg
+from graphify.models import _triton_gemv as tg
 assert tg.interpreting()
 found = {}
 for name, (m, n, k, config) in json.loads(sys.argv[1]).items():

@@ -1,4 +1,4 @@
-"""`graphify._one_row_linear`: with `Options(compile={"gemv": True})` every linear of dynamo's
+"""`graphify.transforms.one_row_linear`: with `Options(compile={"gemv": True})` every linear of dynamo's
 graph becomes `graphify::one_row_linear`, which runs the Triton GEMV for one row of bf16/fp16
 on CUDA and `F.linear` for everything else; the compiled line gives eager's answers."""
 
@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from conftest import requires_cuda, saves_aot_eager
 from graphify import Options, graphify
-from graphify import _aot
-from graphify._compiled import KeptCompiles
-from graphify._one_row_linear import GEMV_ROWS, route_one_row_linears, takes_gemv
+from graphify.compile import aot as _aot
+from graphify.compile.compiled import KeptCompiles
+from graphify.transforms.one_row_linear import GEMV_ROWS, route_one_row_linears, takes_gemv
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +61,7 @@ class Block(torch.nn.Module):
 
 
 def compiled(fn, gemv=True):
-    kept = KeptCompiles("aot_eager", fold_gqa=False, gemv=gemv)
+    kept = KeptCompiles("aot_eager", rewrites=("gemv",) if gemv else ())
     return torch.compile(fn, backend=kept, dynamic=True), kept
 
 
@@ -74,14 +74,14 @@ def test_routed_linears_give_f_linear_bit_for_bit_off_cuda(rows):
         x = torch.randn(rows, 16)
         for got, want in zip(fn(x), block(x)):
             assert torch.equal(got, want)
-    assert kept.routed == 3  # a, b, and the bias keyword; the weight keyword stays as written
+    assert kept.counts.get("gemv", 0) == 3  # a, b, and the bias keyword; the weight keyword stays as written
 
 
 def test_without_the_option_nothing_is_routed():
     fn, kept = compiled(Block().eval(), gemv=False)
     with torch.no_grad():
         fn(torch.randn(2, 16))
-    assert kept.routed == 0
+    assert kept.counts.get("gemv", 0) == 0
 
 
 def test_a_graph_without_linears_is_left_untouched():
@@ -108,7 +108,7 @@ def tiny_llama(device="cpu", dtype=torch.float32):
 
 
 def test_the_one_line_with_the_gemv_equals_eager_generate_and_routes_every_projection():
-    from graphify._compiled import _BACKENDS
+    from graphify.compile.compiled import _BACKENDS
 
     model, call = tiny_llama()
     want = model.generate(**call, disable_compile=True)
@@ -116,7 +116,7 @@ def test_the_one_line_with_the_gemv_equals_eager_generate_and_routes_every_proje
     got = model.generate(**call)
     assert torch.equal(got.sequences, want.sequences)
     torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=1e-5, rtol=1e-5)
-    assert max(b.routed for b in _BACKENDS.values() if b.gemv) >= 2 * 7 + 1  # 7 a layer and the head
+    assert max(b.counts["gemv"] for b in _BACKENDS.values() if "gemv" in b.rewrites) >= 2 * 7 + 1  # 7 a layer and the head
 
 
 @pytest.mark.usefixtures("one_compile_worker")
@@ -182,7 +182,7 @@ def test_inductor_with_the_gemv_gives_eagers_tokens_in_a_bf16_generate():
 
     if not _triton_gemv.available():
         pytest.skip("no Triton")
-    from graphify._compiled import _BACKENDS
+    from graphify.compile.compiled import _BACKENDS
 
     model, call = tiny_llama("cuda", torch.bfloat16)
     want = model.generate(**call, disable_compile=True)
@@ -190,7 +190,7 @@ def test_inductor_with_the_gemv_gives_eagers_tokens_in_a_bf16_generate():
     for _ in range(2):  # the first captures; the second replays
         got = model.generate(**call)
         assert torch.equal(got.sequences, want.sequences)
-    assert max(b.routed for b in _BACKENDS.values() if b.gemv) >= 2 * 7 + 1
+    assert max(b.counts["gemv"] for b in _BACKENDS.values() if "gemv" in b.rewrites) >= 2 * 7 + 1
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -215,7 +215,7 @@ def test_a_compile_with_grad_on_routes_and_trains_as_written():
     x = torch.randn(4, 16)
     sum(o.sum() for o in fn(x)).backward()
     sum(o.sum() for o in twin(x)).backward()
-    assert kept.routed == 3
+    assert kept.counts.get("gemv", 0) == 3
     for p, q in zip(block.parameters(), twin.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
 
@@ -227,7 +227,7 @@ def test_triton_compiles_here_as_inductor_does_unless_the_user_chose(monkeypatch
     from torch._inductor.runtime import compile_tasks
     from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
 
-    from graphify._triton_env import as_inductor_compiles
+    from graphify.compile.background.triton_env import as_inductor_compiles
 
     def inductors_rule():  # what torch's does where its wheel ships a ptxas (the CUDA wheels)
         os.environ["TRITON_PTXAS_PATH"] = "/torch/bin/ptxas"
@@ -247,7 +247,7 @@ def test_the_compile_worker_starts_with_tritons_settings_as_inductors(monkeypatc
     """The worker inherits them: its GEMV binaries are keyed and placed as this process looks."""
     import subprocess
 
-    from graphify import _background
+    from graphify.compile.background import line as _background
 
     started = {}
 
@@ -269,7 +269,7 @@ def test_the_compile_worker_starts_with_tritons_settings_as_inductors(monkeypatc
 
 def test_a_gemv_compile_line_imports_triton_and_the_gemv_when_made(monkeypatch):
     """Not inside the call that later takes the compiled graphs in."""
-    from graphify import _one_row_linear
+    from graphify.transforms import one_row_linear as _one_row_linear
 
     seen = []
     monkeypatch.setattr(_one_row_linear, "triton_ready", lambda: seen.append(True) or False)

@@ -8,11 +8,11 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphify import Options, Batching, graphify, persistent, tokens
-from graphify._state import StateKeeper
+from graphify.backends.tensor_writes import StateKeeper
 from graphify.backends import Captured
-from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
-from transforms import split
-from transforms._writes import outside_writes
+from graphify.models import BatchLayout, DecoderConfig, init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
+from graphify.transforms import split
+from graphify.transforms._writes import outside_writes
 
 CFG = DecoderConfig.tiny(max_seq_len=64)
 

@@ -20,18 +20,40 @@ from graphify.extend import SplitFunction, as_split
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_split_is_importable_from_graphify_and_keeps_the_contract():
-    assert issubclass(graphify.SplitError, Exception)
+def test_split_comes_from_graphify_transforms_and_keeps_the_contract():
+    from graphify.transforms import SplitError, split
+
+    assert issubclass(SplitError, Exception)
 
     def step(x, w):
         return torch.relu(x @ w)
 
-    pw = graphify.split(step, [torch.ops.aten.relu.default], torch.randn(4, 8), torch.randn(8, 8),
-                        axes=(graphify.tokens(), graphify.persistent()))
+    pw = split(step, [torch.ops.aten.relu.default], torch.randn(4, 8), torch.randn(8, 8),
+               axes=(graphify.tokens(), graphify.persistent()))
     assert isinstance(pw, SplitFunction) and as_split(pw) is pw
     assert as_split(step) is None and not isinstance(step, SplitFunction)
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        graphify.nope  # noqa: B018
+    with pytest.raises(AttributeError, match="has no attribute 'split'"):
+        graphify.split  # noqa: B018 - the core names no adapter
+
+
+def test_the_public_surface_is_what_users_and_extension_writers_call():
+    """`graphify.__all__` holds the transform, its options and errors, axes, sizes and the
+    pure dispatch users test; internals (tables, dispatchers, entries) are not in it."""
+    for internal in ("Dispatcher", "GraphTable", "Entry", "plan_keys", "weakest", "ArgSpec", "StatsRow"):
+        assert internal not in graphify.__all__
+    for public in ("graphify", "Graphified", "Options", "Limits", "tokens", "persistent", "dispatch", "KeySet",
+                   "CaptureError", "vllm_sizes"):
+        assert public in graphify.__all__
+    assert all(hasattr(graphify, name) for name in graphify.__all__)
+
+
+def test_the_adapters_are_declared_as_entry_points_and_found_by_the_core():
+    from graphify.base import plugins
+    from graphify.compile import rewrites
+
+    assert set(plugins.declared(plugins.REWRITES)) == {"fold_gqa", "gemv"}
+    assert rewrites.registered()["fold_gqa"].default and not rewrites.registered()["gemv"].default
+    assert "transformers" in plugins.declared(plugins.ADAPTERS)
 
 
 def test_the_project_installs_transforms_and_models_under_graphify_and_not_benchmarks():
@@ -71,9 +93,9 @@ def test_a_checkout_on_the_path_takes_transforms_and_models_from_its_editable_in
     if spec is None or Path(spec.origin) != ROOT / "transforms" / "__init__.py":
         pytest.skip("this checkout is not installed editable (pip install -e .)")
     code = "import graphify, graphify.transforms.hf, graphify.models\n" \
-           "print(graphify.__file__, graphify.transforms.__file__, graphify.models.__file__, graphify.split.__module__)\n"
+           "print(graphify.__file__, graphify.transforms.__file__, graphify.models.__file__)\n"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [str(ROOT / "graphify" / "__init__.py"), str(ROOT / "transforms" / "__init__.py"),
-                                  str(ROOT / "models" / "__init__.py"), "graphify.transforms.split"]
+                                  str(ROOT / "models" / "__init__.py")]

@@ -1,4 +1,4 @@
-"""What a graph reads without copying it in (graphify._reach): tensors and numbers held by a
+"""What a graph reads without copying it in (graphify.reads.reach): tensors and numbers held by a
 static object or the closure. Replacing one after capture never gives a stale replay: a
 captured callable raises, a first-use callable gives eager's answer. The simulation replays
 what its capture recorded, so it reads the old memory exactly as a CUDA graph does (shown by
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from graphify import Options, Mode, StateChangedError, graphify, static, tokens
-from graphify._reach import Reach
+from graphify.reads.reach import Reach
 
 
 class Box:

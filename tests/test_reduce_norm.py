@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from models import BatchLayout, DecoderConfig, init_params, new_paged_cache, varlen_step
-from models._reduce_norm import add_norm_fn
+from graphify.models import BatchLayout, DecoderConfig, init_params, new_paged_cache, varlen_step
+from graphify.models._reduce_norm import add_norm_fn
 
 from test_all_reduce_choice import two_gpus
 from test_distributed import run_ranks

@@ -17,8 +17,8 @@ import torch
 
 from conftest import calls_by_mode, counted, expected_calls
 from graphify import Options, CaptureError, Mode, Pool, graphify, persistent, sglang_piecewise_sizes, tokens
-from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
-from transforms import split
+from graphify.models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
+from graphify.transforms import split
 
 CALLS = int(os.environ.get("GRAPHIFY_DIFF_CALLS", "40"))
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")

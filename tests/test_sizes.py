@@ -2,15 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graphify import (
-    normalize_sizes,
-    pad_to,
-    padding_table,
-    round_to_multiple,
-    sglang_decode_sizes,
-    sglang_piecewise_sizes,
-    vllm_sizes,
-)
+from graphify import pad_to, sglang_decode_sizes, sglang_piecewise_sizes, vllm_sizes
+from graphify.plan.sizes import normalize_sizes, padding_table, round_to_multiple
 
 size_lists = st.lists(st.integers(1, 2048), min_size=1, max_size=40).map(normalize_sizes)
 

@@ -10,7 +10,9 @@ import bisect
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graphify import Dispatcher, Mode, dispatch, plan_keys, vllm_sizes
+from graphify import Mode, dispatch, vllm_sizes
+from graphify.plan.dispatch import Dispatcher
+from graphify.plan.keys import plan_keys
 
 
 def vllm_padded(sizes, q, max_reqs, reqs):

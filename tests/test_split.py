@@ -13,8 +13,8 @@ import torch
 
 from conftest import calls_by_mode, counted, expected_calls
 from graphify import Options, Batching, Mode, Support, graphify, tokens
-from models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
-from transforms import SplitError, split
+from graphify.models import BatchLayout, DecoderConfig, init_params, model_support, new_paged_cache, split_ops, varlen_axes, varlen_step
+from graphify.transforms import SplitError, split
 
 SIZES = (4, 8, 16, 32)
 BLOCK = 4
@@ -261,7 +261,7 @@ def test_a_serving_trace_under_full_and_piecewise_equals_eager(backend, params):
     """Chunked prefills continuing from cached context, decodes and spec steps, with KV
     blocks kept per request across steps: the graphified step equals eager step by step."""
     from benchmarks.trace import schedule, synthetic_requests
-    from models import BlockTables
+    from graphify.models import BlockTables
 
     name, device = backend
     step, cache, example = model(params, "unified", device)

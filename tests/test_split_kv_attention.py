@@ -15,9 +15,9 @@ triton = pytest.importorskip("triton", reason="Triton is not installed (the GPU 
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU, and Triton's interpreter is off (TRITON_INTERPRET=1)", allow_module_level=True)
 
-from models import BatchLayout, DecoderConfig, init_params, new_paged_cache  # noqa: E402
-from models import _triton_attention as kernels  # noqa: E402
-from models import attention  # noqa: E402
+from graphify.models import BatchLayout, DecoderConfig, init_params, new_paged_cache  # noqa: E402
+from graphify.models import _triton_attention as kernels  # noqa: E402
+from graphify.models import attention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

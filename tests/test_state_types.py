@@ -1,4 +1,4 @@
-"""Python state of registered types (`graphify._state_types`): graphs per branch, the state
+"""Python state of registered types (`graphify.reads.stateful_types`): graphs per branch, the state
 advanced after each replay, and `per_call` computed once a call for all objects of a type."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from graphify import Mode, Options, graphify
-from graphify._state_types import _REGISTRY
+from graphify.reads.stateful_types import _REGISTRY
 from graphify.extend import StateType, register_state_type
 
 

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graphify import Options, Mode, Support, resolve_mode, weakest
+from graphify import Options, Mode, Support, resolve_mode
+from graphify.plan.support import weakest
 
 
 def needed(mode: Mode, q: int) -> Support:

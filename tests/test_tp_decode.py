@@ -16,7 +16,7 @@ from benchmarks._tp_decode import weight_bytes
 from benchmarks._tp_report import TARGET_8B, targets
 from benchmarks._tp_decode import LEVERS
 from benchmarks.tensor_parallel import serving_build, serving_name
-from models import Decoder, DecoderConfig, init_params, init_shard_params, shard_config, shard_params
+from graphify.models import Decoder, DecoderConfig, init_params, init_shard_params, shard_config, shard_params
 
 from test_distributed import base_env, launch
 
@@ -86,7 +86,7 @@ def test_a_vocab_parallel_head_reads_its_rows_of_the_lm_head_alone():
 
 
 def test_an_unknown_lm_head_is_refused():
-    from models import tp_varlen_step
+    from graphify.models import tp_varlen_step
 
     with pytest.raises(ValueError, match="lm_head 'rows' is not one of"):
         tp_varlen_step(DecoderConfig.tiny(tp=2), init_params(DecoderConfig.tiny()), 0, lm_head="rows")
@@ -168,7 +168,7 @@ def test_a_crossover_other_than_the_default_is_named_in_the_rows_and_reaches_the
     default's, so the two are never aggregated; a fallback to NCCL keeps its plain label."""
     from benchmarks._tp_decode import all_reduce_label
     from benchmarks.tensor_parallel import crossover, parse
-    from models import tp_varlen_step
+    from graphify.models import tp_varlen_step
 
     assert parse([]).crossover is None and crossover(None, None) is None
     no_two_shot = parse(["--two-shot-max-bytes", "0"]).crossover  # the rule before two-shot

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from graphify import Options, graphify, release_all, sglang_piecewise_sizes
-from graphify._distributed import DispatchMismatchError
-from models import (
+from graphify.distributed.lockstep import DispatchMismatchError
+from graphify.models import (
     BatchLayout,
     all_reduce_fn,
     DecoderConfig,
@@ -28,7 +28,7 @@ from models import (
     varlen_axes,
     varlen_step,
 )
-from transforms import split
+from graphify.transforms import split
 
 CFG = DecoderConfig.tiny(max_seq_len=128, heads=4, kv_heads=2, ffn=96)
 EXAMPLE = BatchLayout((3, 1, 5), (4, 7, 0), 16, 8)
@@ -76,7 +76,7 @@ def symm_fallback(rank: int, world: int) -> dict:
     records = []
     handler = logging.Handler()
     handler.emit = records.append
-    logging.getLogger("models.tensor_parallel").addHandler(handler)
+    logging.getLogger("graphify.models.tensor_parallel").addHandler(handler)
     reduce = all_reduce_fn(kind="symm_mem", dtype=torch.float32, device="cpu")
     nccl = all_reduce_fn(kind="nccl")
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(rank))

@@ -20,7 +20,7 @@ import operator
 
 import torch
 
-from graphify._state import UNANNOTATED_VIEWS, schema_facts
+from graphify.extend import UNANNOTATED_VIEWS, schema_facts
 
 __all__ = ["outside_writes"]
 

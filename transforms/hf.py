@@ -8,7 +8,7 @@ position counters, and `capture()` leaves the cache as it found it. A static cac
 size is fixed, so each batch size is one captured size.
 
 This module adds the few helpers a generation loop needs, and tells graphify how to follow
-the Python state of transformers' cache layers (`graphify._state_types`): a sliding-window
+the Python state of transformers' cache layers (`graphify.reads.stateful_types`): a sliding-window
 layer keeps a Python counter that picks its update's branch (filling the window, or full:
 roll), so first use captures a graph per branch and advances the counter after each replay.
 A graphified model's decode masks are built inside its graphs (`graphify.transforms._hf_masks`).

@@ -10,14 +10,16 @@
 
 from __future__ import annotations
 
-from ._base import Backend, Captured
-from .cupy_graph import CupyBackend
-from .sim import SimBackend
-from .torch_cuda import TorchCudaBackend
+from graphify.base.options import BACKEND_NAMES
+from graphify.backends.interface import Backend, Captured
+from graphify.backends.cupy_graph import CupyBackend
+from graphify.backends.sim import SimBackend
+from graphify.backends.torch_cuda import TorchCudaBackend
 
 __all__ = ["Backend", "Captured", "CupyBackend", "SimBackend", "TorchCudaBackend", "get_backend", "BACKENDS"]
 
 BACKENDS = {"cuda": TorchCudaBackend(), "cupy": CupyBackend(), "sim": SimBackend()}
+assert tuple(BACKENDS) == BACKEND_NAMES  # what `Options(backend=...)` validates against
 _SIM_RERUN = SimBackend(rerun=True)  # NumPy functions: no ATen ops to tape (graphify.backends.sim)
 
 

@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import torch
 
-from .._errors import CaptureError, UnsupportedOpError
-from .._interop import module
-from ._base import Captured
-from .streams import torch_stream_for
+from graphify.base.errors import CaptureError, UnsupportedOpError
+from graphify.base.interop import module
+from graphify.backends.interface import Captured
+from graphify.backends.streams import torch_stream_for
 
 __all__ = ["CupyBackend"]
 

@@ -1,6 +1,6 @@
 """CPU simulation of CUDA graphs: replay runs what the capture recorded, not the function.
 
-Capture runs the function once under the op guard (`graphify._guard`), which rejects ops a
+Capture runs the function once under the op guard (`graphify.backends.op_guard`), which rejects ops a
 CUDA graph cannot hold (host reads of device values, data-dependent output shapes), and
 once more under a *tape*: a dispatch mode that records every ATen op with its arguments.
 Replay re-executes the tape: the tensors that existed before the capture run (static
@@ -10,7 +10,7 @@ tensor object), numbers are baked in as captured, and tensors the run made are m
 afresh. So, as on a GPU, a tensor replaced in a cache after capture, a closure rebound to
 a new tensor, a closure's number changed, or new storage put under a parameter (`.data =`,
 `set_`, `swap_tensors`, `.to()` and back) is *not* seen by a replay: what CPU tests see is
-what a CUDA graph would do (graphify checks those before replaying; see `graphify._watch`).
+what a CUDA graph would do (graphify checks those before replaying; see `graphify.reads.watch`).
 
 Outputs are written in place on every replay into the tensors recorded at capture,
 exactly as with a real graph.
@@ -19,7 +19,7 @@ Compiled code hides its kernels from dispatch: a torch.compile'd function is tap
 through its eager twin, and compiled graph pieces run their eager original while
 `taping()` is set. A GPU replays the compiled code itself, so a stale compiled entry would
 show there only; within `compiled_compared()` each capture compares the two. NumPy
-functions (`graphify._interop`) compute outside torch altogether:
+functions (`graphify.base.interop`) compute outside torch altogether:
 for them `SimBackend(rerun=True)` replays by running the function again on the captured
 arguments (so, unlike a GPU, their replays do see replaced objects).
 """
@@ -37,13 +37,13 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
-from .._alias import held_alias
-from .._errors import CaptureError
-from .._reach import has_address
-from .._guard import UNCAPTURABLE_OPS, CaptureGuard, simulating
-from .._state import eager_runs
-from ._base import Captured, CompiledCode
-from .graph_pool import GraphPool
+from graphify.base.alias import held_alias
+from graphify.base.errors import CaptureError
+from graphify.reads.reach import has_address
+from graphify.backends.op_guard import UNCAPTURABLE_OPS, CaptureGuard, simulating
+from graphify.backends.tensor_writes import eager_runs
+from graphify.backends.interface import Captured, CompiledCode
+from graphify.backends.graph_pool import GraphPool
 
 __all__ = ["SimBackend", "CaptureGuard", "UNCAPTURABLE_OPS", "taping", "Tape", "compiled_compared"]
 
@@ -338,7 +338,7 @@ class SimGraph:
 def _rerun_capture(fn: Callable, args: tuple, *, warmups: int, guard, keeper) -> Captured:
     """Capture by running `fn` (warm-ups, then the capture run); replay runs it again on the
     capture's arguments and copies its results into the captured outputs."""
-    from .._axes import WeakStatic, weaken
+    from graphify.base.axes import WeakStatic, weaken
 
     outputs = eager_runs(
         fn, args, keeper=keeper, guard=guard, count=warmups + 1, finish=lambda r: pytree.tree_map(_clone_out, r)

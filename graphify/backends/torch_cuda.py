@@ -10,13 +10,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from .._alias import alias, metadata
-from .._errors import CaptureError
-from .._keepalive import clear_cublas_workspaces
-from .._state import eager_runs
-from ._base import Captured, CompiledCode
-from .graph_pool import GraphPool
-from .streams import cupy_follows_torch
+from graphify.base.alias import alias, metadata
+from graphify.base.errors import CaptureError
+from graphify.backends.keepalive import clear_cublas_workspaces
+from graphify.backends.tensor_writes import eager_runs
+from graphify.backends.interface import Captured, CompiledCode
+from graphify.backends.graph_pool import GraphPool
+from graphify.backends.streams import cupy_follows_torch
 
 __all__ = ["TorchCudaBackend", "weak_alias"]
 
@@ -111,7 +111,7 @@ class TorchCudaBackend:
         # cuBLAS keeps one workspace per (handle, stream) in a table of torch's that anyone may
         # clear (torch.compile's graph trees do, around each recording): dropped here, the
         # capture allocates its own inside the graph's pool, where a later clear cannot hand
-        # it to eager code (graphify._keepalive).
+        # it to eager code (graphify.backends.keepalive).
         clear_cublas_workspaces()
         # compiled code must not see a mode of ours: dynamo would compile it again, inside the capture
         staged = StagedConstants() if not isinstance(fn, CompiledCode) else contextlib.nullcontext(StagedConstants())

@@ -13,13 +13,13 @@ import logging
 
 import attrs
 
-from .._errors import CaptureError
-from .._function import FunctionSpec
-from .._reach import stateful_in
-from .._table import GraphTable
-from .errors import as_capture_error
-from .prepare import prepare
-from .session import CaptureSession
+from graphify.base.errors import CaptureError
+from graphify.capture.spec import FunctionSpec
+from graphify.reads.reach import stateful_in
+from graphify.plan.table import GraphTable
+from graphify.capture.failed import as_capture_error
+from graphify.capture.prepare import prepare
+from graphify.capture.session import CaptureSession
 
 __all__ = ["capture_ahead"]
 
@@ -31,7 +31,7 @@ def capture_ahead(spec: FunctionSpec, example_args: tuple, example_kwargs: dict)
     """Capture every key `spec` plans, from one example call; the table of all of them."""
     lockstep = None
     if spec.group is not None:  # tensor parallel: every rank plans and captures the same graphs
-        from .._distributed import Lockstep
+        from graphify.distributed.lockstep import Lockstep
 
         lockstep = Lockstep(spec.group, spec.label, spec.options.lockstep)
     try:
@@ -83,7 +83,7 @@ def _capture_all(spec: FunctionSpec, prepared, lockstep) -> GraphTable:
 
 def _follows_no_state(spec: FunctionSpec, session: CaptureSession) -> None:
     """Refuse static objects whose Python state graphs must follow by branch
-    (`graphify._state_types`): ahead-of-time graphs serve one branch and cannot advance
+    (`graphify.reads.stateful_types`): ahead-of-time graphs serve one branch and cannot advance
     that state; first use (calling the function without `capture()`) follows it."""
     stateful = stateful_in(session.objects(session.example))
     if stateful:

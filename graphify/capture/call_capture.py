@@ -1,6 +1,6 @@
 """Capture for one call: a session held open for a first-use call structure.
 
-First use (`graphify._first_use`) captures one key at a time, when a call first needs it,
+First use (`graphify.first_use.first_use`) captures one key at a time, when a call first needs it,
 warmed up on that call's own rows. What only it needs lives here, around a plain
 `CaptureSession`:
 
@@ -11,7 +11,7 @@ warmed up on that call's own rows. What only it needs lives here, around a plain
   are handed back so the runtime keeps its padding record right, whether or not the capture
   that follows succeeds;
 - a new object of the same shapes can be rebound in place of the captured one after it took
-  over its memory (`graphify._takeover`).
+  over its memory (`graphify.reads.takeover`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Any
 
 import attrs
 
-from .._axes import Kind, WeakStatic, weaken
-from .._errors import CaptureError, StateReplacedError
-from .._function import FunctionSpec
-from .._keys import KeySet
-from .._reach import Reach
-from .._table import GraphTable
-from .prepare import Prepared
-from .session import CaptureSession
+from graphify.base.axes import Kind, WeakStatic, weaken
+from graphify.base.errors import CaptureError, StateReplacedError
+from graphify.capture.spec import FunctionSpec
+from graphify.plan.keys import KeySet
+from graphify.reads.reach import Reach
+from graphify.plan.table import GraphTable
+from graphify.capture.prepare import Prepared
+from graphify.capture.session import CaptureSession
 
 __all__ = ["CallCapture"]
 
@@ -99,7 +99,7 @@ class CallCapture:
 
     @property
     def layout(self):
-        """How calls bind to the argument slots (`graphify._layout.CallLayout`)."""
+        """How calls bind to the argument slots (`graphify.base.call_layout.CallLayout`)."""
         return self.session.table_fields[0]
 
     def capture_args(self, pair: tuple, args: Sequence[Any]) -> tuple:

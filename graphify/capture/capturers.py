@@ -46,11 +46,11 @@ from typing import Any
 
 import attrs
 
-from .._aot import checks_held
-from .._mode import Mode
-from .._roots import global_hooks_set
-from .._state import Unguarded
-from ..backends._base import CompiledCode
+from graphify.compile.aot import checks_held
+from graphify.base.modes import Mode
+from graphify.reads.code_names import global_hooks_set
+from graphify.backends.tensor_writes import Unguarded
+from graphify.backends.interface import CompiledCode
 
 __all__ = ["CaptureSettings", "KeyCapture", "mode_capturers"]
 
@@ -83,7 +83,7 @@ class KeyCapture:
     probe: Callable | None = None
     sibling: Any = None
     quick: bool = False
-    plain: bool = False  # record the function as written, not compiled (`graphify._background`)
+    plain: bool = False  # record the function as written, not compiled (`graphify.compile.background.line`)
     whole: tuple | None = None  # storages whose whole copies undo compiled warm-ups (`kin_writes`)
 
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .._axes import ArgSpec
-from .._errors import CaptureError
+from graphify.base.axes import ArgSpec
+from graphify.base.errors import CaptureError
 
 __all__ = ["freeze_gc", "device_of", "device_scope", "progress"]
 

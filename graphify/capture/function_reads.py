@@ -1,9 +1,9 @@
 """What a session's function reaches beyond its static objects, and the check that watches it.
 
-Each capture walks the function deeply (`graphify._reach`, `deep=True`): its modules, the
+Each capture walks the function deeply (`graphify.reads.reach`, `deep=True`): its modules, the
 globals, closures and classes of the code that ran, the global hook dicts. The runs of a
-capture are recorded (`graphify._ran`), and code that ran for the first time is walked
-after them, so the per-call check (`graphify._watch.Watch`) covers what every call that
+capture are recorded (`graphify.reads.code_ran`), and code that ran for the first time is walked
+after them, so the per-call check (`graphify.reads.watch.Watch`) covers what every call that
 captured read. Where nothing recorded moved and no new code ran, the last walk serves again.
 """
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 import threading
 from operator import is_
 
-from .._function import FunctionSpec
-from .._layout import fn_name, module_of
-from .._ran import CodeRan
-from .._reach import Reach
-from .._roots import global_hook_dicts
-from .._watch import Watch
+from graphify.capture.spec import FunctionSpec
+from graphify.base.call_layout import fn_name, module_of
+from graphify.reads.code_ran import CodeRan
+from graphify.reads.reach import Reach
+from graphify.reads.code_names import global_hook_dicts
+from graphify.reads.watch import Watch
 
 __all__ = ["FunctionReads"]
 
@@ -27,8 +27,8 @@ class FunctionReads:
     (each structure of first use captures in a session of its own: a new cache, a new
     length), so a walk serves every capture until something it recorded moves."""
 
-    def __init__(self, label: str, roots: dict, effects: bool):
-        self.label = label
+    def __init__(self, label: str, roots: dict, effects: bool, limits=None):
+        self.label, self.limits = label, limits  # (`Limits`: how much a walk records)
         self.roots = roots  # what the walk starts from (the function; a split function's module)
         self.effects = effects  # its plain values are side effects (`Options.side_effects`)
         self.ran = CodeRan()  # the Python code its captures' runs executed
@@ -45,7 +45,7 @@ class FunctionReads:
         else:
             module = module_of(spec.fn)
             roots = {} if module is None else {type(module).__name__: module}
-        return cls(spec.label, roots, spec.options.side_effects == "at_capture")
+        return cls(spec.label, roots, spec.options.side_effects == "at_capture", spec.options.limits)
 
     def walk(self, shallow: Reach, objects: dict) -> Reach:
         """The deep walk for a capture over `objects` (whose shallow walk is `shallow`): the
@@ -66,7 +66,7 @@ class FunctionReads:
         handed = {id(obj) for obj in roots.values()}
         skip = tuple(obj for obj in objects.values() if id(obj) not in handed)
         deep = Reach.walk(roots, deep=True, lengths=not self.effects, plains_are_effects=self.effects,
-                          skip=skip, ran=self.ran)
+                          skip=skip, ran=self.ran, limits=self.limits)
         self.walked = (deep, roots, len(self.ran))
         return deep
 

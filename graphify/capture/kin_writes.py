@@ -14,7 +14,7 @@ warm-ups by whole copies of their storages taken before, within a bound on their
 
 from __future__ import annotations
 
-from .._reach import has_address
+from graphify.reads.reach import has_address
 
 __all__ = ["WHOLE_UNDO_BYTES", "written_positions", "storages_at"]
 

@@ -9,13 +9,13 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from .._axes import ArgSpec, layout_for, specs_for
-from .._function import FunctionSpec
-from .._interop import ForeignFunction, foreign_library, to_torch
-from .._layout import CallLayout
-from .._outputs import box
-from ..backends import Backend, get_backend
-from ..extend import as_split
+from graphify.base.axes import ArgSpec, layout_for, specs_for
+from graphify.capture.spec import FunctionSpec
+from graphify.base.interop import ForeignFunction, foreign_library, to_torch
+from graphify.base.call_layout import CallLayout
+from graphify.base.boxing import box
+from graphify.backends import Backend, get_backend
+from graphify.base.split_contract import as_split
 
 __all__ = ["Prepared", "prepare"]
 

@@ -10,7 +10,7 @@ returns a new immutable `GraphTable` holding every entry so far; a failed key le
 entries before it (and the table the callable holds) as they were.
 
 A session holds the static input buffers (sized for the largest planned key), the pool
-handle, the capture stream, the state keeper and the library hold (`graphify._keepalive`).
+handle, the capture stream, the state keeper and the library hold (`graphify.backends.keepalive`).
 """
 
 from __future__ import annotations
@@ -27,31 +27,31 @@ import attrs
 import torch
 from torch.utils import _pytree as pytree
 
-from .._axes import Kind
-from .._distributed import graph_code, track_ungrouped
-from .._errors import REPLACED_ADVICE, CaptureError, StateReplacedError
-from .._function import FunctionSpec
-from .._global_state import GlobalState
-from .._keepalive import LibraryHold, holding
-from .._keys import KeySet, specialised_sizes
-from .._layout import fn_name
-from .._mode import Mode
-from .._pool import Pool
-from .._reach import Reach
-from .._ran import CodeRan
-from .._reads import Reads
-from .._rng import RandomStates
-from .._snapshot import Snapshot
-from .._structures import static_objects
-from .._state import StateKeeper
-from .._table import CaptureReport, Entry, GraphTable, Holdings, StaticBuffers
-from .capturers import CaptureSettings, KeyCapture, mode_capturers
-from .function_reads import FunctionReads
-from .kin_writes import storages_at, written_positions
-from .context import device_of, device_scope, freeze_gc, progress
-from .errors import as_capture_error
-from .outputs import consistent_out_axes, infer_out_axes
-from .prepare import Prepared
+from graphify.base.axes import Kind
+from graphify.distributed.lockstep import graph_code, track_ungrouped
+from graphify.base.errors import REPLACED_ADVICE, CaptureError, StateReplacedError
+from graphify.capture.spec import FunctionSpec
+from graphify.reads.torch_settings import GlobalState
+from graphify.backends.keepalive import LibraryHold, holding
+from graphify.plan.keys import KeySet, specialised_sizes
+from graphify.base.call_layout import fn_name
+from graphify.base.modes import Mode
+from graphify.plan.pool import Pool
+from graphify.reads.reach import Reach
+from graphify.reads.code_ran import CodeRan
+from graphify.reads.table_reads import Reads
+from graphify.backends.rng import RandomStates
+from graphify.reads.snapshot import Snapshot
+from graphify.base.axes import static_objects
+from graphify.backends.tensor_writes import StateKeeper
+from graphify.plan.table import CaptureReport, Entry, GraphTable, Holdings, StaticBuffers
+from graphify.capture.capturers import CaptureSettings, KeyCapture, mode_capturers
+from graphify.capture.function_reads import FunctionReads
+from graphify.capture.kin_writes import storages_at, written_positions
+from graphify.capture.context import device_of, device_scope, freeze_gc, progress
+from graphify.capture.failed import as_capture_error
+from graphify.capture.output_axes import consistent_out_axes, infer_out_axes
+from graphify.capture.prepare import Prepared
 
 __all__ = ["CaptureSession", "CaptureSetup"]
 
@@ -120,7 +120,7 @@ class CaptureSession:
         and no op guard (first use, for a structure whose kin was captured before: the
         same code at other shapes). `collect`: run the garbage collector once first. `plain`:
         record the function as written where it is compiled for captures (first use, while
-        the compile is made elsewhere: `graphify._background`)."""
+        the compile is made elsewhere: `graphify.compile.background.line`)."""
         start = time.perf_counter()
         example = self.example if example is None else tuple(example)
         new: dict = {}
@@ -129,7 +129,7 @@ class CaptureSession:
             with device_scope(self.setup.device), torch.no_grad(), \
                     holding(self.hold, self.setup.device, uses_fft=self.setup.uses_fft):
                 objects = self.objects(example)
-                shallow = Reach.walk(objects)
+                shallow = Reach.walk(objects, limits=self.function.limits)
                 deep = self.function.walk(shallow, objects)
                 reach = (shallow, deep)
                 _within_limits(self.label, reach)
@@ -306,7 +306,8 @@ def _within_limits(label: str, reach: tuple[Reach, ...]) -> None:
             raise CaptureError(
                 f"{label}: what the call reads is larger than graphify records ({r.truncated}); a change there "
                 "could not be seen before a replay, so these calls are not captured. Keep large Python containers "
-                "out of what the function reaches (tensors are fine at any size), or leave it ungraphified"
+                "out of what the function reaches (tensors are fine at any size), raise the walk's bounds "
+                "(Options(limits=Limits(walk_items=..., walk_edges=...))), or leave it ungraphified"
             )
 
 
