@@ -553,8 +553,8 @@ def test_a_call_of_another_structure_is_not_watched_by_one_it_does_not_fit(backe
     from graphify.reads.table_reads import Reads
 
     watched = []
-    real = Reads.check
-    monkeypatch.setattr(Reads, "check", lambda self, args: watched.append(self) or real(self, args))
+    real = Reads.guard
+    monkeypatch.setattr(Reads, "guard", lambda self, args: watched.append(self) or real(self, args))
     g, w1, w2 = first_use(backend)
     device = backend[1]
     wide = (w1.double(), w2.double())
