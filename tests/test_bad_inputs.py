@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import calls_by_mode, counted
-from graphify import Batching, GraphifyError, Options, Pool, fixed, graphify, persistent, reqs, static, tokens
+from graphify import Batching, GraphifyError, Limits, Options, Pool, fixed, graphify, persistent, reqs, static, tokens
 from graphify.base.errors import InputMismatchError
 
 CALL = "graphify(mlp, mode='FULL')"
@@ -178,5 +178,5 @@ def test_empty_batches_copies_and_pickles_do_what_users_expect(backend):
     assert copy.deepcopy(g) is g
     with pytest.raises(TypeError, match="cannot be pickled; pickle the function"):
         pickle.dumps(g)
-    with pytest.raises(ValueError, match="max_padding_ratio must be >= 1"):
-        graphify(mlp, mode="FULL", options=Options(max_padding_ratio=0.5))
+    with pytest.raises(ValueError, match="padding_ratio must be >= 1"):
+        graphify(mlp, mode="FULL", options=Options(limits=Limits(padding_ratio=0.5)))

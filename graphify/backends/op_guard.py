@@ -97,10 +97,11 @@ class HostReadGuard(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         what = _host_read(func, args, kwargs)
         if what is not None and args and isinstance(args[0], torch.Tensor) and _on_device(args[0]):
+            kind = "a CUDA" if args[0].is_cuda else "a device"  # (the simulation's tensors stand for a GPU's)
             raise UnsupportedOpError(
-                f"{what} reads a device tensor's values on the host{_caller()}: on a GPU that is a copy to the "
-                "host, which a CUDA graph cannot capture (the replay would keep the values read at capture); keep "
-                "it out of the graphified function, or make it a split op (split(fn, ops)) so it runs eagerly"
+                f"{what} copies {kind} tensor to the host (a read of its values){_caller()}, which a CUDA "
+                "graph cannot capture (a replay would keep the values read at capture); keep it out of the "
+                "graphified function, or make it a split op (split(fn, ops)) so it runs eagerly"
             )
         return func(*args, **(kwargs or {}))
 
