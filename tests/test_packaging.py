@@ -99,3 +99,13 @@ def test_a_checkout_on_the_path_takes_transforms_and_models_from_its_editable_in
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [str(ROOT / "graphify" / "__init__.py"), str(ROOT / "transforms" / "__init__.py"),
                                   str(ROOT / "models" / "__init__.py")]
+
+
+def test_import_graphify_loads_no_compiler():
+    """`import graphify` imports torch and graphify's own modules, not dynamo, inductor, Triton
+    or transformers: those load when a compile or an adapter is first asked for."""
+    code = ("import sys, graphify\n"
+            "print([m for m in ('torch._dynamo', 'torch._inductor', 'triton', 'transformers', 'sympy') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout
