@@ -17,6 +17,7 @@ from graphify.base.call_layout import fn_name, module_of
 from graphify.reads.code_ran import CodeRan
 from graphify.reads.reach import Reach
 from graphify.reads.code_names import global_hook_dicts
+from graphify.reads.stateful_types import adapters_of_imported
 from graphify.reads.watch import Watch
 
 __all__ = ["FunctionReads"]
@@ -52,6 +53,7 @@ class FunctionReads:
         function, the modules, code and classes the static objects hold (`handoff`), the
         global hook dicts. The last one, where nothing it recorded changed since."""
         roots = {**self.roots, **{f"static {path}": obj for path, obj in shallow.handoff}, **global_hook_dicts()}
+        adapters_of_imported()  # a library's capture contexts, wherever its modules sit (a closure, `self`)
         with self.lock:
             return self._walk(roots, objects)
 

@@ -1,0 +1,220 @@
+"""The models people bring (`benchmarks._zoo_models`: timm, torchvision, transformers), each
+graphify line beside eager and torch.compile's reduce-overhead.
+
+    eager            model(**inputs)
+    reduce_overhead  torch.compile(model, mode="reduce-overhead"): the peer a user tries first
+    graphify         graphify(model): plain graphs, captured on first use
+    graphify_compile graphify(model, options=Options(compile=True)): inductor's kernels in the graphs
+    graphify_background  graphify(model, options=Options(compile="background")): plain graphs at
+                     once, compiled ones once a worker process made them
+
+Per model, line, batch (1 and 8) and served length (encoders), in a process of its own with
+inductor's and Triton's caches empty at its start (the same cold state for every line): the
+first call's seconds, the seconds from the first call until the line runs as it will from then
+on (reduce-overhead and graphify: the third call, after a warm-up and a capture; the background
+line: once its compiled graphs replay), ms per call (CUDA events, warm-up, median), the largest
+difference from eager's outputs over fresh inputs (eager in the same process, the same
+weights), the device memory the line reserved beyond eager's, calls replayed, and the warnings
+it gave. Random weights, eval, bf16 (fp32 on the CPU), `torch.inference_mode()`.
+
+On a machine without a GPU: `--smoke` runs a tiny BERT on the simulation backend (not GPU timings).
+
+    python -m benchmarks.zoo [--models timm torchvision transformers/bert-base] [--lines ...] [--batches 1 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ._report import environment, fresh_compile_caches, publish, run_process, sync, table, worker_arguments
+from ._zoo_models import MODELS, TINY, available, by_name
+
+LINES = ("eager", "reduce_overhead", "graphify", "graphify_compile", "graphify_background")
+STEADY_CALLS = 3  # warm-up, capture (or record), the first replay
+ERROR_BATCHES = 3  # fresh inputs compared with eager's outputs
+
+
+def wrapped(model, line: str, device: str):
+    """The callable a user of `line` calls."""
+    from graphify import Options, graphify
+
+    backend = "cuda" if device == "cuda" else "sim"
+    if line == "eager":
+        return model
+    if line == "reduce_overhead":
+        return torch.compile(model, mode="reduce-overhead")
+    if line == "graphify":
+        return graphify(model, options=Options(backend=backend))
+    if line == "graphify_compile":
+        return graphify(model, options=Options(backend=backend, compile=True))
+    if line == "graphify_background":
+        return graphify(model, options=Options(backend=backend, compile="background"))
+    raise ValueError(f"unknown line {line!r}; the lines: {LINES}")
+
+
+def tensors(out) -> list[torch.Tensor]:
+    """The floating tensors of an output (a tensor, a tuple, a transformers ModelOutput)."""
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def largest_difference(got, want) -> float:
+    pairs = list(zip(tensors(got), tensors(want)))
+    if not pairs or len(tensors(got)) != len(tensors(want)):
+        return float("inf")
+    return max((a.float() - b.float()).abs().max().item() for a, b in pairs)
+
+
+def measure(model, spec, line: str, batch: int, length, device: str, dtype) -> dict:
+    """One row: the line's first calls, steady time, error and memory for one input shape."""
+    gen = torch.Generator().manual_seed(batch * 1000 + (length or 0))
+    fixed = spec.inputs(batch, length, device, dtype, gen)
+    fresh = [spec.inputs(batch, length, device, dtype, gen) for _ in range(ERROR_BATCHES)]
+    want = [model(**x) for x in fresh]
+    sync()
+    base = torch.cuda.memory_reserved() if device == "cuda" else 0
+    fn = wrapped(model, line, device)
+    seen = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
+        calls = []
+        for _ in range(STEADY_CALLS):
+            t0 = time.perf_counter()
+            fn(**fixed)
+            sync()
+            calls.append(time.perf_counter() - t0)
+        if line == "graphify_background":
+            fn.wait_compiles(timeout=1200)
+            for _ in range(STEADY_CALLS):  # the swap: its kind captures again, with the compiled code
+                fn(**fixed)
+            sync()
+        ready = time.perf_counter() - start
+        error = max(largest_difference(fn(**x), w) for x, w in zip(fresh, want))
+        seen = [str(w.message) for w in caught]
+    ms = steady_ms(lambda: fn(**fixed), device)
+    mib = ((torch.cuda.memory_reserved() - base) / 2**20) if device == "cuda" else None
+    replayed = _replayed(fn)
+    return {"model": spec.name, "library": spec.library, "kind": spec.kind, "line": line, "batch": batch,
+            "length": length, "first_s": calls[0], "ready_s": ready, "ms": ms, "max_err": error, "mib": mib,
+            "replayed": replayed, "warnings": sorted(set(w[:300] for w in seen))}
+
+
+def steady_ms(call, device: str, reps: int = 30, warmup: int = 5) -> float:
+    """Median ms a call: CUDA events around each of `reps` back-to-back calls (host clock on the CPU)."""
+    for _ in range(warmup):
+        call()
+    sync()
+    if device != "cuda":
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    events[0].record()
+    for i in range(reps):
+        call()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(reps))
+
+
+def _replayed(fn) -> int | None:
+    stats = getattr(fn, "stats", None)
+    if stats is None:
+        return None
+    return sum(r.calls for r in stats.by_mode() if r.mode.value != "NONE")
+
+
+def worker(job: dict, out: str) -> None:
+    """In a process of its own, cold caches: one model and line, every batch and length."""
+    fresh_compile_caches()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    spec = by_name([job["model"]])[0]
+    torch.manual_seed(0)
+    model = spec.build().to(device, dtype)
+    with torch.inference_mode():
+        for batch in job["batches"]:
+            for length in spec.lengths:
+                row = measure(model, spec, job["line"], batch, length, device, dtype)
+                with open(out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+
+
+def run(models, lines, batches, timeout: int) -> dict:
+    env = environment()
+    rows, failures = [], []
+    for spec in models:
+        for line in lines:
+            with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
+                out = f.name
+            job = json.dumps({"model": spec.name, "line": line, "batches": list(batches)})
+            failed = run_process([sys.executable, "-m", "benchmarks.zoo", "--worker", job, "--out", out],
+                                 f"{line} on {spec.name}", timeout, dict(os.environ))
+            if failed:
+                failures.append(failed)
+            with contextlib.suppress(FileNotFoundError):
+                rows += [json.loads(x) for x in open(out) if x.strip()]
+                os.unlink(out)
+    return {"env": env, "rows": ratios(rows), "failures": failures}
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """Each row's ms over eager's and over reduce-overhead's for the same model and shape."""
+    by = {(r["model"], r["batch"], r["length"], r["line"]): r for r in rows}
+    for r in rows:
+        shape = (r["model"], r["batch"], r["length"])
+        for peer, key in (("eager", "vs_eager"), ("reduce_overhead", "vs_peer")):
+            other = by.get((*shape, peer))
+            r[key] = r["ms"] / other["ms"] if other and other["ms"] else None
+    return rows
+
+
+COLUMNS = [("model", "model", "s"), ("batch", "B", "d"), ("length", "length", "d"), ("line", "line", "s"),
+           ("ms", "ms/call", ".3f"), ("vs_eager", "÷ eager", ".2f"), ("vs_peer", "÷ reduce-overhead", ".2f"),
+           ("max_err", "max err vs eager", ".3g"), ("first_s", "first call s", ".2f"),
+           ("ready_s", "s to steady", ".1f"), ("mib", "MiB beyond eager", ".0f"), ("replayed", "replayed", "d")]
+
+
+def main(argv=None) -> dict | None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=None, help="names, libraries or kinds (default: all installed)")
+    parser.add_argument("--lines", nargs="+", default=list(LINES), choices=LINES)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--smoke", action="store_true", help="a tiny BERT on the CPU simulation")
+    worker_arguments(parser, timeout=600)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(json.loads(args.worker), args.out)
+        return None
+    if args.smoke:
+        models, lines = (TINY,), [line for line in args.lines if line in ("eager", "graphify")]
+    else:
+        models = available(by_name(args.models) if args.models else MODELS)
+        lines = args.lines
+    result = run(models, lines, args.batches, args.timeout)
+    md = table(result["rows"], COLUMNS)
+    if result["failures"]:
+        md += "\n\nFailures:\n" + "\n".join(f"- {f}" for f in result["failures"])
+    publish("zoo" + (f"-{args.tag}" if args.tag else "") + ("-smoke" if args.smoke else ""), result, md)
+    return result
+
+
+if __name__ == "__main__":
+    main()

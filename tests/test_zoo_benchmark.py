@@ -1,0 +1,49 @@
+"""The model-zoo benchmark: its models as users pick them, and its CPU smoke run end to end
+(a tiny BERT on the simulation: eager and the plain line, each in a process of its own)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+
+def test_the_zoo_holds_thirty_models_from_three_libraries_most_used_first():
+    from benchmarks._zoo_models import MODELS, by_name
+
+    assert len(MODELS) >= 30
+    assert {m.library for m in MODELS} == {"timm", "torchvision", "transformers"}
+    assert MODELS[0].name == "timm/resnet50"
+    assert len({m.name for m in MODELS}) == len(MODELS)
+    assert {m.kind for m in by_name(["transformers"])} >= {"encoder", "vit", "speech", "decoder"}
+    with pytest.raises(ValueError, match="no zoo model"):
+        by_name(["timm/not-a-model"])
+
+
+def test_models_of_a_library_not_installed_are_left_out(monkeypatch):
+    import importlib.util
+
+    from benchmarks import _zoo_models
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "timm" else real(name))
+    assert not any(m.library == "timm" for m in _zoo_models.available())
+    assert any(m.library == "transformers" for m in _zoo_models.available())
+
+
+def test_the_smoke_run_measures_every_line_and_shape_equal_to_eager(tmp_path, monkeypatch):
+    from benchmarks import _report, zoo
+
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    zoo.main(["--smoke", "--batches", "2", "--timeout", "300"])
+    result = json.loads(next(tmp_path.glob("zoo-smoke-*.json")).read_text())
+    assert result["failures"] == []
+    rows = {(r["line"], r["length"]): r for r in result["rows"]}
+    assert set(rows) == {(line, n) for line in ("eager", "graphify") for n in (8, 16)}
+    for n in (8, 16):
+        ours = rows["graphify", n]
+        assert ours["max_err"] == 0  # the simulation replays the kernels eager ran
+        assert ours["replayed"] > 0 and ours["ms"] > 0 and ours["vs_eager"] is not None
+        assert not any("cannot capture" in w for w in ours["warnings"]), ours["warnings"]
