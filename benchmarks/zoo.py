@@ -37,7 +37,7 @@ import warnings
 import torch
 from torch.utils import _pytree as pytree
 
-from ._report import environment, fresh_compile_caches, publish, run_process, sync, table, worker_arguments
+from ._report import environment, fresh_compile_caches, publish, replay_us, run_process, sync, table, worker_arguments
 from ._zoo_models import MODELS, TINY, available, by_name
 
 LINES = ("eager", "reduce_overhead", "graphify", "graphify_compile", "graphify_background")
@@ -86,7 +86,6 @@ def measure(model, spec, line: str, batch: int, length, device: str, dtype) -> d
     sync()
     base = torch.cuda.memory_reserved() if device == "cuda" else 0
     fn = wrapped(model, line, device)
-    seen = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.perf_counter()
@@ -113,24 +112,8 @@ def measure(model, spec, line: str, batch: int, length, device: str, dtype) -> d
 
 
 def steady_ms(call, device: str, reps: int = 30, warmup: int = 5) -> float:
-    """Median ms a call: CUDA events around each of `reps` back-to-back calls (host clock on the CPU)."""
-    for _ in range(warmup):
-        call()
-    sync()
-    if device != "cuda":
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            call()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
-    events[0].record()
-    for i in range(reps):
-        call()
-        events[i + 1].record()
-    torch.cuda.synchronize()
-    return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(reps))
+    """Median ms a call: CUDA events between back-to-back calls (the host clock on the CPU)."""
+    return statistics.median(replay_us(call, device == "cuda", reps, warmup)) / 1e3
 
 
 def _replayed(fn) -> int | None:

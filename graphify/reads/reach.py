@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from graphify.reads.stateful_types import adapters_for, any_registered
+from graphify.reads.stateful_types import adapters_of_imported, any_registered
 from graphify.base.limits import Limits
 from graphify.reads.walk import PLAIN_CONTAINERS, Walk, stored_item, stored_items
 
@@ -290,7 +290,7 @@ def stateful_in(objects: dict) -> tuple:
     static `objects` reach, their library's adapters imported first; () when none is."""
     if not objects:
         return ()
-    adapters_for(objects)
+    adapters_of_imported()
     return tuple(Reach.walk(objects).stateful) if any_registered() else ()
 
 

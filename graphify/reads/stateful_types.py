@@ -20,7 +20,7 @@ type, `register_state_type` tells graphify how to follow one:
 subclasses are covered. Adapters for a library's types are declared as the library's
 `graphify.adapters` entry point (`graphify.base.plugins`; graphify's own adapter registers
 transformers' cache layers) and loaded when a call first passes an object from that library
-(`adapters_for`).
+(`adapters_of_imported`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import attrs
 from graphify.base import plugins
 
 __all__ = [
-    "StateType", "register_state_type", "state_type_of", "any_registered", "adapters_for", "adapters_of_imported",
+    "StateType", "register_state_type", "state_type_of", "any_registered", "adapters_of_imported",
     "register_capture_context", "capture_contexts", "owned_values", "put_owned", "register_forward_adapter",
     "adapt_forward_owner",
 ]
@@ -99,7 +99,7 @@ def _same_function_elsewhere(f: Any, g: Any) -> bool:
 
 def adapt_forward_owner(model: Any) -> None:
     """Import `model`'s library adapters, then run every registered forward adapter on it."""
-    adapters_for({"model": model})
+    adapters_of_imported()
     for adapt in _FORWARD_ADAPTERS:
         adapt(model)
 
@@ -148,22 +148,12 @@ def state_type_of(obj: Any) -> StateType | None:
     return None
 
 
-def adapters_for(objects: Mapping[str, Any]) -> None:
-    """Load the adapters declared for each library the `objects` come from (once each:
-    `graphify.base.plugins`), so its types are registered before graphify walks them."""
-    for obj in objects.values():
-        _adapters_of(type(obj).__module__.split(".", 1)[0])
-
-
 def adapters_of_imported() -> None:
-    """Load the adapters declared for every library this process has imported (a compile
-    worker, which applies the caller's capture contexts)."""
+    """Load the adapters declared for every library this process has imported, once each
+    (`graphify.base.plugins`): an object of a library proves it imported, so its types are
+    registered before graphify walks them, wherever the object sits (an argument, a closure,
+    `self`), and a compile worker applies the caller's capture contexts."""
     for library in plugins.declared(plugins.ADAPTERS):
-        if library in sys.modules:
-            _adapters_of(library)
-
-
-def _adapters_of(library: str) -> None:
-    if library not in _loaded:
-        _loaded.add(library)
-        plugins.load(plugins.ADAPTERS, library)
+        if library in sys.modules and library not in _loaded:
+            _loaded.add(library)
+            plugins.load(plugins.ADAPTERS, library)
