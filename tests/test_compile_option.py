@@ -392,3 +392,25 @@ def test_a_compiled_module_whose_submodule_changes_class_answers_as_eager():
             torch.testing.assert_close(g(x), m(x))
     assert not disagreements, disagreements[0]
     assert calls_by_mode(g)[Mode.FULL] >= 2
+
+
+@pytest.mark.parametrize("how, error, words", [
+    ({"whole": False}, ValueError, "'whole' says how a compile in the background comes back"),
+    ({"background": True, "deadline_s": 0}, ValueError, "'deadline_s' must be a positive number"),
+    ({"deadline_s": 60}, ValueError, "'deadline_s' bounds a compile in the background"),
+    ({"background": "yes"}, TypeError, "'background' must be True or False"),
+    ({"fold_gqa": "no"}, TypeError, "'fold_gqa' must be True or False"),
+    ({"mode": 3}, TypeError, "mode"),
+    ({1: True}, TypeError, "keys must be strings"),
+])
+def test_the_compile_dict_is_checked_key_by_key(how, error, words):
+    with pytest.raises(error, match=words):
+        Options(compile=how)
+
+
+def test_a_rewrite_no_adapter_declares_is_named_when_the_compile_is_set_up():
+    from graphify.compile.compiled import compile_settings
+
+    assert compile_settings({"gemv": True, "mode": "max-autotune"})["rewrites"] == ("fold_gqa", "gemv")
+    with pytest.raises(ValueError, match=r"\['gmv'\], which is neither a torch.compile keyword nor a graph rewrite"):
+        compile_settings({"gmv": True})
