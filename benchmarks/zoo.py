@@ -37,10 +37,18 @@ import warnings
 import torch
 from torch.utils import _pytree as pytree
 
-from ._report import environment, fresh_compile_caches, publish, replay_us, run_process, sync, table, worker_arguments
+from ._report import (environment, fresh_compile_caches, kernels, publish, replay_us, run_process, sync, table,
+                      worker_arguments)
 from ._zoo_models import MODELS, TINY, available, by_name
 
 LINES = ("eager", "reduce_overhead", "graphify", "graphify_compile", "graphify_background")
+# The compile line under other `Options(compile={...})` settings, for profiling its choices
+# beside the peer's (not run unless named in --lines)
+VARIANTS = {"graphify_compile_static": {"dynamic": False}, "graphify_compile_auto": {"dynamic": None},
+            "graphify_compile_autotune": {"mode": "max-autotune-no-cudagraphs"}}
+# warnings a line gives that are torch's or a library's notices of deprecation, not what a user
+# of the line is told about their model (torch.compile's own `torch.jit.script_method` notice)
+LIBRARY_NOTICES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 STEADY_CALLS = 3  # warm-up, capture (or record), the first replay
 ERROR_BATCHES = 3  # fresh inputs compared with eager's outputs
 
@@ -60,7 +68,9 @@ def wrapped(model, line: str, device: str):
         return graphify(model, options=Options(backend=backend, compile=True))
     if line == "graphify_background":
         return graphify(model, options=Options(backend=backend, compile="background"))
-    raise ValueError(f"unknown line {line!r}; the lines: {LINES}")
+    if line in VARIANTS:
+        return graphify(model, options=Options(backend=backend, compile=dict(VARIANTS[line])))
+    raise ValueError(f"unknown line {line!r}; the lines: {LINES + tuple(VARIANTS)}")
 
 
 def tensors(out) -> list[torch.Tensor]:
@@ -77,7 +87,7 @@ def largest_difference(got, want) -> float:
     return max((a.float() - b.float()).abs().max().item() for a, b in pairs)
 
 
-def measure(model, spec, line: str, batch: int, length, device: str, dtype) -> dict:
+def measure(model, spec, line: str, batch: int, length, device: str, dtype, profile: bool = False) -> dict:
     """One row: the line's first calls, steady time, error and memory for one input shape."""
     gen = torch.Generator().manual_seed(batch * 1000 + (length or 0))
     fixed = spec.inputs(batch, length, device, dtype, gen)
@@ -102,13 +112,17 @@ def measure(model, spec, line: str, batch: int, length, device: str, dtype) -> d
             sync()
         ready = time.perf_counter() - start
         error = max(largest_difference(fn(**x), w) for x, w in zip(fresh, want))
-        seen = [str(w.message) for w in caught]
+        seen = [str(w.message) for w in caught if not issubclass(w.category, LIBRARY_NOTICES)]
     ms = steady_ms(lambda: fn(**fixed), device)
     mib = ((torch.cuda.memory_reserved() - base) / 2**20) if device == "cuda" else None
     replayed = _replayed(fn)
-    return {"model": spec.name, "library": spec.library, "kind": spec.kind, "line": line, "batch": batch,
-            "length": length, "first_s": calls[0], "ready_s": ready, "ms": ms, "max_err": error, "mib": mib,
-            "replayed": replayed, "warnings": sorted(set(w[:300] for w in seen))}
+    row = {"model": spec.name, "library": spec.library, "kind": spec.kind, "line": line, "batch": batch,
+           "length": length, "first_s": calls[0], "ready_s": ready, "ms": ms, "max_err": error, "mib": mib,
+           "replayed": replayed, "warnings": sorted(set(w[:300] for w in seen))}
+    if profile and device == "cuda":
+        count, gpu_ms, idle_us, top = kernels(lambda: fn(**fixed))
+        row.update(kernels=count, gpu_ms=gpu_ms, idle_us=idle_us, top=top)
+    return row
 
 
 def steady_ms(call, device: str, reps: int = 30, warmup: int = 5) -> float:
@@ -134,20 +148,20 @@ def worker(job: dict, out: str) -> None:
     with torch.inference_mode():
         for batch in job["batches"]:
             for length in spec.lengths:
-                row = measure(model, spec, job["line"], batch, length, device, dtype)
+                row = measure(model, spec, job["line"], batch, length, device, dtype, job.get("profile", False))
                 with open(out, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
 
 
-def run(models, lines, batches, timeout: int) -> dict:
+def run(models, lines, batches, timeout: int, profile: bool = False) -> dict:
     env = environment()
     rows, failures = [], []
     for spec in models:
         for line in lines:
             with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
                 out = f.name
-            job = json.dumps({"model": spec.name, "line": line, "batches": list(batches)})
+            job = json.dumps({"model": spec.name, "line": line, "batches": list(batches), "profile": profile})
             failed = run_process([sys.executable, "-m", "benchmarks.zoo", "--worker", job, "--out", out],
                                  f"{line} on {spec.name}", timeout, dict(os.environ))
             if failed:
@@ -175,12 +189,27 @@ COLUMNS = [("model", "model", "s"), ("batch", "B", "d"), ("length", "length", "d
            ("ready_s", "s to steady", ".1f"), ("mib", "MiB beyond eager", ".0f"), ("replayed", "replayed", "d")]
 
 
+PROFILE_COLUMNS = [("kernels", "kernels/call", ".0f"), ("gpu_ms", "GPU ms/call", ".3f"), ("idle_us", "GPU idle µs", ".0f")]
+
+
+def costliest(rows: list[dict], top: int = 8) -> str:
+    """Per profiled row, its costliest kernels (name, count a call, µs a call)."""
+    out = ["Costliest kernels a call (count, µs):"]
+    for r in rows:
+        if r.get("top"):
+            out.append(f"\n{r['model']} B={r['batch']} length={r['length']} {r['line']}:")
+            out += [f"- {n} ×{c:.0f} {us:.1f}" for n, c, us in r["top"][:top]]
+    return "\n".join(out)
+
+
 def main(argv=None) -> dict | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=None, help="names, libraries or kinds (default: all installed)")
-    parser.add_argument("--lines", nargs="+", default=list(LINES), choices=LINES)
+    parser.add_argument("--lines", nargs="+", default=list(LINES), choices=LINES + tuple(VARIANTS))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--smoke", action="store_true", help="a tiny BERT on the CPU simulation")
+    parser.add_argument("--profile", action="store_true",
+                        help="also each line's kernels a call, GPU ms and idle µs, and its costliest kernels (GPU)")
     worker_arguments(parser, timeout=600)
     args = parser.parse_args(argv)
     if args.worker:
@@ -191,8 +220,10 @@ def main(argv=None) -> dict | None:
     else:
         models = available(by_name(args.models) if args.models else MODELS)
         lines = args.lines
-    result = run(models, lines, args.batches, args.timeout)
-    md = table(result["rows"], COLUMNS)
+    result = run(models, lines, args.batches, args.timeout, args.profile)
+    md = table(result["rows"], COLUMNS + (PROFILE_COLUMNS if args.profile else []))
+    if args.profile:
+        md += "\n\n" + costliest(result["rows"])
     if result["failures"]:
         md += "\n\nFailures:\n" + "\n".join(f"- {f}" for f in result["failures"])
     publish("zoo" + (f"-{args.tag}" if args.tag else "") + ("-smoke" if args.smoke else ""), result, md)

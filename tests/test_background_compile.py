@@ -85,7 +85,7 @@ def background(backend: str, whole: bool = True) -> Options:
 
 def compiles_here(backend: str) -> int:
     """How many graphs this process compiled through graphify's shared backend."""
-    return len(shared_backend(backend, None, None, True, ("fold_gqa",)).outputs)  # the rewrites on by default
+    return len(shared_backend(backend, None, None, True, ("fold_gqa",), specialise=True).outputs)  # the defaults
 
 
 @pytest.fixture

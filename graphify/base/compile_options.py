@@ -22,6 +22,11 @@ def _seconds(instance, attribute, value):
         raise ValueError(f"Options: compile's 'deadline_s' must be a positive number of seconds, got {value!r}")
 
 
+def _dynamic(instance, attribute, value):
+    if value is not None and not isinstance(value, bool) and value != "auto":
+        raise TypeError(f"Options: compile's 'dynamic' must be True, False, None or 'auto', got {value!r}")
+
+
 def _switch(instance, attribute, value):
     if not isinstance(value, bool):
         raise TypeError(f"Options: compile's {attribute.name!r} must be True or False, got {value!r}")
@@ -33,8 +38,10 @@ class CompileOptions:
     - `background`: compile in a worker process while plain graphs serve.
     - `whole`: a background compile comes back saved whole (default where torch can).
     - `deadline_s`: a background compile running longer stops the worker (default 1200).
-    - `backend`, `mode`, `options`, `dynamic` (default True), `fullgraph`, `disable`:
-      torch.compile's own keywords.
+    - `backend`, `mode`, `options`, `fullgraph`, `disable`: torch.compile's own keywords.
+    - `dynamic`: torch.compile's, or "auto" (default): dynamic shapes, except that a function
+      whose traced call holds 2-D or 3-D convolutions is compiled per captured shape, where
+      inductor's layouts for them need static shapes (`graphify.compile.shape_policy`).
     - `rewrites`: graph rewrites switched on or off by name (in the dict as top-level keys).
     """
 
@@ -44,7 +51,7 @@ class CompileOptions:
     backend: Any = "inductor"
     mode: str | None = attrs.field(default=None, validator=optional(instance_of(str)))
     options: dict | None = attrs.field(default=None, validator=optional(instance_of(dict)))
-    dynamic: bool | None = attrs.field(default=True, validator=optional(instance_of(bool)))
+    dynamic: bool | None | str = attrs.field(default="auto", validator=_dynamic)
     fullgraph: bool = attrs.field(default=False, validator=_switch)
     disable: bool = attrs.field(default=False, validator=_switch)
     rewrites: dict = attrs.field(factory=dict, validator=deep_mapping(instance_of(str), _switch))

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from graphify.compile import rewrites
+from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, wants_static
 from graphify.compile.aot_identity import (UNVERIFIABLE, VALUE_GUARDS, class_changes, class_namespaces, identity,
                             identity_changes, rebuilt_from_caller, value_changes, value_print)
 
@@ -88,13 +89,16 @@ def _import_aot():
     return aot
 
 
-def _backend(backend: str, mode, options, dynamic, switched: tuple):
+def _backend(backend: str, mode, options, dynamic, switched: tuple, specialise: bool = False):
     """A backend `aot_compile` can save: torch's own wrappers (inductor, or an AOTAutograd
-    backend by name), with the graph rewrites `switched` on before it."""
+    backend by name), with the graph rewrites `switched` on before it; with `specialise`, one
+    that refuses a graph to compile per shape (`graphify.compile.shape_policy`)."""
     base = torch._TorchCompileInductorWrapper if backend == "inductor" else torch._TorchCompileWrapper
 
     class Folding(base):
         def __call__(self, gm, example_inputs):
+            if specialise and wants_static(gm):
+                raise Specialise("compiled per shape")
             rewrites.rewrite(gm, switched)
             return super().__call__(gm, example_inputs)
 
@@ -126,12 +130,22 @@ def save(fn: Callable, args: tuple, kwargs: dict, how: dict, path: str, dynamo_c
         return out
 
     how = dict(how)
-    dynamic = how.get("dynamic", True)
-    backend = _backend(how.get("backend", "inductor"), how.get("mode"), how.get("options"), dynamic,
-                       tuple(how.get("rewrites", ())))
+    dynamic = how.get("dynamic", AUTO)
+
+    def compiled_with(dynamic, specialise: bool):
+        backend = _backend(how.get("backend", "inductor"), how.get("mode"), how.get("options"), dynamic,
+                           tuple(how.get("rewrites", ())), specialise)
+        return aot_compile_fullgraph(TRAMPOLINE, ((fn, args, kwargs), {}), hooks=Hooks(guard_filter_fn=keep),
+                                     backend=backend, dynamic=dynamic)
+
     with torch._dynamo.config.patch(enable_aot_compile=True, **dynamo_config):
-        compiled = aot_compile_fullgraph(TRAMPOLINE, ((fn, args, kwargs), {}), hooks=Hooks(guard_filter_fn=keep),
-                                         backend=backend, dynamic=dynamic)
+        try:
+            compiled = compiled_with(True if dynamic == AUTO else dynamic, dynamic == AUTO)
+        except Exception as exc:  # a graph that compiles per shape (`graphify.compile.shape_policy`)
+            if dynamic != AUTO or not asked_to_specialise(exc):
+                raise
+            counts.update(kept={}, dropped={}, identities=[], values=[], per_shape=True)
+            compiled = compiled_with(False, False)
         compiled.save_compiled_function(path)
     compiled(fn, args, kwargs)
     counts["classes"] = class_namespaces(fn, args, kwargs)

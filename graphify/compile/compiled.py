@@ -21,6 +21,7 @@ from graphify.compile import aot as _aot
 from graphify.compile import rewrites
 from graphify.compile.aot import AotLoads
 from graphify.compile.code_claims import claim, reset_code
+from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, wants_static
 from graphify.base.split_contract import as_split
 
 __all__ = ["compile_for_captures", "compile_settings", "compiles_in_background", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend",
@@ -49,9 +50,12 @@ class KeptCompiles:
     as torch.compile applies them) whose compiled callables are kept in `outputs`, after the
     graph rewrites named in `rewrites` (`graphify.compile.rewrites`: `fold_gqa` reads one
     query's grouped-query attention from the unexpanded keys and values, `gemv` runs one-row
-    linears through a Triton GEMV); `counts` says how many places each changed."""
+    linears through a Triton GEMV); `counts` says how many places each changed. With
+    `specialise`, a graph that compiles faster per shape (`graphify.compile.shape_policy`) is
+    refused with `Specialise` before anything is built."""
 
-    def __init__(self, backend="inductor", mode=None, options=None, dynamic=None, rewrites: tuple = ()):
+    def __init__(self, backend="inductor", mode=None, options=None, dynamic=None, rewrites: tuple = (),
+                 specialise: bool = False):
         if backend == "inductor":
             self.inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
         else:
@@ -59,12 +63,15 @@ class KeptCompiles:
         self.rewrites = tuple(rewrites)
         self.counts: dict[str, int] = dict.fromkeys(self.rewrites, 0)
         self.outputs: list[Callable] = []
+        self.specialise = specialise
 
     @property
     def __name__(self) -> str:  # dynamo names the backend after it
         return getattr(self.inner, "compiler_name", "inductor")
 
     def __call__(self, gm, example_inputs):
+        if self.specialise and wants_static(gm):
+            raise Specialise(f"{len(self.outputs)} graphs compiled before this one")
         for name, count in rewrites.rewrite(gm, self.rewrites).items():
             self.counts[name] += count
         compiled = self.inner(gm, example_inputs)
@@ -78,7 +85,8 @@ class KeptCompiles:
 
 def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> Callable:
     """`torch.compile(fn, dynamic=True, **how)`, compiled lazily on the first capture that
-    calls it, through `KeptCompiles`. For a split function, the function it was split from,
+    calls it, through `KeptCompiles`; per shape (`dynamic=False`) from the first graph
+    `graphify.compile.shape_policy` refuses, under `dynamic="auto"` (the default). For a split function, the function it was split from,
     compiled whole: FULL graphs record it (inductor fuses across the split ops), PIECEWISE
     graphs keep the pieces."""
     split = as_split(fn)
@@ -96,9 +104,15 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     how = compile_settings(how)
     dynamic, switched = how.pop("dynamic"), how.pop("rewrites")
     rewrites.ready(switched)  # Triton and the GEMV imported here and now, not inside the call that takes compiled graphs in (0.15 s, H200)
-    backend = shared_backend(how.pop("backend"), how.pop("mode"), how.pop("options"), dynamic, switched)
-    compiled = torch.compile(fn, backend=backend, dynamic=dynamic, **how)  # holds `backend`, so its outputs
-    return _with_dynamo_config(compiled, dict(DYNAMO_CONFIG), AotLoads(fn))
+    made = (how.pop("backend"), how.pop("mode"), how.pop("options"))
+
+    def compiled_with(dynamic) -> Callable:  # holds its backend, so the backend's outputs
+        auto = dynamic == AUTO
+        backend = shared_backend(*made, True if auto else dynamic, switched, specialise=auto)
+        return torch.compile(fn, backend=backend, dynamic=True if auto else dynamic, **how)
+
+    return _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn),
+                               (lambda: compiled_with(False)) if dynamic == AUTO else None)
 
 
 def compiles_in_background(how: "bool | str | dict") -> bool:
@@ -124,26 +138,31 @@ def compile_settings(how: "bool | str | dict") -> dict:
 _BACKENDS: "weakref.WeakValueDictionary[tuple, KeptCompiles]" = weakref.WeakValueDictionary()
 
 
-def shared_backend(backend="inductor", mode=None, options=None, dynamic=None, switched: tuple = ()) -> KeptCompiles:
+def shared_backend(backend="inductor", mode=None, options=None, dynamic=None, switched: tuple = (),
+                   specialise: bool = False) -> KeptCompiles:
     """The live `KeptCompiles` made with these arguments, or a new one (unshared where an
     argument cannot be compared)."""
     try:
         key = (backend, mode, tuple(sorted(options.items())) if isinstance(options, dict) else options, dynamic,
-               tuple(switched))
+               tuple(switched), specialise)
         hash(key)
     except TypeError:  # an unhashable option value: a backend of its own
-        return KeptCompiles(backend, mode, options, dynamic, switched)
+        return KeptCompiles(backend, mode, options, dynamic, switched, specialise)
     found = _BACKENDS.get(key)
     if found is None:
-        found = _BACKENDS[key] = KeptCompiles(backend, mode, options, dynamic, switched)
+        found = _BACKENDS[key] = KeptCompiles(backend, mode, options, dynamic, switched, specialise)
     return found
 
 
-def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads) -> Callable:
+def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
+                        per_shape: "Callable[[], Callable] | None" = None) -> Callable:
     """`compiled`, called with dynamo's `config` in force (it applies when a call compiles),
     or through a compiled function loaded from the worker (`loads`, its `aot_loads`) whose
-    guards pass. Keeps what marks it as torch.compile'd (`_torchdynamo_orig_callable`):
+    guards pass. Where `compiled`'s backend refuses a graph as one to compile per shape
+    (`graphify.compile.shape_policy`), `per_shape()` makes the static compile every later
+    call goes to. Keeps what marks it as torch.compile'd (`_torchdynamo_orig_callable`):
     captures find its eager original through it."""
+    static: list[Callable] = []
 
     @functools.wraps(compiled)
     def configured(*args, **kwargs):
@@ -153,9 +172,18 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads) -> Ca
                 return out
         claim(loads.fn, loads)  # a closure's code: no entry another graphified closure's compile made
         with torch._dynamo.config.patch(**config):
-            return compiled(*args, **kwargs)
+            if static:
+                return static[0](*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as exc:
+                if per_shape is None or not asked_to_specialise(exc):
+                    raise
+            static.append(per_shape())
+            return static[0](*args, **kwargs)
 
     configured.aot_loads = loads
+    configured.per_shape = static  # holds the static compile once made (tests read it)
     return configured
 
 

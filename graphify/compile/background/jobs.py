@@ -43,6 +43,7 @@ class Job:
     kind: tuple
     layout: Any  # how the call binds (`graphify.base.call_layout.CallLayout`)
     args: tuple  # the arguments the capture calls the function with
+    exact: tuple | None = None  # its kind with every dimension (a function compiled per shape)
 
     @property
     def ready(self) -> bool:
@@ -148,6 +149,7 @@ class Job:
                    "aot_path": self.store_path()}
             deadline = how.get("deadline_s", _background.DEADLINE_S) if isinstance(how, dict) else _background.DEADLINE_S
             tickets[self.kind] = _background.submit(self.jobs, spec.fn, job, deadline)
+            self.jobs.by_shape.setdefault(self.exact, tickets[self.kind])
         return tickets[self.kind]
 
 
@@ -157,6 +159,7 @@ class CompileJobs:
     def __init__(self, spec):
         self.spec = spec
         self.tickets: dict[tuple, _background.Ticket] = {}
+        self.by_shape: dict[tuple, _background.Ticket] = {}  # each job's ticket by its call's exact shapes
         self.seen = 0  # `_background.settled()` when last looked at
         self.warned = False
         self.out_of_memory: dict[tuple, int] = {}  # compiled captures that ran out of memory, by kind
@@ -182,7 +185,19 @@ class CompileJobs:
         """The job a capture of `pair` for a call of `branch` (of `structure`) needs."""
         capture = branch.capture
         called = capture.capture_args(pair, args)
-        return Job(self, _background.job_kind(structure.family, branch.key, called), capture.layout, called)
+        exact = _background.job_kind(structure.family, branch.key, called, per_shape=True)
+        if not self.per_shape():
+            return Job(self, _background.job_kind(structure.family, branch.key, called), capture.layout, called, exact)
+        if exact not in self.tickets and exact in self.by_shape:  # sent before the function was known to be
+            self.tickets[exact] = self.by_shape[exact]             # compiled per shape: that compile serves it
+        return Job(self, exact, capture.layout, called, exact)
+
+    def per_shape(self) -> bool:
+        """Whether this function is known to compile per shape (`graphify.compile.shape_policy`):
+        the worker said so of a job, or this process's own compile found it."""
+        compiled = self.spec.compiled
+        return bool(getattr(compiled, "per_shape", None)) or any(
+            (t.guards or {}).get("per_shape", False) for t in tuple(self.tickets.values()))
 
     def settled(self) -> bool:
         """Whether any job of this process settled since the last look (a counter's read)."""
@@ -228,7 +243,7 @@ class CompileJobs:
         """What the graphs read moved (the weights, say): the worker drops its copy of the
         function, and later captures send it and their jobs again."""
         _background.forget(self)
-        self.tickets = {}
+        self.tickets, self.by_shape = {}, {}
         self.changed = True
         self.dropped = []  # code over the changed state is checked afresh
 

@@ -77,13 +77,14 @@ class Ticket:
     loading: threading.Lock = attrs.field(factory=threading.Lock)  # one load, whichever thread asks first
 
 
-def job_kind(family: tuple, branch: Any, args: tuple) -> tuple:
+def job_kind(family: tuple, branch: Any, args: tuple, per_shape: bool = False) -> tuple:
     """What decides whether two calls compile apart under dynamic shapes: the call's family
     and branch, which tensor dimensions are 0 or 1 and which ints are (dynamo specialises
-    those), and autocast (dynamo guards on it)."""
+    those), and autocast (dynamo guards on it). For a function compiled per shape
+    (`graphify.compile.shape_policy`), every dimension."""
     def small(a):
         if isinstance(a, torch.Tensor):
-            return a.dtype, tuple(d if d in (0, 1) else None for d in a.shape)
+            return a.dtype, tuple(d if d in (0, 1) or per_shape else None for d in a.shape)
         return a if type(a) is int and a in (0, 1) else None
 
     autocast = tuple(d for d in ("cuda", "cpu") if torch.is_autocast_enabled(d))

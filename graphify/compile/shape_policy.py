@@ -1,0 +1,58 @@
+"""Which calls the compile line compiles with dynamic shapes, and which per captured shape.
+
+A graph replays one shape, so a compile for that exact shape costs no generality; a dynamic
+compile is shared by every shape of a kind of call, so it costs one compile instead of one per
+shape. graphify compiles dynamically (a transformers `generate()` loop meets new lengths all the
+time) except where inductor's own code says dynamic shapes cost speed: it chooses channels-last
+layouts for 2-D and 3-D convolutions only when their shapes are static (`decide_layout_opt`,
+"perf regression with dynamic shape", pytorch#102670). Over ResNet-50 and EfficientNet-B0 a
+dynamic compile ran 1.5-2.2x the time of reduce-overhead's static one, and a compile per shape
+as fast or faster (`benchmarks/results/zoo-prof-*`, H200).
+
+So under `dynamic="auto"` (the default) the dynamic compile's backend refuses a traced graph
+holding such a convolution over symbolic shapes (`Specialise`, raised before any kernel is
+built), and the function is compiled per shape from then on (`dynamic=False`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["AUTO", "Specialise", "wants_static", "asked_to_specialise"]
+
+AUTO = "auto"  # `Options(compile={"dynamic": ...})`'s default: dynamic, per shape where convolutions need it
+
+_CONVOLUTIONS = frozenset({torch.conv2d, torch.conv3d, torch.convolution, torch.nn.functional.conv2d,
+                           torch.nn.functional.conv3d, torch.conv_transpose2d, torch.conv_transpose3d,
+                           torch.nn.functional.conv_transpose2d, torch.nn.functional.conv_transpose3d,
+                           torch.ops.aten.convolution.default})
+
+
+class Specialise(Exception):
+    """Raised by a dynamic compile's backend: this graph compiles per shape instead."""
+
+
+def wants_static(gm: torch.fx.GraphModule) -> bool:
+    """Whether a traced graph holds a 2-D or 3-D convolution whose input or weight has a
+    symbolic size: one inductor would lay out without channels-last. Pure."""
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in _CONVOLUTIONS:
+            continue
+        values = [a.meta.get("example_value", a.meta.get("val")) for a in node.args[:2] if isinstance(a, torch.fx.Node)]
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        if len(tensors) == 2 and tensors[1].dim() >= 4 and any(free_symbols(t) for t in tensors):
+            return True
+    return False
+
+
+def asked_to_specialise(exc: BaseException) -> bool:
+    """Whether `exc` (dynamo wraps a backend's error) is, or was caused by, `Specialise`."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, Specialise):
+            return True
+        exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
+        seen += 1
+    return False

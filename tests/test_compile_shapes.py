@@ -1,0 +1,188 @@
+"""The compile line's shapes (`graphify.compile.shape_policy`): dynamic by default, per captured
+shape where the traced call holds 2-D or 3-D convolutions (inductor lays those out channels-last
+only at static shapes), as asked where the compile dict names `dynamic`. Every path answers as
+eager does on fresh inputs, in the foreground and in the background worker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from conftest import calls_by_mode, requires_cuda
+from graphify import Mode, Options, graphify
+from graphify.base.compile_options import CompileOptions
+from graphify.compile.shape_policy import Specialise, asked_to_specialise, wants_static
+
+
+class Convs(torch.nn.Module):
+    """A small CNN: two 2-D convolutions, a batch norm, a pooled head (importable: the
+    background worker rebuilds it from this module)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                        torch.nn.Conv2d(8, 8, 3, stride=2))
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.head(self.body(x).mean((2, 3)))
+
+
+class Sequence(torch.nn.Module):
+    """No 2-D convolution: a 1-D one (as state-space models hold) and a linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 4, 3, padding=1)
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(self.conv(x).transpose(1, 2))
+
+
+class Recording:
+    """A torch.compile backend that keeps each traced graph and runs it as is."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def traced(model, x, dynamic) -> torch.fx.GraphModule:
+    rec = Recording()
+    torch.compile(model, backend=rec, dynamic=dynamic)(x)
+    return rec.graphs[-1]
+
+
+def test_a_2d_convolution_over_symbolic_shapes_wants_a_compile_per_shape():
+    torch.manual_seed(0)
+    convs, seq = Convs().eval(), Sequence().eval()
+    assert wants_static(traced(convs, torch.randn(2, 3, 12, 12), dynamic=True))
+    assert not wants_static(traced(convs, torch.randn(2, 3, 12, 12), dynamic=False))
+    assert not wants_static(traced(seq, torch.randn(2, 4, 6), dynamic=True))  # 1-D: left dynamic
+    assert not wants_static(traced(torch.nn.Linear(4, 4), torch.randn(3, 4), dynamic=True))
+
+
+def test_a_wrapped_refusal_is_recognised_through_its_causes():
+    try:
+        try:
+            raise Specialise("per shape")
+        except Specialise as inner:
+            raise RuntimeError("backend failed") from inner
+    except RuntimeError as outer:
+        assert asked_to_specialise(outer)
+    assert not asked_to_specialise(RuntimeError("another failure"))
+
+
+class Counting(Recording):
+    def shapes(self) -> list:
+        """Per compiled graph, the input's shape as traced (ints, or symbols where dynamic)."""
+        def images(g):
+            return next(n for n in g.graph.nodes if n.op == "placeholder" and "parameters" not in n.name
+                        and isinstance(n.meta["example_value"], torch.Tensor) and n.meta["example_value"].dim() == 4)
+
+        return [[str(d) for d in images(g).meta["example_value"].shape] for g in self.graphs]
+
+
+def run_batches(g, eager, device, batches, size=12):
+    with torch.no_grad():
+        for n in batches:
+            for _ in range(3):  # the first call of a shape may run eagerly, the next capture, then replays
+                x = torch.randn(n, 3, size, size, device=device)
+                torch.testing.assert_close(g(x), eager(x), rtol=1e-3, atol=1e-4)  # cuDNN may pick other kernels
+
+
+def twins(cls, device):
+    torch.manual_seed(0)
+    model, twin = cls().to(device).eval(), cls().to(device).eval()
+    twin.load_state_dict(model.state_dict())
+    return model, twin
+
+
+def test_a_model_of_convolutions_is_compiled_per_captured_shape(backend):
+    counting = Counting()
+    model, eager = twins(Convs, backend[1])
+    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting}))
+    run_batches(g, eager, backend[1], (2, 5, 2))
+    assert counting.shapes() == [["2", "3", "12", "12"], ["5", "3", "12", "12"]]  # static, once each
+    assert g._first_use.spec.compiled.per_shape  # the static compile serves from the first capture on
+    assert calls_by_mode(g)[Mode.FULL] >= 6
+
+
+def test_asked_for_dynamic_shapes_a_model_of_convolutions_compiles_once(backend):
+    counting = Counting()
+    model, eager = twins(Convs, backend[1])
+    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting, "dynamic": True}))
+    run_batches(g, eager, backend[1], (2, 5, 2))
+    assert len(counting.graphs) == 1 and not counting.shapes()[0][0].isdigit()
+    assert not g._first_use.spec.compiled.per_shape
+
+
+def test_a_model_without_2d_convolutions_keeps_one_dynamic_compile(backend):
+    counting = Recording()
+    model, eager = twins(Sequence, backend[1])
+    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting}))
+    with torch.no_grad():
+        for n in (2, 5, 3):
+            for _ in range(3):
+                x = torch.randn(n, 4, 6, device=backend[1])
+                torch.testing.assert_close(g(x), eager(x), rtol=1e-4, atol=1e-5)
+    assert len(counting.graphs) == 1
+    assert not g._first_use.spec.compiled.per_shape
+
+
+@pytest.mark.parametrize("value", [True, False, None, "auto"])
+def test_dynamic_takes_torchs_values_and_auto(value):
+    assert CompileOptions.parse({"dynamic": value}).dynamic == value
+    assert CompileOptions().dynamic == "auto"
+
+
+def test_another_dynamic_value_is_refused_by_name():
+    with pytest.raises(TypeError, match="'dynamic' must be True, False, None or 'auto'"):
+        Options(compile={"dynamic": "sometimes"})
+
+
+@pytest.mark.parametrize("line", [
+    pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
+    pytest.param(("cuda", "cuda", "inductor"), id="cuda", marks=[pytest.mark.cuda, requires_cuda]),
+])
+def test_the_background_worker_compiles_a_model_of_convolutions_per_shape(line):
+    """The worker's compile refuses the dynamic trace as the caller's does and saves a static
+    one; the caller swaps to it and answers as eager does."""
+    from graphify.compile import aot as _aot
+    from graphify.compile.background import line as _background
+
+    backend, device, compiler = line
+    _background.reset()
+    try:
+        model, eager = twins(Convs, device)
+        model.forward = graphify(model.forward, options=Options(
+            backend=backend, compile={"background": True, "backend": compiler, "whole": _aot.saves(compiler)}))
+        run_batches(model, eager, device, (4,))
+        assert model.forward.wait_compiles(240)
+        (ticket,) = model.forward._first_use.jobs.tickets.values()
+        assert ticket.state == "ready", ticket.error
+        assert (ticket.loaded is not None) == _aot.saves(compiler), ticket.load_error  # saved whole, static
+        run_batches(model, eager, device, (4,))
+        jobs = model.forward._first_use.jobs
+        assert jobs.swaps == 1 and jobs.per_shape()  # the worker said so, or (not saved whole) this process's trace
+        run_batches(model, eager, device, (4,), size=16)  # the same batch at another size: a job of its own
+        assert model.forward.wait_compiles(240)
+        tickets = {id(t): t for t in jobs.tickets.values()}.values()  # the first one's also under its exact kind
+        assert len(tickets) == 2
+        assert all(t.state == "ready" for t in tickets)
+        run_batches(model, eager, device, (4,), size=16)
+        assert calls_by_mode(model.forward)[Mode.FULL] >= 8
+    finally:
+        _background.reset()
