@@ -3,7 +3,8 @@
 - the main job: tokens/s and p99 step latency per configuration, torch.compile reduce-overhead
   (the peer) beside graphify's;
 - transformers `generate()`: ms/token and the first `generate()`'s seconds per line, model and
-  batch size, transformers' own compile (the peer) beside graphify's line.
+  batch size, transformers' own compile (the peer) beside graphify's line;
+- the model zoo: each model's compile line over reduce-overhead at B = 1 and 8 (`_render_zoo`).
 
 Each plot takes the newest code era's rows (as the tables' ranges do) on one kind of card, the
 one with the most of them, and shows the median over the runs of each configuration. Picking
@@ -92,7 +93,9 @@ def series(runs) -> list[Series]:
                                                             ("first_generate_s", "first generate() s (log)")))
     _fill(hf, _newest_on_one_card(runs, "hf-generate", "per-token", {}, per="config"),
           lambda r: f"{r['model']} B={r['batch']}: {_short(r['config'])}", lambda r: r["config"] == HF_PEER)
-    return [s for s in (main, hf) if s.bars]
+    from ._render_zoo import zoo_series
+
+    return [s for s in (main, hf, zoo_series(runs)) if s.bars]
 
 
 def _short(config: str) -> str:

@@ -430,6 +430,26 @@ BENCHES: tuple[Bench, ...] = (
 )
 
 
+ZOO_KEY = (Col("model", "model"), Col("length", "length"), Col("batch", "B"), Col("line", "line"))
+BENCHES += (
+    Bench(
+        "zoo", "The model zoo: timm, torchvision, transformers", "python3 -m benchmarks.zoo",
+        "The models users bring, random weights, bf16, eval: each line (eager, torch.compile's reduce-overhead, "
+        "graphify's plain, compile and background lines) in a process of its own from cold compile caches. "
+        "`÷ RO`: ms per call over reduce-overhead's for the same model and shape; `s to steady`: from the first "
+        "call until the line runs as it will from then on.",
+        (
+            Table("models", "Per model, shape and line", ZOO_KEY, (
+                Col("ms", "ms/call", ".3f"), Col("vs_peer", "÷ RO", ".2f"), Col("vs_eager", "÷ eager", ".2f"),
+                Col("max_err", "max err vs eager", ".3g"), Col("first_s", "first call s", ".2f"),
+                Col("ready_s", "s to steady", ".1f"), Col("mib", "MiB beyond eager", ".0f"),
+                Col("replayed", "replayed", ".0f"),
+            )),
+        ),
+    ),
+)
+
+
 def vs_tp1(row: dict, rows: list[dict]) -> float | None:
     """A serving row's tokens/s over the TP=1 row's of the same run."""
     one = next((r for r in rows if r.get("tp") == 1 or r.get("config", "").startswith("TP=1 ")), None)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import _render_plots
+from ._render_zoo import render_zoo
 from ._render_tables import BENCHES, CLAIMS, Bench, Cell, Claim, Table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -411,6 +412,7 @@ BLOCKS: dict[str, Callable[[Sequence[Run], Sequence[Suite]], str]] = {
     "results-short": lambda runs, suites: render_short(runs),
     "gpu-tests": lambda runs, suites: render_gpu_tests(suites),
     "plots": lambda runs, suites: _render_plots.readme_block(_render_plots.series(runs)),
+    "zoo": lambda runs, suites: render_zoo(runs),
 }
 
 

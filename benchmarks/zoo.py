@@ -202,6 +202,33 @@ def costliest(rows: list[dict], top: int = 8) -> str:
     return "\n".join(out)
 
 
+def merge(tag: str) -> dict:
+    """One result (`zoo-TAG-<device>`) from the runs tagged `TAG-<model>` on one kind of
+    device: their rows (ratios again) and failures, the environment of the first; the parts'
+    files are removed."""
+    from ._report import RESULTS, write
+
+    parts = sorted(p for p in RESULTS.glob(f"zoo-{tag}-*.json"))
+    if not parts:
+        raise SystemExit(f"no results zoo-{tag}-*.json under {RESULTS}")
+    loaded = [json.loads(p.read_text()) for p in parts]
+    devices = {d["environment"]["device"] for d in loaded}
+    if len(devices) != 1:
+        raise SystemExit(f"the parts come from several devices: {sorted(devices)}")
+    rows = ratios([r for d in loaded for r in d["rows"]])
+    result = {"rows": rows, "failures": [f for d in loaded for f in d["failures"]],
+              "parts": [p.name for p in parts]}
+    md = table(rows, COLUMNS)
+    if result["failures"]:
+        md += "\n\nFailures:\n" + "\n".join(f"- {f}" for f in result["failures"])
+    paths = write(f"zoo-{tag}", loaded[0]["environment"], result, md)
+    for p in parts:
+        if p not in paths:
+            p.unlink()
+            p.with_suffix(".md").unlink(missing_ok=True)
+    return result
+
+
 def main(argv=None) -> dict | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=None, help="names, libraries or kinds (default: all installed)")
@@ -211,7 +238,11 @@ def main(argv=None) -> dict | None:
     parser.add_argument("--profile", action="store_true",
                         help="also each line's kernels a call, GPU ms and idle µs, and its costliest kernels (GPU)")
     worker_arguments(parser, timeout=600)
+    parser.add_argument("--merge", metavar="TAG",
+                        help="join the results of runs tagged TAG-<model> (one model a run, several GPUs) into one")
     args = parser.parse_args(argv)
+    if args.merge:
+        return merge(args.merge)
     if args.worker:
         worker(json.loads(args.worker), args.out)
         return None

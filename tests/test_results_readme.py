@@ -152,7 +152,7 @@ def test_the_plots_are_the_result_files_medians_with_the_peer_beside(tmp_path):
 
     runs = rr.load_runs()
     plots = {s.name: s for s in rp.series(runs)}
-    assert set(plots) == {"main-job", "hf-generate"}
+    assert set(plots) == {"main-job", "hf-generate", "zoo"}
     main, hf = plots["main-job"], plots["hf-generate"]
     assert main.peers and all("reduce-overhead" in p for p in main.peers)
     assert hf.peers and all("transformers' own compile" in p for p in hf.peers)
@@ -235,3 +235,29 @@ Result: the suite did not finish (cut by its own limit); tests/test_background_c
     assert suite.results == (("tests/test_background_compile.py", "1 of 1 passed"), ("the suite", "did not finish"))
     whole = parse_suite("gpu-tests-x.txt", block.replace("Result:", "3 failed, 1455 passed, 9 skipped in 381.93s\n"))
     assert whole.results[0] == ("the suite", "1455 passed, 3 failed, 9 skipped")
+
+
+def test_the_zoo_block_is_the_zoo_files_medians_per_model_and_batch():
+    """A zoo cell is the median over runs of the line's ms ÷ reduce-overhead's; the summary's
+    geometric mean is over the best graphify line of each shape."""
+    import math
+    import statistics
+
+    from benchmarks import _render_zoo as rz
+
+    runs = rr.load_runs()
+    med, used = rz.zoo_medians(runs)
+    if not med:
+        pytest.skip("no zoo results in the tree")
+    rows = [row for run in used for row in run.data["rows"]]
+    (model, length, batch, _), = [k for k in med if k[3] == "graphify_compile"][:1]
+    want = statistics.median(r["vs_peer"] for r in rows if (r["model"], r["length"], r["batch"], r["line"])
+                             == (model, length, batch, "graphify_compile"))
+    assert med[model, length, batch, "graphify_compile"]["vs_peer"] == want
+    block = rz.render_zoo(runs)
+    assert f"| {model} |" in block
+    shapes = {(r["model"], r["length"], r["batch"]) for r in rows if r["line"] == "reduce_overhead"}
+    best = [min(med[(*s, line)]["vs_peer"] for line in rz.OURS if (*s, line) in med) for s in shapes]
+    assert f"geometric mean {math.exp(statistics.fmean(map(math.log, best))):.2f}" in block
+    series = rz.zoo_series(runs)
+    assert series.bars and all(set(v) <= {"b1", "b8"} for v in series.bars.values())

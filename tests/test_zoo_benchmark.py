@@ -47,3 +47,23 @@ def test_the_smoke_run_measures_every_line_and_shape_equal_to_eager(tmp_path, mo
         assert ours["max_err"] == 0  # the simulation replays the kernels eager ran
         assert ours["replayed"] > 0 and ours["ms"] > 0 and ours["vs_eager"] is not None
         assert not any("cannot capture" in w for w in ours["warnings"]), ours["warnings"]
+
+
+def test_runs_of_one_model_each_merge_into_one_result(tmp_path, monkeypatch):
+    """Several GPUs each run some models (a result per model); --merge joins them, with ratios
+    over the joined rows, and removes the parts."""
+    from benchmarks import _report, zoo
+
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    env = {"device": "GPU X", "gpu": True, "date": "2026-01-01"}
+    for model, ms in (("a", {"eager": 4.0, "reduce_overhead": 1.0, "graphify": 0.5}), ("b", {"eager": 2.0})):
+        rows = [{"model": model, "batch": 1, "length": None, "line": line, "ms": v} for line, v in ms.items()]
+        _report.write(f"zoo-t-{model}", env, {"rows": rows, "failures": [f"{model} failed once"]}, "")
+    result = zoo.main(["--merge", "t"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zoo-t-gpu-x.json", "zoo-t-gpu-x.md"]
+    by = {(r["model"], r["line"]): r for r in result["rows"]}
+    assert by["a", "graphify"]["vs_peer"] == 0.5 and by["a", "graphify"]["vs_eager"] == 0.125
+    assert by["b", "eager"]["vs_peer"] is None
+    assert result["failures"] == ["a failed once", "b failed once"]
+    with pytest.raises(SystemExit, match="no results"):
+        zoo.main(["--merge", "missing"])
