@@ -67,3 +67,29 @@ def test_runs_of_one_model_each_merge_into_one_result(tmp_path, monkeypatch):
     assert result["failures"] == ["a failed once", "b failed once"]
     with pytest.raises(SystemExit, match="no results"):
         zoo.main(["--merge", "missing"])
+
+
+def test_a_shape_stream_is_seeded_and_of_the_models_kind():
+    from benchmarks import zoo_shapes
+    from benchmarks._zoo_models import MODELS, TINY
+
+    encoder = zoo_shapes.stream(TINY, 50)
+    assert encoder == zoo_shapes.stream(TINY, 50) and encoder != zoo_shapes.stream(TINY, 50, seed=1)
+    assert all(1 <= b <= 8 and 8 <= n <= 512 for b, n in encoder) and len(set(encoder)) > 20
+    vision = zoo_shapes.stream(MODELS[0], 50)
+    assert set(vision) <= {(b, r) for b in zoo_shapes.BATCHES for r in zoo_shapes.RESOLUTIONS}
+    assert len(set(vision)) == 4
+
+
+def test_the_shape_stream_smoke_run_answers_as_eager_with_graphs_bounded(tmp_path, monkeypatch):
+    from benchmarks import _report, zoo_shapes
+
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    zoo_shapes.main(["--smoke", "--calls", "30", "--timeout", "300"])
+    result = json.loads(next(tmp_path.glob("zoo-shapes-smoke-*.json")).read_text())
+    assert result["failures"] == []
+    rows = {r["line"]: r for r in result["rows"]}
+    ours = rows["graphify"]
+    assert ours["max_err"] == 0 and ours["calls"] == 30
+    assert 0 < ours["graphs"] <= ours["shapes"]  # a graph only for shapes met again, never more
+    assert not any("cannot" in w for w in ours["warnings"]), ours["warnings"]

@@ -140,21 +140,41 @@ def layout_for(
     label: str, names: Sequence[str], axes: "Sequence | Mapping | None", args: Sequence[Any]
 ) -> tuple[Axis, ...]:
     """One `Axis` per argument slot: from `axes` (a sequence, or a mapping by parameter
-    name), or by default tensors as `tokens()` and other values as `static()`."""
+    name), or by default (`default_axis`) tensors as `tokens()` and other values as `static()`."""
+    rows = batch_rows(args)
     if axes is None:
-        return tuple(tokens() if isinstance(a, torch.Tensor) else static() for a in args)
+        return tuple(default_axis(a, rows) for a in args)
     if isinstance(axes, Mapping):
         unknown = sorted(set(axes) - set(names))
         if unknown:
             raise ValueError(f"{label}: axes names unknown parameter(s) {unknown}; parameters are {list(names)}")
-        return tuple(
-            Axis.parse(axes[n]) if n in axes else (tokens() if isinstance(a, torch.Tensor) else static())
-            for n, a in zip(names, args)
-        )
+        return tuple(Axis.parse(axes[n]) if n in axes else default_axis(a, rows) for n, a in zip(names, args))
     axes = tuple(axes)
     if len(axes) != len(args):
         raise ValueError(f"{label}: axes has {len(axes)} entries but the call passes {len(args)} arguments")
     return tuple(Axis.parse(a) for a in axes)
+
+
+def batch_rows(args: Sequence[Any]) -> int | None:
+    """The batch's rows among tensor arguments by default: the first dimension most of them
+    share (the first tensor's where counts tie); None without a tensor of a dimension. Pure.
+
+    !!! example
+        >>> batch_rows([torch.zeros(2, 1), torch.zeros(2, 8), torch.zeros(3, 2, 1), None])
+        2
+    """
+    firsts = [a.shape[0] for a in args if isinstance(a, torch.Tensor) and a.dim() > 0]
+    return max(dict.fromkeys(firsts), key=firsts.count) if firsts else None
+
+
+def default_axis(arg: Any, rows: int | None) -> Axis:
+    """An argument's axis where none is given: a tensor whose first dimension is the batch's
+    rows (`batch_rows`) grows with the batch (`tokens()`); any other tensor keeps its shape
+    (`fixed()`: a vision-language decoder's rotary `position_ids` of [3, batch, length], a
+    0-d scale); other values are `static()`."""
+    if not isinstance(arg, torch.Tensor):
+        return static()
+    return tokens() if arg.dim() > 0 and arg.shape[0] == rows else fixed()
 
 
 def specs_for(label: str, names: Sequence[str], layout: Sequence[Axis], args: Sequence[Any]) -> tuple[ArgSpec, ...]:

@@ -38,8 +38,9 @@ def graphify(
       each batch size as it comes, unpadded, up to 512 tokens. An empty list only with
       mode NONE.
     - `axes`: per argument `tokens()`, `reqs()`, `fixed()`, `persistent()` or `static()`, as a
-      sequence or a mapping by parameter (or keyword) name; default: tensors `tokens()`,
-      other values `static()`: plain values (None, numbers, strings, dtypes, tuples of them)
+      sequence or a mapping by parameter (or keyword) name; default: tensors `tokens()`
+      (those whose first dimension is not the batch's, the one most tensor arguments share,
+      `fixed()`: shape kept, a new shape a new graph), other values `static()`: plain values (None, numbers, strings, dtypes, tuples of them)
       must be equal on every call, other objects (a cache, a config) the same object.
     - `support`: the graph support of the function's backends (the weakest counts); the
       mode is downgraded to what it allows, with the reason logged and kept in `.resolution`.
