@@ -65,12 +65,16 @@ def render_zoo(runs) -> str:
             if any(med.get((m, n, b, o), {}).get("vs_peer") is not None for o in OURS)]
     compiled = [v["vs_peer"] for (m, n, b, line), v in med.items() if line == "graphify_compile" and "vs_peer" in v]
     eager_only = sorted({m for (m, n, b, line), v in med.items() if line in OURS and v.get("replayed") == 0})
+    errors = [(v.get("max_err"), med.get((m, n, b, PEER), {}).get("max_err")) for (m, n, b, line), v in med.items()
+              if line in OURS]
+    within = sum(ours is not None and peer is not None and ours <= peer * 1.05 + 1e-6 for ours, peer in errors)
     geo = math.exp(statistics.fmean(math.log(v) for v in best)) if best else float("nan")
     summary = (f"\n\n{len(shapes)} models and lengths, {len(best)} shapes; every cell B = 1 / B = 8. Best graphify "
                f"line ÷ reduce-overhead: geometric mean {geo:.2f}, at most 1.00 on {sum(v <= 1.0 for v in best)} of "
                f"{len(best)} shapes (worst {max(best):.2f}); the compile line alone at most 1.00 on "
                f"{sum(v <= 1.0 for v in compiled)} of {len(compiled)} (worst {max(compiled, default=float('nan')):.2f}). "
-               f"Lines that replayed no graph (ran eagerly, with a warning): {', '.join(eager_only) or 'none'}. "
+               f"Largest difference from eager within reduce-overhead's own on {within} of {len(errors)} line "
+               f"shapes. Lines that replayed no graph (ran eagerly, with a warning): {', '.join(eager_only) or 'none'}. "
                f"{device(used[0].env['device'])}, {dates(used)}, {len(used)} result file{'s' if len(used) != 1 else ''}.\n")
     return markdown(header, rows) + summary
 

@@ -116,9 +116,10 @@ def measure(model, spec, line: str, batch: int, length, device: str, dtype, prof
     ms = steady_ms(lambda: fn(**fixed), device)
     mib = ((torch.cuda.memory_reserved() - base) / 2**20) if device == "cuda" else None
     replayed = _replayed(fn)
+    graphs_mib = pool_mib(fn)
     row = {"model": spec.name, "library": spec.library, "kind": spec.kind, "line": line, "batch": batch,
            "length": length, "first_s": calls[0], "ready_s": ready, "ms": ms, "max_err": error, "mib": mib,
-           "replayed": replayed, "warnings": sorted(set(w[:300] for w in seen))}
+           "pool_mib": graphs_mib, "replayed": replayed, "warnings": sorted(set(w[:300] for w in seen))}
     if profile and device == "cuda":
         count, gpu_ms, idle_us, top = kernels(lambda: fn(**fixed))
         row.update(kernels=count, gpu_ms=gpu_ms, idle_us=idle_us, top=top)
@@ -128,6 +129,18 @@ def measure(model, spec, line: str, batch: int, length, device: str, dtype, prof
 def steady_ms(call, device: str, reps: int = 30, warmup: int = 5) -> float:
     """Median ms a call: CUDA events between back-to-back calls (the host clock on the CPU)."""
     return statistics.median(replay_us(call, device == "cuda", reps, warmup)) / 1e3
+
+
+def pool_mib(fn) -> float | None:
+    """MiB graphify's graph pools reserve for a first-use callable (each pool once): what of
+    the line's memory beyond eager its graphs hold, the rest being what its warm-ups and
+    compiles left cached elsewhere. None for other lines."""
+    first_use = getattr(fn, "_first_use", None)
+    if first_use is None:
+        return None
+    pools = {id(b.capture.session.pool): b.capture.session.pool for s in tuple(first_use.structures)
+             for b in tuple(s.branches.values())}
+    return sum(p.report().reserved_bytes for p in pools.values()) / 2**20
 
 
 def _replayed(fn) -> int | None:
@@ -186,7 +199,8 @@ def ratios(rows: list[dict]) -> list[dict]:
 COLUMNS = [("model", "model", "s"), ("batch", "B", "d"), ("length", "length", "d"), ("line", "line", "s"),
            ("ms", "ms/call", ".3f"), ("vs_eager", "÷ eager", ".2f"), ("vs_peer", "÷ reduce-overhead", ".2f"),
            ("max_err", "max err vs eager", ".3g"), ("first_s", "first call s", ".2f"),
-           ("ready_s", "s to steady", ".1f"), ("mib", "MiB beyond eager", ".0f"), ("replayed", "replayed", "d")]
+           ("ready_s", "s to steady", ".1f"), ("mib", "MiB beyond eager", ".0f"), ("pool_mib", "of it graph pools", ".0f"),
+           ("replayed", "replayed", "d")]
 
 
 PROFILE_COLUMNS = [("kernels", "kernels/call", ".0f"), ("gpu_ms", "GPU ms/call", ".3f"), ("idle_us", "GPU idle µs", ".0f")]

@@ -186,3 +186,17 @@ def test_the_background_worker_compiles_a_model_of_convolutions_per_shape(line):
         assert calls_by_mode(model.forward)[Mode.FULL] >= 8
     finally:
         _background.reset()
+
+
+def test_a_model_compiled_per_shape_follows_a_replaced_submodule(backend):
+    """After a change the watch sees, the per-shape compile traces the model as it is now."""
+    counting = Counting()
+    model, eager = twins(Convs, backend[1])
+    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting}))
+    run_batches(g, eager, backend[1], (2,))
+    model.body[2] = torch.nn.Tanh()
+    eager.body[2] = torch.nn.Tanh()
+    run_batches(g, eager, backend[1], (2, 3))
+    assert g._first_use.spec.compiled.per_shape
+    assert all(s[2:] == ["12", "12"] and s[0].isdigit() for s in counting.shapes())  # every compile static
+    assert calls_by_mode(g)[Mode.FULL] >= 5

@@ -46,6 +46,7 @@ def test_the_smoke_run_measures_every_line_and_shape_equal_to_eager(tmp_path, mo
         ours = rows["graphify", n]
         assert ours["max_err"] == 0  # the simulation replays the kernels eager ran
         assert ours["replayed"] > 0 and ours["ms"] > 0 and ours["vs_eager"] is not None
+        assert ours["pool_mib"] is not None and ours["pool_mib"] >= 0 and rows["eager", n]["pool_mib"] is None
         assert not any("cannot capture" in w for w in ours["warnings"]), ours["warnings"]
 
 
