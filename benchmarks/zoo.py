@@ -232,10 +232,7 @@ def merge(tag: str) -> dict:
     rows = ratios([r for d in loaded for r in d["rows"]])
     result = {"rows": rows, "failures": [f for d in loaded for f in d["failures"]],
               "parts": [p.name for p in parts]}
-    md = table(rows, COLUMNS)
-    if result["failures"]:
-        md += "\n\nFailures:\n" + "\n".join(f"- {f}" for f in result["failures"])
-    paths = write(f"zoo-{tag}", loaded[0]["environment"], result, md)
+    paths = write(f"zoo-{tag}", loaded[0]["environment"], result, with_failures(table(rows, COLUMNS), result["failures"]))
     for p in parts:
         if p not in paths:
             p.unlink()
@@ -269,9 +266,16 @@ def main(argv=None) -> dict | None:
     md = table(result["rows"], COLUMNS + (PROFILE_COLUMNS if args.profile else []))
     if args.profile:
         md += "\n\n" + costliest(result["rows"])
-    if result["failures"]:
-        md += "\n\nFailures:\n" + "\n".join(f"- {f}" for f in result["failures"])
-    publish("zoo" + (f"-{args.tag}" if args.tag else "") + ("-smoke" if args.smoke else ""), result, md)
+    return publish_result("zoo", result, md, args.tag, args.smoke)
+
+
+def with_failures(md: str, failures: list) -> str:
+    return md + ("\n\nFailures:\n" + "\n".join(f"- {f}" for f in failures) if failures else "")
+
+
+def publish_result(kind: str, result: dict, md: str, tag: str = "", smoke: bool = False) -> dict:
+    """Publish a zoo benchmark's result as `<kind>[-tag][-smoke]-<device>`, its failures listed."""
+    publish(kind + (f"-{tag}" if tag else "") + ("-smoke" if smoke else ""), result, with_failures(md, result["failures"]))
     return result
 
 

@@ -26,9 +26,9 @@ import warnings
 
 import torch
 
-from ._report import environment, fresh_compile_caches, publish, run_process, sync, table, worker_arguments
+from ._report import environment, fresh_compile_caches, run_process, sync, table, worker_arguments
 from ._zoo_models import TINY, available, by_name
-from .zoo import LIBRARY_NOTICES, _replayed, largest_difference, wrapped
+from .zoo import LIBRARY_NOTICES, _replayed, largest_difference, publish_result, wrapped
 
 LINES = ("eager", "reduce_overhead", "graphify", "graphify_compile")
 RESOLUTIONS = (224, 288)
@@ -149,11 +149,7 @@ def main(argv=None) -> dict | None:
                      lengths=(4, 24))
     else:
         result = run(available(by_name(args.models)), args.lines, args.calls, args.timeout)
-    md = table(result["rows"], COLUMNS)
-    if result["failures"]:
-        md += "\n\nFailures:\n" + "\n".join(f"- {f}" for f in result["failures"])
-    publish("zoo-shapes" + (f"-{args.tag}" if args.tag else "") + ("-smoke" if args.smoke else ""), result, md)
-    return result
+    return publish_result("zoo-shapes", result, table(result["rows"], COLUMNS), args.tag, args.smoke)
 
 
 if __name__ == "__main__":
