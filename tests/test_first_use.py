@@ -79,11 +79,26 @@ def test_a_new_structure_runs_eagerly_until_it_repeats(backend):
     g(b)  # another trailing shape: a first sighting
     g(a, scale=2.0)  # another static value: a first sighting
     assert calls_by_mode(g)[Mode.NONE] == 3 and len(g._first_use.structures) == 1
-    for _ in range(3):
+    for _ in range(3):  # b's was among the recent first sightings: captured at once
         assert torch.equal(g(b), scaled(b))
     assert len(g._first_use.structures) == 2
     assert torch.equal(g(a), scaled(a))  # the first structure still replays
-    assert calls_by_mode(g)[Mode.FULL] == 1 + 2 + 1
+    assert calls_by_mode(g)[Mode.FULL] == 1 + 3 + 1
+    assert calls_by_mode(g)[Mode.NONE] == 3
+
+
+def test_shapes_that_come_back_but_not_in_a_row_get_graphs(backend):
+    """Images at two sizes, alternating: no two calls in a row share a structure, but each
+    comes back among the recent first sightings, so both get graphs; a shape met once stays eager."""
+    device = backend[1]
+    g = graphify(lambda x: x.sin() + 1, options=Options(backend=backend[0]))
+    small, large = torch.randn(2, 3, 8, 8, device=device), torch.randn(2, 3, 12, 12, device=device)
+    for x in (small, large) * 4:
+        torch.testing.assert_close(g(x), x.sin() + 1)
+    assert calls_by_mode(g)[Mode.NONE] == 2 and calls_by_mode(g)[Mode.FULL] == 6
+    once = torch.randn(2, 3, 5, 5, device=device)
+    torch.testing.assert_close(g(once), once.sin() + 1)
+    assert calls_by_mode(g)[Mode.NONE] == 3 and len(g._first_use.structures) == 2
 
 
 def test_structures_are_bounded(backend, caplog):

@@ -44,7 +44,9 @@ def test_the_smoke_run_measures_every_line_and_shape_equal_to_eager(tmp_path, mo
     assert set(rows) == {(line, n) for line in ("eager", "graphify") for n in (8, 16)}
     for n in (8, 16):
         ours = rows["graphify", n]
-        assert ours["max_err"] == 0  # the simulation replays the kernels eager ran
+        # the simulation replays the kernels eager ran; 8 tokens are padded to 16 (an encoder's
+        # sequence, `graphify.base.length_padding`): the same values to rounding
+        assert ours["max_err"] <= (0 if n == 16 else 1e-5)
         assert ours["replayed"] > 0 and ours["ms"] > 0 and ours["vs_eager"] is not None
         assert ours["pool_mib"] is not None and ours["pool_mib"] >= 0 and rows["eager", n]["pool_mib"] is None
         assert not any("cannot capture" in w for w in ours["warnings"]), ours["warnings"]
@@ -91,6 +93,7 @@ def test_the_shape_stream_smoke_run_answers_as_eager_with_graphs_bounded(tmp_pat
     assert result["failures"] == []
     rows = {r["line"]: r for r in result["rows"]}
     ours = rows["graphify"]
-    assert ours["max_err"] == 0 and ours["calls"] == 30
-    assert 0 < ours["graphs"] <= ours["shapes"]  # a graph only for shapes met again, never more
+    assert ours["max_err"] <= 1e-5 and ours["calls"] == 30  # sequences padded: equal to rounding
+    assert 0 < ours["graphs"] <= 8 * 2  # batches of 1-8 at lengths padded to 16 or 24, whatever lengths came
+    assert ours["replayed"] >= 30 - 2  # the second pass: every call a graph (a shape met once may not have one)
     assert not any("cannot" in w for w in ours["warnings"]), ours["warnings"]

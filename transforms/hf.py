@@ -126,8 +126,9 @@ def _register() -> None:
     except ImportError:
         return
     from graphify.extend import (StateType, register_capture_context, register_carried, register_forward_adapter,
-                                 register_rebuilt, register_state_type)
+                                 register_rebuilt, register_sequence_padding, register_state_type)
 
+    from ._hf_lengths import encoder_padding
     from ._hf_masks import pad_masks_in_forward
 
     sliding = getattr(cache_utils, "StaticSlidingWindowLayer", None)
@@ -138,6 +139,7 @@ def _register() -> None:
     if hasattr(import_utils, "is_cuda_stream_capturing"):
         register_capture_context(_seen_as_capturing)
     register_forward_adapter(pad_masks_in_forward)
+    register_sequence_padding(encoder_padding)
     register_rebuilt(_recorded_again)
     register_carried("transformers output-capturing registry", _registry_keys, _registry_in_order)
 

@@ -54,7 +54,7 @@ from graphify.plan.stats import Stats
 from graphify.reads.reach import stateful_in
 from graphify.first_use.room import Room
 from graphify.base.axes import static_objects
-from graphify.first_use.kinds import (DRIFTS_BEFORE_WARNING, Pending, after_drift, drift_warning, family_of, first_sighting, fits,
+from graphify.first_use.kinds import (DRIFTS_BEFORE_WARNING, Pending, Sightings, after_drift, drift_warning, family_of, first_sighting, fits,
                           likeness_of)
 from graphify.capture import CallCapture, FunctionReads, Prepared, prepare
 
@@ -75,7 +75,7 @@ class FirstUse:
         self.open_capture = functools.partial(open_capture, function=FunctionReads.for_spec(spec))
         self.lock = threading.Lock()
         self.structures: list[CallStructure] = []  # most recently used first
-        self.pending: Pending | None = None  # the previous call, which ran eagerly
+        self.seen = Sightings()  # the previous call, which ran eagerly, and recent first sightings
         self.refused: list[Pending] = []  # structures whose calls a graph cannot take as they are
         self.stale: dict = {}  # family -> structures dropped because their objects changed
         self.refused_families: list[tuple] = []  # kinds of calls that run eagerly (state a graph cannot follow)
@@ -102,6 +102,7 @@ class FirstUse:
         for structure in tuple(self.structures):
             if structure.torn_down():  # its graphs went with a process group: capture anew
                 self._drop(structure)
+                self.seen.recent.clear()
                 continue
             try:
                 out = self._via(structure, args, kwargs)
@@ -114,7 +115,7 @@ class FirstUse:
                 if not exc.replaced:
                     raise
                 return self._refuse(structure, exc, args, kwargs)
-            self.pending = None
+            self.seen.pending = None
             self._to_front(structure)
             return out
         return self._new_structure(args, kwargs)
@@ -172,7 +173,7 @@ class FirstUse:
         try:
             prepared = prepare(self.spec, args, kwargs)
         except (ValueError, TypeError, InputMismatchError):  # nothing to graph (no batch axis, ...)
-            self.pending = None
+            self.seen.pending = None
             return self._eager(args, kwargs)
         slots, specs, layout = prepared.args, prepared.specs, prepared.layout
         family = family_of(layout, specs)
@@ -180,10 +181,10 @@ class FirstUse:
         if any(fits(r, layout, slots) for r in self.refused) or family in self.refused_families:
             return self._eager(args, kwargs)
         if first_sighting(self, prepared, family, objects):  # its warm-up, before the walk of its objects
-            self.pending = after_drift(self.pending, Pending(layout, specs, self.spec.label, family), slots)
-            if self.pending.drifts == DRIFTS_BEFORE_WARNING and "drift" not in self.warned:
+            self.seen.note(after_drift(self.seen.pending, Pending(layout, specs, self.spec.label, family), slots), objects)
+            if self.seen.pending.drifts == DRIFTS_BEFORE_WARNING and "drift" not in self.warned:
                 self.warned.add("drift")
-                warnings.warn(drift_warning(self.pending, bool(objects)), stacklevel=4)
+                warnings.warn(drift_warning(self.seen.pending, bool(objects)), stacklevel=4)
             return self._eager(args, kwargs)
         branch = branch_of(stateful := stateful_in(objects), layout.slot_names, slots)
         if branch is None:  # a state no graph stands in for (a cache window's crossing)
@@ -195,7 +196,7 @@ class FirstUse:
             return self.run(args, kwargs)  # served by the structure that took the new objects over
         # kin: the same call with new static objects (a new cache, maybe of another length)
         sighted = first_sighting(self, prepared, family, objects, takeover=False)  # no idle look-alike took it
-        self.pending = Pending(layout, specs, self.spec.label, family)
+        self.seen.pending = Pending(layout, specs, self.spec.label, family)
         if sighted:
             return self._eager(args, kwargs)
         kin = next((s for s in self.structures if s.family == family and s.graphs), None) if objects else None
@@ -247,7 +248,7 @@ class FirstUse:
     def _first_call(self, structure: CallStructure, args: tuple, kwargs: dict):
         """The call that opened `structure`, through it; a structure its calls cannot go
         through is dropped, and calls of its kind run eagerly."""
-        refused, self.pending = self.pending, None
+        refused, self.seen.pending = self.seen.pending, None
         try:
             return self._via(structure, args, kwargs)
         except InputMismatchError as exc:  # e.g. weights passed as tokens-axis arguments (default axes)
@@ -349,6 +350,7 @@ class FirstUse:
         thrash = sum(b.runtime.replayed for b in structure.branches.values()) < MAX_STALE
         count = self.stale[structure.family] = self.stale.get(structure.family, 0) + 1 if thrash else 1
         self._drop(structure)
+        self.seen.recent.clear()  # sightings before the change do not say that calls after it come back
         forget_compiled(self.spec)  # dynamo's entries (Options.compile) were traced over the old state
         if self.jobs is not None:  # the worker's copy of the function may read the old weights
             self.jobs.start_over()

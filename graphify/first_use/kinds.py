@@ -10,6 +10,8 @@ shape fixed: what a new object must match to take over a structure's graphs).
 
 from __future__ import annotations
 
+import collections
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +27,10 @@ __all__ = ["DRIFTS_BEFORE_WARNING", "Pending", "after_drift", "drift_warning", "
 # calls in a row whose shapes moved from the previous call's before one warning says why they run
 # eagerly (a prefill then decode steps moves once; a mask growing with a DynamicCache moves every call)
 DRIFTS_BEFORE_WARNING = 3
+# first sightings of calls over no static object remembered: a call of a structure met among them
+# is captured, not run eagerly again (shapes that come back, but not in a row: images at two sizes, an encoder's padded
+# lengths); a call met once, never again (a prompt's prefill), stays eager
+RECENT_SIGHTINGS = 16
 
 
 @attrs.define(eq=False)
@@ -38,15 +44,37 @@ class Pending:
     family: tuple = ()
     drifts: int = 0
     drift: str = ""  # what moved last
+    step: tuple = ()  # how it moved: (argument, (dimension, change), ...)
+
+
+@attrs.define(eq=False)
+class Sightings:
+    """The previous call, which ran eagerly (`pending`), and the recent first sightings of
+    calls over no static object (`recent`: none of them keeps a cache alive)."""
+
+    pending: Pending | None = None
+    recent: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=RECENT_SIGHTINGS))
+
+    def note(self, pending: Pending, objects: dict) -> None:
+        self.pending = pending
+        if not objects:  # a call over objects (a cache) finds its kin instead
+            self.recent.append(pending)
+
+    def met(self, layout, slots: Sequence[Any]) -> bool:
+        """Whether a call of this structure ran eagerly just before, or among the recent ones."""
+        return any(fits(p, layout, slots) for p in (self.pending, *self.recent) if p is not None)
 
 
 def after_drift(previous: Pending | None, pending: Pending, slots: Sequence[Any]) -> Pending:
     """`pending` (a call of no structure, run eagerly), counting the calls in a row whose
-    shapes moved from the previous one's: a call whose shapes change every time (a mask that
-    grows with a growing cache) never repeats its structure, so it never gets graphs."""
+    shapes moved from the previous one's by the same step: a call whose shapes grow every time
+    (a mask that grows with a growing cache) never repeats its structure, so it never gets
+    graphs. Shapes that move back and forth (images at two sizes, an encoder's requests of
+    every length) repeat, and get graphs once they do."""
     drift = _shape_drift(previous, pending.family, slots)
     if drift is not None:
-        pending.drifts, pending.drift = previous.drifts + 1, drift
+        pending.drift, pending.step = drift
+        pending.drifts = previous.drifts + 1 if previous.step in ((), pending.step) else 1
     return pending
 
 
@@ -59,16 +87,20 @@ def drift_warning(pending: Pending, holds_objects: bool) -> str:
             f"every shape it was captured with){advice}")
 
 
-def _shape_drift(pending: Pending | None, family: tuple, slots: Sequence[Any]) -> str | None:
+def _shape_drift(pending: Pending | None, family: tuple, slots: Sequence[Any]) -> tuple[str, tuple] | None:
     """What changed from the previous call (`pending`) to a call of the same family (the same
-    call with other non-batch shapes); None where the families differ."""
+    call with other non-batch shapes), and by what step; None where the families differ."""
     if pending is None or pending.family != family:
         return None
     for spec in pending.specs:
         if spec.axis.kind is not Kind.STATIC:
             wrong = mismatch(pending.label, spec, slots[spec.index])
             if wrong is not None:
-                return str(wrong).removeprefix(f"{pending.label}: ")
+                arg = slots[spec.index]
+                shape = tuple(getattr(arg, "shape", ()))
+                first = 1 if spec.axis.kind.padded else 0  # the batch axis moves freely
+                step = tuple((d, a - b) for d, (a, b) in enumerate(zip(shape, spec.shape)) if d >= first and a != b)
+                return str(wrong).removeprefix(f"{pending.label}: "), (spec.index, step)
     return None
 
 
@@ -101,9 +133,9 @@ def fits(pending: Pending, layout, slots: Sequence[Any]) -> bool:
 def first_sighting(first_use, prepared, family: tuple, objects: dict, takeover: bool = True) -> bool:
     """Whether a call of no structure yet (first use's `prepared` call, of `family`, over the
     static `objects`) runs eagerly as a first sighting: its structure's warm-up, the caller then
-    making it `first_use.pending`. Not where another call may take it further: a structure of
-    its family has graphs (a kin), compiled graphs replace its kind, the previous call was of
-    its structure, or (`takeover`: asked before the walk of its objects, a cache's every layer,
+    making it `first_use.seen.pending`. Not where another call may take it further: a structure of
+    its family has graphs (a kin), compiled graphs replace its kind, the previous call or one
+    of the recent first sightings (`first_use.seen`) was of its structure, or (`takeover`: asked before the walk of its objects, a cache's every layer,
     which only a capture or a take-over needs) an idle structure as like it may take its objects
     over. A prompt's prefill is one in every generate(). (Structures are read without the lock:
     one added meanwhile only sends the call the longer way, which looks again under it.)"""
@@ -115,5 +147,4 @@ def first_sighting(first_use, prepared, family: tuple, objects: dict, takeover: 
             return False
     if first_use.jobs is not None and first_use.jobs.replaced(family):
         return False
-    previous = first_use.pending
-    return previous is None or not fits(previous, layout, slots)
+    return not first_use.seen.met(layout, slots)

@@ -59,6 +59,7 @@ class Graphified:
     stats: Stats = attrs.field(init=False, repr=False)
     _runtime: Any = attrs.field(init=False, repr=False)
     _first_use: Any = attrs.field(init=False, repr=False)
+    _padded: Any = attrs.field(init=False, repr=False)  # first use's padded sequences (`padded_calls`), or None
 
     def __attrs_post_init__(self):
         spec = FunctionSpec.build(
@@ -74,7 +75,9 @@ class Graphified:
             from graphify.first_use.first_use import FirstUse
 
             first_use = FirstUse(spec, stats)
-        for name, value in (("spec", spec), ("stats", stats), ("_runtime", runtime), ("_first_use", first_use)):
+        padded = _padded_calls(spec) if first_use is not None else None
+        for name, value in (("spec", spec), ("stats", stats), ("_runtime", runtime), ("_first_use", first_use),
+                            ("_padded", padded)):
             object.__setattr__(self, name, value)
 
     # -- identity -------------------------------------------------------------------------
@@ -194,6 +197,8 @@ class Graphified:
                 if static is not None and not kwargs and len(args) == len(static.args) and all(map(is_, args, static.args)):
                     return runtime.run(args, self.stats)  # static_inputs()'s very tuple: already bound
                 return _call_paths.run(runtime, self.table.layout.bind(args, kwargs), self.stats)
+            if self._padded is not None:
+                return self._padded.call(self._first_use.run, args, kwargs)
             if self._first_use is not None:
                 return self._first_use.run(args, kwargs)
             return _call_paths.eager(self.spec, self.stats, args, kwargs)
@@ -265,6 +270,25 @@ class Graphified:
             f"; {len(t)} graphs on {t.backend.name} ({t.device}) in {t.seconds:.2f} s, "
             f"{t.nbytes / (1 << 20):.1f} MiB reserved in pool {t.pool.name!r}" + state
         )
+
+
+def _padded_calls(spec: FunctionSpec):
+    """First use's padding of a model's sequence axis where an adapter allows it
+    (`graphify.base.length_padding`); None for any other function, or one given axes or sizes
+    (its calls are shaped as the user said)."""
+    if spec.axes is not None or spec.sizes is not None or spec.split is not None:
+        return None
+    from graphify.base.call_layout import module_of
+    from graphify.base.length_padding import sequence_padding_for
+    from graphify.graphified.padded_calls import PaddedCalls
+    from graphify.reads.stateful_types import adapters_of_imported
+
+    model = module_of(spec.fn)
+    if model is None:
+        return None
+    adapters_of_imported()
+    padding = sequence_padding_for(model)
+    return None if padding is None else PaddedCalls(spec.label, spec.fn, padding)
 
 
 _peek_functorch = torch._C._functorch.peek_interpreter_stack
