@@ -123,7 +123,7 @@ def _mean_padding(model):
         return call
 
     return SequencePadding("MeanOfAll", lambda call: call["input_ids"].shape[1], pad,
-                           lambda out, n: out[:, :n], 64)
+                           lambda out, n, to: out[:, :n], 64)
 
 
 def test_a_model_that_reads_its_padded_positions_is_caught_once_and_left_unpadded():
@@ -178,3 +178,27 @@ def test_requests_of_8_to_512_tokens_take_six_structures_and_then_all_replay():
     assert len(structures) <= 6 <= g.options.limits.structures
     assert sum(s.graphs for s in structures) <= len({(r, bucket(n, 512)) for r, n in calls})
     assert replayed(g) == len(calls)
+
+
+@pytest.mark.parametrize("head", ["BertForTokenClassification", "BertForSequenceClassification",
+                                  "BertForQuestionAnswering", "BertForMaskedLM"])
+def test_a_heads_per_token_outputs_are_cut_back_and_its_per_sequence_ones_kept(head):
+    """Token logits [B, L, C] and span logits [B, L] cut to the call's length; a sequence
+    head's logits [B, C] as they are, even where C happens to equal a padded length."""
+    labels = 2 if "Question" in head else 16  # 16: a padded length too
+    config = transformers.BertConfig(**{**TINY, "num_labels": labels})
+    torch.manual_seed(0)
+    model, eager = getattr(transformers, head)(config).eval(), getattr(transformers, head)(config).eval()
+    eager.load_state_dict(model.state_dict())
+    g = graphify(model, options=Options(backend="sim"))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for call in list(requests(8, 3, "cpu", longest=30)) * 2:
+            close(g(**call), eager(**call), "cpu")
+    assert g._padded.checked and not g._padded.off
+
+
+def test_a_model_class_whose_outputs_are_not_known_here_is_not_padded():
+    config = transformers.BertConfig(**TINY)
+    assert graphify(transformers.BertForMultipleChoice(config).eval())._padded is None
+    assert graphify(transformers.BertLMHeadModel(transformers.BertConfig(**TINY, is_decoder=True)))._padded is None

@@ -21,6 +21,10 @@ __all__ = ["encoder_padding", "ENCODERS"]
 
 # bidirectional encoders with absolute or no position embeddings, padded keys masked
 ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "electra", "camembert", "mpnet", "albert"})
+# the model classes whose outputs are known here (by class-name ending), so that every output
+# with a sequence axis is cut back: the bare encoder and its per-sequence and per-token heads
+HEADS = ("Model", "ForSequenceClassification", "ForTokenClassification", "ForMaskedLM", "ForQuestionAnswering")
+PER_TOKEN = {"last_hidden_state": 1, "hidden_states": 1, "attentions": 2, "start_logits": 1, "end_logits": 1}
 PADDED = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 LEFT_AS_GIVEN = frozenset({"return_dict", "output_attentions", "output_hidden_states"})
 
@@ -33,6 +37,8 @@ def encoder_padding(model: Any):
 
     config = getattr(model, "config", None)
     if not isinstance(model, PreTrainedModel) or getattr(config, "model_type", None) not in ENCODERS:
+        return None
+    if not type(model).__name__.endswith(HEADS):
         return None
     if getattr(config, "is_decoder", False) or getattr(config, "is_encoder_decoder", False):
         return None
@@ -70,21 +76,25 @@ def _pad(pad_id: int, call: dict, to: int) -> dict:
     return call
 
 
-def _cut(out: Any, length: int) -> Any:
-    """`out` with its sequence axes cut to `length`: hidden states [B, L, H] on dim 1,
-    attention maps [B, heads, L, L] on dims 2 and 3; other outputs as they are."""
+def _cut(out: Any, length: int, to: int) -> Any:
+    """`out` with its sequence axes cut from `to` back to `length`: hidden states [B, L, H] and
+    per-token logits ([B, L, C], [B, L]) on dim 1, attention maps [B, heads, L, L] on dims 2
+    and 3; pooled and per-sequence outputs ([B, H], [B, C]) as they are."""
     if isinstance(out, torch.Tensor):
         return out[:, :length]
     if hasattr(out, "keys") and hasattr(out, "to_tuple"):  # a ModelOutput
         for key in list(out.keys()):
-            value = out[key]
-            if key == "last_hidden_state":
-                out[key] = value[:, :length]
-            elif key == "hidden_states":
-                out[key] = tuple(h[:, :length] for h in value)
-            elif key == "attentions":
-                out[key] = tuple(a[:, :, :length, :length] for a in value)
+            value, dims = out[key], PER_TOKEN.get(key)
+            if key == "logits" and isinstance(value, torch.Tensor) and value.dim() == 3:
+                dims = 1  # a token head's ([B, L, C]); a sequence head's is [B, C]
+            if dims is not None:
+                out[key] = tuple(_cut_dims(v, dims, length) for v in value) if isinstance(value, tuple) else \
+                    _cut_dims(value, dims, length)
         return out
-    if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):  # return_dict=False
+    if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) and out[0].dim() == 3:  # return_dict=False
         return (out[0][:, :length], *out[1:])
     return out
+
+
+def _cut_dims(t: torch.Tensor, dims: int, length: int) -> torch.Tensor:
+    return t[:, :length] if dims == 1 else t[:, :, :length, :length]

@@ -43,13 +43,13 @@ def bucket(length: int, cap: int) -> int | None:
 class SequencePadding:
     """How to pad one model's calls: `length(call)` the sequence length of a call (its
     arguments by name; None: a call not to pad), `pad(call, to)` the call padded to `to`,
-    `cut(out, length)` the outputs of a padded call cut back to `length`, `cap` the longest
-    sequence, `name` what the messages call the model."""
+    `cut(out, length, to)` the outputs of a call padded to `to` cut back to `length`, `cap`
+    the longest sequence, `name` what the messages call the model."""
 
     name: str
     length: Callable[[dict], "int | None"]
     pad: Callable[[dict, int], dict]
-    cut: Callable[[Any, int], Any]
+    cut: Callable[[Any, int, int], Any]
     cap: int
 
 

@@ -74,7 +74,7 @@ class PaddedCalls:
         to = None if length is None else bucket(length, self.padding.cap)
         if to is None or to == length:
             return route(args, kwargs)
-        out = self.padding.cut(route((), self.padding.pad(dict(named), to)), length)
+        out = self.padding.cut(route((), self.padding.pad(dict(named), to)), length, to)
         if not self.checked:
             return self._first(out, args, kwargs, length, to)
         return out
