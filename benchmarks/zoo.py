@@ -150,21 +150,47 @@ def _replayed(fn) -> int | None:
     return sum(r.calls for r in stats.by_mode() if r.mode.value != "NONE")
 
 
-def worker(job: dict, out: str) -> None:
-    """In a process of its own, cold caches: one model and line, every batch and length."""
+def cold_model(name: str):
+    """In a worker process: inductor's and Triton's caches empty, the zoo model `name` built
+    (seeded) on the GPU in bf16, or on the CPU in fp32. Returns (spec, model, device, dtype)."""
     fresh_compile_caches()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    spec = by_name([job["model"]])[0]
+    spec = by_name([name])[0]
     torch.manual_seed(0)
-    model = spec.build().to(device, dtype)
+    return spec, spec.build().to(device, dtype), device, dtype
+
+
+def emit(row: dict, out: str) -> None:
+    """A worker's row, appended to its file as it comes (a cut run keeps what it measured)."""
+    with open(out, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
+
+
+def worker(job: dict, out: str) -> None:
+    """In a process of its own, cold caches: one model and line, every batch and length."""
+    spec, model, device, dtype = cold_model(job["model"])
     with torch.inference_mode():
         for batch in job["batches"]:
             for length in spec.lengths:
-                row = measure(model, spec, job["line"], batch, length, device, dtype, job.get("profile", False))
-                with open(out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                print(json.dumps(row), flush=True)
+                emit(measure(model, spec, job["line"], batch, length, device, dtype, job.get("profile", False)), out)
+
+
+def in_process(module: str, job: dict, what: str, timeout: int, failures: list) -> list[dict]:
+    """`python -m <module> --worker <job>` in a process of its own: the rows it wrote (its
+    failure, if any, added to `failures`)."""
+    with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
+        out = f.name
+    failed = run_process([sys.executable, "-m", module, "--worker", json.dumps(job), "--out", out], what, timeout,
+                         dict(os.environ))
+    if failed:
+        failures.append(failed)
+    with contextlib.suppress(FileNotFoundError):
+        rows = [json.loads(x) for x in open(out) if x.strip()]
+        os.unlink(out)
+        return rows
+    return []
 
 
 def run(models, lines, batches, timeout: int, profile: bool = False) -> dict:
@@ -172,16 +198,8 @@ def run(models, lines, batches, timeout: int, profile: bool = False) -> dict:
     rows, failures = [], []
     for spec in models:
         for line in lines:
-            with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
-                out = f.name
-            job = json.dumps({"model": spec.name, "line": line, "batches": list(batches), "profile": profile})
-            failed = run_process([sys.executable, "-m", "benchmarks.zoo", "--worker", job, "--out", out],
-                                 f"{line} on {spec.name}", timeout, dict(os.environ))
-            if failed:
-                failures.append(failed)
-            with contextlib.suppress(FileNotFoundError):
-                rows += [json.loads(x) for x in open(out) if x.strip()]
-                os.unlink(out)
+            job = {"model": spec.name, "line": line, "batches": list(batches), "profile": profile}
+            rows += in_process("benchmarks.zoo", job, f"{line} on {spec.name}", timeout, failures)
     return {"env": env, "rows": ratios(rows), "failures": failures}
 
 

@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import sys
-import tempfile
 import time
 import warnings
 
 import torch
 
-from ._report import environment, fresh_compile_caches, run_process, sync, table, worker_arguments
+from ._report import environment, sync, table, worker_arguments
 from ._zoo_models import TINY, available, by_name
-from .zoo import LIBRARY_NOTICES, _replayed, largest_difference, publish_result, wrapped
+from .zoo import LIBRARY_NOTICES, _replayed, cold_model, emit, in_process, largest_difference, publish_result, wrapped
 
 LINES = ("eager", "reduce_overhead", "graphify", "graphify_compile")
 RESOLUTIONS = (224, 288)
@@ -91,16 +88,8 @@ def measure(model, spec, line: str, calls: list, device: str, dtype) -> dict:
 
 
 def worker(job: dict, out: str) -> None:
-    fresh_compile_caches()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    spec = by_name([job["model"]])[0]
-    torch.manual_seed(0)
-    model = spec.build().to(device, dtype)
-    row = measure(model, spec, job["line"], [tuple(c) for c in job["calls"]], device, dtype)
-    with open(out, "a") as f:
-        f.write(json.dumps(row) + "\n")
-    print(json.dumps(row), flush=True)
+    spec, model, device, dtype = cold_model(job["model"])
+    emit(measure(model, spec, job["line"], [tuple(c) for c in job["calls"]], device, dtype), out)
 
 
 def run(models, lines, calls: int, timeout: int, lengths: tuple = LENGTHS) -> dict:
@@ -108,18 +97,8 @@ def run(models, lines, calls: int, timeout: int, lengths: tuple = LENGTHS) -> di
     for spec in models:
         plan = stream(spec, calls, lengths=lengths)
         for line in lines:
-            with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
-                out = f.name
-            job = json.dumps({"model": spec.name, "line": line, "calls": plan})
-            failed = run_process([sys.executable, "-m", "benchmarks.zoo_shapes", "--worker", job, "--out", out],
-                                 f"{line} on {spec.name}", timeout, dict(os.environ))
-            if failed:
-                failures.append(failed)
-            try:
-                rows += [json.loads(x) for x in open(out) if x.strip()]
-                os.unlink(out)
-            except FileNotFoundError:
-                pass
+            job = {"model": spec.name, "line": line, "calls": plan}
+            rows += in_process("benchmarks.zoo_shapes", job, f"{line} on {spec.name}", timeout, failures)
     eager = {r["model"]: r for r in rows if r["line"] == "eager"}
     for r in rows:
         e = eager.get(r["model"])
