@@ -70,6 +70,10 @@ def test_runs_of_one_model_each_merge_into_one_result(tmp_path, monkeypatch):
     assert result["failures"] == ["a failed once", "b failed once"]
     with pytest.raises(SystemExit, match="no results"):
         zoo.main(["--merge", "missing"])
+    for device in ("GPU X", "GPU Y"):  # parts of two cards are not one run
+        _report.write(f"zoo-mixed-{device[-1].lower()}", {**env, "device": device}, {"rows": [], "failures": []}, "")
+    with pytest.raises(SystemExit, match="several devices"):
+        zoo.main(["--merge", "mixed"])
 
 
 def test_a_shape_stream_is_seeded_and_of_the_models_kind():
