@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 from torch.utils.benchmark import Timer
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# where results are written: benchmarks/results/, or BENCH_RESULTS (a device run writing while
+# the tests, which read benchmarks/results/, run beside it)
+RESULTS = Path(os.environ.get("BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
 
 def environment() -> dict:

@@ -43,9 +43,13 @@ from ._zoo_models import MODELS, TINY, available, by_name
 
 LINES = ("eager", "reduce_overhead", "graphify", "graphify_compile", "graphify_background")
 # The compile line under other `Options(compile={...})` settings, for profiling its choices
-# beside the peer's (not run unless named in --lines)
+# beside the peer's (not run unless named in --lines), and the background line with what only a
+# compile nobody waits for can afford (inductor's autotuning of GEMM and convolution templates,
+# coordinate-descent tuning of its own kernels)
 VARIANTS = {"graphify_compile_static": {"dynamic": False}, "graphify_compile_auto": {"dynamic": None},
-            "graphify_compile_autotune": {"mode": "max-autotune-no-cudagraphs"}}
+            "graphify_compile_autotune": {"mode": "max-autotune-no-cudagraphs"},
+            "graphify_background_autotune": {"background": True, "mode": "max-autotune-no-cudagraphs"},
+            "graphify_background_coordinate": {"background": True, "options": {"coordinate_descent_tuning": True}}}
 # warnings a line gives that are torch's or a library's notices of deprecation, not what a user
 # of the line is told about their model (torch.compile's own `torch.jit.script_method` notice)
 LIBRARY_NOTICES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
@@ -105,7 +109,7 @@ def measure(model, spec, line: str, batch: int, length, device: str, dtype, prof
             fn(**fixed)
             sync()
             calls.append(time.perf_counter() - t0)
-        if line == "graphify_background":
+        if line.startswith("graphify_background"):
             fn.wait_compiles(timeout=1200)
             for _ in range(STEADY_CALLS):  # the swap: its kind captures again, with the compiled code
                 fn(**fixed)
@@ -119,11 +123,23 @@ def measure(model, spec, line: str, batch: int, length, device: str, dtype, prof
     graphs_mib = pool_mib(fn)
     row = {"model": spec.name, "library": spec.library, "kind": spec.kind, "line": line, "batch": batch,
            "length": length, "first_s": calls[0], "ready_s": ready, "ms": ms, "max_err": error, "mib": mib,
-           "pool_mib": graphs_mib, "replayed": replayed, "warnings": sorted(set(w[:300] for w in seen))}
+           "pool_mib": graphs_mib, "replayed": replayed, "warnings": sorted(set(w[:300] for w in seen)),
+           "compile_phases": compile_phases()}
     if profile and device == "cuda":
         count, gpu_ms, idle_us, top = kernels(lambda: fn(**fixed))
         row.update(kernels=count, gpu_ms=gpu_ms, idle_us=idle_us, top=top)
     return row
+
+
+def compile_phases() -> dict:
+    """Seconds this process spent so far in each of torch.compile's timed phases (dynamo's
+    trace, AOT, inductor's codegen and compiles, ...), and the graphs dynamo compiled: where a
+    line's seconds to steady go."""
+    from torch._dynamo import utils
+
+    phases = {k: round(sum(v), 2) for k, v in utils.compilation_time_metrics.items() if sum(v) >= 0.05}
+    phases["graphs"] = utils.counters["stats"].get("unique_graphs", 0)
+    return phases
 
 
 def steady_ms(call, device: str, reps: int = 30, warmup: int = 5) -> float:

@@ -3,14 +3,17 @@
 # worker a GPU pinned to its share of the cores, each model its own `benchmarks.zoo` run tagged
 # run1-<model> (join them with `python3 -m benchmarks.zoo --merge run1`). Stops taking models
 # MIN_LEFT s before BUDGET_S; results and logs go to $OUT/bundle.tar.gz as they come. SUITE=1:
-# GPU 0 first runs pytest on SUITE_TESTS (default: all tests), then takes models too.
+# GPU 0 first runs pytest on SUITE_TESTS (default: all tests), then takes models too. BEFORE="cmd":
+# GPU 0 runs cmd (its output in logs/before.txt) before anything else.
 #
 #   MODELS="timm/resnet50 transformers/bert-base" BUDGET_S=540 bash benchmarks/zoo_device_run.sh
 # Every model's table and JSON, and the logs, go into $OUT/bundle.tar.gz as they come.
-ROOT=$PWD; mkdir -p $OUT/logs; unset PYTHONDONTWRITEBYTECODE; export PYTHONUNBUFFERED=1
+ROOT=$PWD; mkdir -p $OUT/logs; rm -f /tmp/before.done; unset PYTHONDONTWRITEBYTECODE; export PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 log() { echo "[$(date +%T)] $*" | tee -a $OUT/steps.txt; }
-save() { (cd $ROOT && flock /tmp/save.lock tar -czf $OUT/bundle.tar.gz -C $OUT logs steps.txt -C $ROOT $(ls benchmarks/results/zoo-* 2>/dev/null) 2>/dev/null); true; }
+# results go to /tmp/results (packed as benchmarks/results/), not into the tree the tests read
+export BENCH_RESULTS=/tmp/results; mkdir -p $BENCH_RESULTS
+save() { (flock /tmp/save.lock tar -czf $OUT/bundle.tar.gz -C $OUT logs steps.txt --transform 's,^tmp/results,benchmarks/results,' -C / tmp/results 2>/dev/null); true; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . > $OUT/logs/install.txt 2>&1; log installed
 printf '%s\n' ${MODELS} > /tmp/queue
 pop() { flock /tmp/queue.lock bash -c 'head -1 /tmp/queue; sed -i 1d /tmp/queue'; }
@@ -24,10 +27,16 @@ gpu_loop() {  # gpu cores
   done
 }
 N=$(nvidia-smi -L | wc -l); C=$(( $(nproc) / N )); [ $C -ge 1 ] || C=1  # GPUs, and cores a GPU
+N=${GPUS:-$N}  # GPUS=n: the first n GPUs only (the others left to another job, with their cores)
 cores() { echo "$(( $1 * C ))-$(( $1 * C + C - 1 ))"; }
 gpus=""; for i in $(seq $([ -n "$SUITE" ] && echo 1 || echo 0) $(( N - 1 ))); do gpus="$gpus $i:$(cores $i)"; done
+if [ -n "$BEFORE" ]; then  # GPU 0 runs it first, the others wait for nothing
+  (CUDA_VISIBLE_DEVICES=0 taskset -c $(cores 0) timeout $(( END - $(date +%s) )) bash -c "$BEFORE" > $OUT/logs/before.txt 2>&1; log "before rc=$?"; save; touch /tmp/before.done) &
+else touch /tmp/before.done
+fi
 if [ -n "$SUITE" ]; then  # GPU 0 runs the tests named (SUITE_TESTS, default all), then takes models too
-  (CUDA_VISIBLE_DEVICES=0 taskset -c $(cores 0) timeout $(( END - $(date +%s) )) python3 -m pytest -q -rs -n ${XDIST:-8} -p no:cacheprovider ${SUITE_TESTS:-tests} --durations=15 \
+  (while [ ! -e /tmp/before.done ]; do sleep 2; done
+   CUDA_VISIBLE_DEVICES=0 taskset -c $(cores 0) timeout $(( END - $(date +%s) )) python3 -m pytest -q -rs -n ${XDIST:-8} -p no:cacheprovider ${SUITE_TESTS:-tests} --durations=15 \
       --deselect tests/test_distributed.py::test_tensor_parallel_cuda_graphs_with_nccl_equal_the_single_gpu_model > $OUT/logs/pytest.txt 2>&1
    log "tests rc=$? $(tail -1 $OUT/logs/pytest.txt)"; save; gpu_loop 0 $(cores 0)) &
 fi

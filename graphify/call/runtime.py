@@ -70,7 +70,8 @@ class Plan:
     """Everything one (graph, real tokens, real requests) call needs, precomputed.
 
     `inputs` holds (argument index, destination view, its data_ptr) for every copied
-    argument; `pads` holds (buffer number, real rows) per padded buffer."""
+    argument; `pads` holds ((tier, slot), buffer, padding, real rows) per padded buffer
+    (`graphify.plan.static_buffers`)."""
 
     inputs: tuple
     pads: tuple
@@ -121,9 +122,9 @@ class Runtime:
         self.static_call: _StaticCall | None = None
         self.replayed = 0  # graph replays so far: the layer above tells a replayed call from an eager one
         self._serve(table)
-        # Rows of each padded buffer that may hold real data; rows past it hold padding.
-        # Padding is copied in only where a smaller batch follows a larger one.
-        self.dirty = [0] * len(table.specs)
+        # Rows of each padded buffer ((tier, slot)) that may hold real data; rows past it hold
+        # padding. Padding is copied in only where a smaller batch follows a larger one.
+        self.dirty: dict[tuple[int, int], int] = {}
 
     def _serve(self, table: GraphTable) -> None:
         self.table = table
@@ -196,7 +197,7 @@ class Runtime:
                     self.plans.clear()
                 plan = self.plans[plan_key] = self._plan(entry, n, r)
             dsts, srcs = [], []
-            if trusted:
+            if trusted and all(args[i].data_ptr() == ptr for i, _, ptr in plan.inputs):  # the graph's own buffers
                 if self.rules.shapes_only and (self.agreement is None or not self.agreement.needed(decision.mode)):
                     self.plans[STATIC_PLAN] = (plan, decision.mode, n)  # the same plan serves every later call
             else:
@@ -229,13 +230,12 @@ class Runtime:
         """Copy the inputs in `dsts`/`srcs`, plus padding wherever a larger batch left real
         rows past this one's, in one `_foreach_copy_`."""
         dirty = self.dirty
-        static = self.table.static
-        for b, real in plan.pads:
-            held = dirty[b]
+        for slot, buffer, pad, real in plan.pads:
+            held = dirty.get(slot, 0)
             if held > real:  # a larger batch left data past this one: restore padding there
-                dsts.append(static.buffers[b][real:held])
-                srcs.append(static.pads[b][real:held])
-            dirty[b] = real
+                dsts.append(buffer[real:held])
+                srcs.append(pad[real:held])
+            dirty[slot] = real
         if dsts:
             if torch.is_grad_enabled():
                 with torch.no_grad():
@@ -261,11 +261,12 @@ class Runtime:
         self._serve(table)  # its own, empty plans
         self.static_call = None
 
-    def wrote(self, written: Sequence[int]) -> None:
-        """Note that a call's data now fills `written[b]` rows of static buffer b (hold
-        `exclusive()`): a first-use capture loaded them, so later smaller batches restore
-        padding there."""
-        self.dirty = [max(d, w) for d, w in zip(self.dirty, written)]
+    def wrote(self, written: "dict[tuple[int, int], int]") -> None:
+        """Note that a call's data now fills `written[(tier, slot)]` rows of that static
+        buffer (hold `exclusive()`): a first-use capture loaded them, so later smaller
+        batches restore padding there."""
+        for slot, rows in written.items():
+            self.dirty[slot] = max(self.dirty.get(slot, 0), rows)
         self.static_call = None
 
     def forget(self) -> None:
@@ -275,10 +276,12 @@ class Runtime:
 
     def _plan(self, entry: Entry, n: int, r: int) -> Plan:
         inputs, pads = [], []
-        for b, spec, view, real in self.table.static.slots(self.table.specs, n, r):
+        static, key = self.table.static, entry.key
+        for b, spec, view, real in static.slots(self.table.specs, n, r, key=key):
             if real is not None:
                 inputs.append((spec.index, view, view.data_ptr()))
-                pads.append((b, real))
+                tier = static.tier_of(key.num_tokens, key.reqs_rows)
+                pads.append(((tier, b), static.tiers[tier].buffers[b], static.tiers[tier].pads[b], real))
             elif spec.axis.kind is Kind.FIXED:
                 inputs.append((spec.index, view, view.data_ptr()))
         rows = {Kind.TOKENS: n, Kind.REQS: r}
@@ -300,10 +303,12 @@ class Runtime:
         input is copied."""
         out = []
         with self.lock:
-            for b, spec, arg, real in self.table.static.slots(self.table.specs, n, r):
+            static = self.table.static
+            for b, spec, arg, real in static.slots(self.table.specs, n, r):
                 out.append(arg)
-                if real is not None:
-                    self.dirty[b] = max(self.dirty[b], real)  # the caller will write these rows
+                if real is not None:  # the caller will write these rows
+                    slot = (static.tier_of(n, r), b)
+                    self.dirty[slot] = max(self.dirty.get(slot, 0), real)
         out = tuple(out)
         tokens, reqs = self.rows_and_check(out)
         with self.lock:

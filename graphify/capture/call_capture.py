@@ -39,8 +39,8 @@ log = logging.getLogger("graphify")
 class CallCapture:
     """A session for one call structure; see the module docstring."""
 
-    def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, function=None):
-        session = self.session = CaptureSession(spec, prepared, keys, function=function)
+    def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, function=None, tiered: bool = False):
+        session = self.session = CaptureSession(spec, prepared, keys, function=function, tiered=tiered)
         session.specs = tuple(
             attrs.evolve(s, value=weaken(s.value)) if s.axis.kind is Kind.STATIC else s for s in session.specs
         )
@@ -57,9 +57,9 @@ class CallCapture:
 
     def load(self, pair: tuple, args: Sequence[Any]) -> tuple[list, tuple]:
         """Copy the call `args`' rows into the static buffers for a capture of `pair` (mode,
-        key): (what was loaded, for `capture`; rows written per buffer, for the runtime's
-        padding record). Hold the runtime's `exclusive()` lock: the buffers are its too."""
-        return self.session.static.load(self.session.specs, args, pair[1])
+        key): (what was loaded, for `capture`; rows written per (tier, buffer), for the
+        runtime's padding record). Hold the runtime's `exclusive()` lock: the buffers are its too."""
+        return self.session.fit(pair[1]).load(self.session.specs, args, pair[1])
 
     def capture(self, pair: tuple, args: Sequence[Any], loaded: list, *, quick: bool = False,
                 collect: bool = True, plain: bool = False) -> GraphTable:
@@ -105,7 +105,7 @@ class CallCapture:
     def capture_args(self, pair: tuple, args: Sequence[Any]) -> tuple:
         """The arguments a capture of `pair` calls the function with (the static buffers at
         the key's rows, the call's objects): what a compile of that capture sees."""
-        return self.session.static.args_for(self.session.specs, pair[1], args)
+        return self.session.fit(pair[1]).args_for(self.session.specs, pair[1], args)
 
     def _weak_outputs(self, entry, objects: dict):
         """`entry` with the static objects it returns (a model returning its cache) held

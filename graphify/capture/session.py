@@ -81,7 +81,7 @@ class CaptureSession:
     function reaches, shared by the sessions of one callable (first use: its structures)."""
 
     def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, *, lockstep=None,
-                 function: FunctionReads | None = None):
+                 function: FunctionReads | None = None, tiered: bool = False):
         label, specs, example, backend = spec.label, prepared.specs, prepared.args, prepared.backend
         try:
             device = device_of(specs)
@@ -97,12 +97,24 @@ class CaptureSession:
         self.seen: set = set()  # modes whose first key is captured (it alone runs the full protocol)
         self.seconds = 0.0
         self.hold = LibraryHold()
-        rows = {Kind.TOKENS: keys.max_tokens(), Kind.REQS: max((k.reqs_rows for _, k in keys.pairs()), default=1)}
+        # one tier of static buffers for every key, or (`tiered`: first use, every batch size a
+        # key, met as calls come) tiers made as keys need them (`fit`)
         with device_scope(device), torch.no_grad():
-            self.static = StaticBuffers.allocate(specs, example, rows, backend.empty)
+            self.static = StaticBuffers.allocate(specs, example, None if tiered else _largest_rows(keys), backend.empty)
             self.keeper = StateKeeper(spec.options.restore_state, exclude=self.static.storages())
             self.setup = _setup(spec, prepared, keys, lockstep, device, self.pool.handle_for(backend, device, label))
         self.function = function if function is not None else FunctionReads.for_spec(spec)
+
+    def fit(self, key) -> StaticBuffers:
+        """The static buffers, with a tier added where none holds `key` yet (its storages
+        never restored by the state keeper)."""
+        static = self.static
+        with device_scope(self.setup.device), torch.no_grad():
+            grown = static.fitting(self.specs, key, _largest_rows(self.keys), self.setup.backend.empty)
+        if grown is not static:
+            self.static = grown
+            self.keeper.exclude |= grown.storages()
+        return grown
 
     def objects(self, args: Sequence[Any]) -> dict:
         """The static objects of a call: roots of the Python state a graph cannot follow."""
@@ -201,7 +213,7 @@ class CaptureSession:
         must leave as they are; None: all padding. `quick`: no warm-up, no op guard."""
         first = mode not in self.seen
         setup, keeper = self.setup, self.keeper
-        args = self.static.args_for(self.specs, key, example)
+        args = self.fit(key).args_for(self.specs, key, example)
         t0 = time.perf_counter()
         try:
             step = KeyCapture(key, keeper, first, setup.probe if keeper.enabled else None, sibling, quick, plain,
@@ -211,7 +223,7 @@ class CaptureSession:
         except Exception as exc:
             exc.graphify_key = (mode, key)
             raise
-        changed = self.static.changed(self.specs, loaded) if first and not quick else None
+        changed = self.static.changed(self.specs, key, loaded) if first and not quick else None
         if changed:
             raise CaptureError(
                 f"{self.label}: the function writes to argument(s) {changed} in place; graphify copies padded "
@@ -252,6 +264,11 @@ class CaptureSession:
             self.pool.trim()
 
 
+
+
+def _largest_rows(keys: KeySet) -> dict:
+    """Rows of the largest key along each padded axis kind: what static buffers hold at most."""
+    return {Kind.TOKENS: keys.max_tokens(), Kind.REQS: max((k.reqs_rows for _, k in keys.pairs()), default=1)}
 
 
 def _unchanged(label: str, reach: tuple[Reach, ...], snapshots: tuple[Snapshot, ...]) -> None:

@@ -232,7 +232,7 @@ class FirstUse:
         """A new branch of `structure`, its capture open on `prepared`'s call, first in line."""
         spec = self.spec
         keys = spec.keys if not structure.exact else exact_keys(spec.resolution.mode, spec.batching, self.limits.exact_max_tokens)
-        capture = self.open_capture(spec, prepared, keys)
+        capture = self.open_capture(spec, prepared, keys, tiered=structure.exact)  # buffers grow with the sizes met
         branch = Branch(key, capture, _call_paths.runtime_for(spec, capture.session.table(), keys))
         structure.branches = {key: branch, **structure.branches}
         return branch

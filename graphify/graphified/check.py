@@ -89,7 +89,10 @@ def _random_args(runtime, examples: Sequence[Any], n: int, gen: torch.Generator)
     resampled from the example (so indices stay valid); the rest as captured."""
     table = runtime.table
     args = []
-    for b, spec, arg, real in table.static.slots(table.specs, n, None):
+    static = table.static
+    for b, spec in enumerate(table.specs):  # (padded slots: rows drawn here; `n` may be past every key)
+        kind = spec.axis.kind
+        arg = static.fixed[b] if kind is Kind.FIXED else static.persistent[b] if kind is Kind.PERSISTENT else spec.value
         example = examples[b]
         if spec.axis.kind is Kind.TOKENS:
             if example.is_floating_point() or example.is_complex():
