@@ -41,6 +41,24 @@ class Sequence(torch.nn.Module):
         return self.lin(self.conv(x).transpose(1, 2))
 
 
+class Patches(torch.nn.Module):
+    """A ViT's shape: one 2-D convolution (the patch embedding) before many other ops, where
+    inductor lays nothing out channels-last at any shape ("only a few conv")."""
+
+    def __init__(self, depth: int = 40):
+        super().__init__()
+        self.embed = torch.nn.Conv2d(3, 16, 4, stride=4)
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 32),
+                                                              torch.nn.GELU(), torch.nn.Linear(32, 16))
+                                          for _ in range(depth))
+
+    def forward(self, x):
+        h = self.embed(x).flatten(2).transpose(1, 2)
+        for block in self.blocks:
+            h = h + block(h)
+        return h.mean(1)
+
+
 class Recording:
     """A torch.compile backend that keeps each traced graph and runs it as is."""
 
@@ -72,6 +90,17 @@ def test_a_2d_convolution_over_symbolic_shapes_wants_a_compile_per_shape():
     assert not wants_static(traced(convs, torch.randn(2, 3, 12, 12), dynamic=False))
     assert not wants_static(traced(seq, torch.randn(2, 4, 6), dynamic=True))  # 1-D: left dynamic
     assert not wants_static(traced(torch.nn.Linear(4, 4), torch.randn(3, 4), dynamic=True))
+
+
+def test_one_convolution_among_many_nodes_stays_dynamic_as_inductor_would_not_lay_it_out():
+    from graphify.compile.shape_policy import NODES_PER_CONVOLUTION
+
+    torch.manual_seed(0)
+    deep, shallow = Patches().eval(), Patches(depth=2).eval()
+    big = traced(deep, torch.randn(2, 3, 16, 16), dynamic=True)
+    assert len(big.graph.nodes) >= NODES_PER_CONVOLUTION  # the case: one convolution, 300 nodes or more
+    assert not wants_static(big)
+    assert wants_static(traced(shallow, torch.randn(2, 3, 16, 16), dynamic=True))  # few nodes: per shape
 
 
 def test_a_wrapped_refusal_is_recognised_through_its_causes():
@@ -139,6 +168,15 @@ def test_a_model_without_2d_convolutions_keeps_one_dynamic_compile(backend):
                 x = torch.randn(n, 4, 6, device=backend[1])
                 torch.testing.assert_close(g(x), eager(x), rtol=1e-4, atol=1e-5)
     assert len(counting.graphs) == 1
+    assert not g._first_use.spec.compiled.per_shape
+
+
+def test_a_vit_shaped_model_keeps_one_dynamic_compile_and_eagers_answer(backend):
+    counting = Counting()
+    model, eager = twins(Patches, backend[1])
+    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting}))
+    run_batches(g, eager, backend[1], (2, 5, 3), size=16)
+    assert len(counting.graphs) == 1 and not counting.shapes()[0][0].isdigit()
     assert not g._first_use.spec.compiled.per_shape
 
 

@@ -40,8 +40,9 @@ class CompileOptions:
     - `deadline_s`: a background compile running longer stops the worker (default 1200).
     - `backend`, `mode`, `options`, `fullgraph`, `disable`: torch.compile's own keywords.
     - `dynamic`: torch.compile's, or "auto" (default): dynamic shapes, except that a function
-      whose traced call holds 2-D or 3-D convolutions is compiled per captured shape, where
-      inductor's layouts for them need static shapes (`graphify.compile.shape_policy`).
+      whose traced call holds 2-D or 3-D convolutions (enough of them for inductor to lay them
+      out: a CNN, not a ViT) is compiled per captured shape, where inductor's layouts for them
+      need static shapes (`graphify.compile.shape_policy`).
     - `rewrites`: graph rewrites switched on or off by name (in the dict as top-level keys).
     """
 

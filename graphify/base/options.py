@@ -123,8 +123,8 @@ class Options:
       effects happen when it traces. Tensors the closure holds are still checked.
     - `compile`: record inductor's kernels instead of eager ones: True (or a dict of
       `torch.compile` keywords) compiles the function, with dynamic shapes unless the dict
-      says otherwise (a function whose traced call holds 2-D or 3-D convolutions compiles per
-      captured shape instead, where inductor's layouts for them need static shapes:
+      says otherwise (a function whose traced call holds 2-D or 3-D convolutions, as a CNN does,
+      compiles per captured shape instead, where inductor's layouts for them need static shapes:
       `graphify.compile.shape_policy`), for the calls that capture graphs; calls that run without a graph
       (transformers' prefill, sizes not captured) run it as written, so they never compile.
       The first capture pays the compile (Python floats such as `eps` are specialised, so

@@ -11,7 +11,11 @@ as fast or faster (`benchmarks/results/zoo-prof-*`, H200).
 
 So under `dynamic="auto"` (the default) the dynamic compile's backend refuses a traced graph
 holding such a convolution over symbolic shapes (`Specialise`, raised before any kernel is
-built), and the function is compiled per shape from then on (`dynamic=False`).
+built), and the function is compiled per shape from then on (`dynamic=False`). Not where
+inductor would skip the layout at static shapes too: a graph of 300 nodes or more per
+convolution ("only a few conv": a ViT's one patch embedding among 600 nodes), where a compile
+per shape would buy nothing. Counted on dynamo's graph, which has fewer nodes than the ATen
+graph inductor counts, so a borderline graph is still compiled per shape.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 __all__ = ["AUTO", "Specialise", "wants_static", "asked_to_specialise"]
 
 AUTO = "auto"  # `Options(compile={"dynamic": ...})`'s default: dynamic, per shape where convolutions need it
+NODES_PER_CONVOLUTION = 300  # inductor's `decide_layout_opt`: at or above, no channels-last layout at any shape
 
 _CONVOLUTIONS = frozenset({torch.conv2d, torch.conv3d, torch.convolution, torch.nn.functional.conv2d,
                            torch.nn.functional.conv3d, torch.conv_transpose2d, torch.conv_transpose3d,
@@ -33,18 +38,21 @@ class Specialise(Exception):
 
 
 def wants_static(gm: torch.fx.GraphModule) -> bool:
-    """Whether a traced graph holds a 2-D or 3-D convolution whose input or weight has a
-    symbolic size: one inductor would lay out without channels-last. Pure."""
+    """Whether a traced graph holds 2-D or 3-D convolutions, one of them over a symbolic
+    size, and fewer than `NODES_PER_CONVOLUTION` nodes per convolution: one inductor would
+    lay out channels-last at static shapes and not at these. Pure."""
     from torch.fx.experimental.symbolic_shapes import free_symbols
 
+    convolutions, symbolic = 0, False
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in _CONVOLUTIONS:
             continue
         values = [a.meta.get("example_value", a.meta.get("val")) for a in node.args[:2] if isinstance(a, torch.fx.Node)]
         tensors = [v for v in values if isinstance(v, torch.Tensor)]
-        if len(tensors) == 2 and tensors[1].dim() >= 4 and any(free_symbols(t) for t in tensors):
-            return True
-    return False
+        if len(tensors) == 2 and tensors[1].dim() >= 4:
+            convolutions += 1
+            symbolic = symbolic or any(free_symbols(t) for t in tensors)
+    return symbolic and len(gm.graph.nodes) < NODES_PER_CONVOLUTION * convolutions
 
 
 def asked_to_specialise(exc: BaseException) -> bool:
