@@ -363,6 +363,61 @@ def test_a_compiled_capture_that_fails_here_keeps_plain_graphs_with_one_warning(
     assert calls_by_mode(g)[Mode.FULL] == 2 + 4
 
 
+@LINES
+def test_a_function_that_cannot_be_captured_as_written_replays_its_compile_once_made(backend, monkeypatch):
+    """A model whose plain capture fails (EdgeNeXt copies a host tensor to the device inside its
+    forward; inductor folds the copy into a constant) runs eagerly with one warning until its
+    compile is made, then replays the compiled graphs. The failure is made here: every plain
+    capture raises as such a copy does."""
+    from graphify.capture import CallCapture
+
+    through = CallCapture.capture_first_use
+
+    def as_written_fails(self, pair, args, loaded, *, kin, collect, plain):
+        if plain:
+            raise CaptureError("Cannot copy between CPU and CUDA tensors during CUDA graph capture (made to)")
+        return through(self, pair, args, loaded, kin=kin, collect=collect, plain=plain)
+
+    monkeypatch.setattr(CallCapture, "capture_first_use", as_written_fails)
+    _, device, compiler = backend
+    torch._dynamo.reset()
+    block, eager = twins(Block, device)
+    g = graphify(block.forward, options=background(compiler))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(4):  # eager: the graph cannot be captured as written
+            x = torch.randn(3, 16, device=device)
+            torch.testing.assert_close(g(x), eager(x))
+        assert calls_by_mode(g)[Mode.FULL] == 0
+        assert g.wait_compiles(WAIT_S)
+        (ticket,) = g._first_use.jobs.tickets.values()
+        assert ticket.state == "ready", ticket.error
+        for _ in range(4):  # the compiled function captures: graphs from the first call after
+            x = torch.randn(3, 16, device=device)
+            torch.testing.assert_close(g(x), eager(x))
+    assert calls_by_mode(g)[Mode.FULL] >= 3
+    told = [str(w.message) for w in seen if "Cannot copy" in str(w.message)]
+    assert len(told) == 1 and "until the compile in the background is made" in told[0]
+
+
+def test_without_a_compile_on_its_way_a_failed_capture_runs_eagerly_for_good(monkeypatch):
+    from graphify.capture import CallCapture
+
+    monkeypatch.setattr(CallCapture, "capture_first_use", lambda *a, **k: (_ for _ in ()).throw(
+        CaptureError("Cannot copy between CPU and CUDA tensors during CUDA graph capture (made to)")))
+    block, eager = twins(Block, "cpu")
+    g = graphify(block.forward, options=Options(backend="sim"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            for _ in range(5):
+                x = torch.randn(3, 16)
+                torch.testing.assert_close(g(x), eager(x))
+    assert calls_by_mode(g)[Mode.FULL] == 0
+    told = [str(w.message) for w in seen if "Cannot copy" in str(w.message)]
+    assert len(told) == 1 and "until the compile" not in told[0]
+
+
 def sleeps_in_the_worker(gm, example_inputs):
     """A dynamo backend whose compile never ends in the worker (a stuck compile)."""
     if str(os.getpid()) != os.environ.get("GRAPHIFY_TEST_PARENT"):

@@ -30,8 +30,10 @@ class CaptureFailures:
         self.strict, self.warned = strict, warned
         self.retries: dict = {}  # family -> captures retried in a row
 
-    def after(self, exc: CaptureError, family, branch, pair, kin: bool) -> None:
-        """Return where the call runs eagerly; raise what first use must handle above."""
+    def after(self, exc: CaptureError, family, branch, pair, kin: bool, awaits: bool = False) -> None:
+        """Return where the call runs eagerly; raise what first use must handle above.
+        `awaits`: the function as written failed, and its compile in the background is on its
+        way (its graphs are tried once it is made)."""
         if self.strict:
             raise exc
         replaced = getattr(exc, "replaced", False)
@@ -43,8 +45,9 @@ class CaptureFailures:
         what = f"cannot capture: {type(exc).__name__}"
         if what not in self.warned:
             self.warned.add(what)
-            warnings.warn(f"{exc}\n(this call, and calls needing the same graph, run eagerly; other calls keep their "
-                          "graphs. Options(first_use='strict') raises instead.)", stacklevel=7)
+            until = (" until the compile in the background is made, whose graphs are tried then" if awaits else "")
+            warnings.warn(f"{exc}\n(this call, and calls needing the same graph, run eagerly{until}; other calls keep "
+                          "their graphs. Options(first_use='strict') raises instead.)", stacklevel=7)
 
     def captured(self, family) -> None:
         self.retries.pop(family, None)

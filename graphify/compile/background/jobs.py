@@ -252,13 +252,19 @@ class CompileJobs:
 
 
 def capture_with(job: "Job | None", capture: Callable[[bool], Any], strict: bool) -> tuple[Any, bool]:
-    """(table, plain) from `capture(plain)`: plain where `job`'s compile is not ready. A
-    compiled capture that fails gives the job up and captures plain instead (unless
-    `strict`): the function as written had graphs before, and keeps them. One that ran out
-    of device memory captures plain this time and tries compiled again later."""
+    """(table, plain) from `capture(plain)`: plain where `job`'s compile is not ready (a
+    plain capture that fails then says so on its error, `graphify_plain_first`: the compiled
+    function may capture where it cannot). A compiled capture that fails gives the job up and
+    captures plain instead (unless `strict`): the function as written had graphs before, and
+    keeps them. One that ran out of device memory captures plain this time and tries compiled
+    again later."""
     plain = job is not None and not job.ready and not job.from_store()
     if job is None or plain:
-        return capture(plain), plain
+        try:
+            return capture(plain), plain
+        except CaptureError as exc:  # the function as written failed before its compile was made
+            exc.graphify_plain_first = plain
+            raise
     job.take_loaded()
     try:
         return capture(False), False
