@@ -8,7 +8,8 @@
 - A tensor replaced on every call (a DynamicCache's torch.cat) is raised, for first use to
   run such calls eagerly from then on.
 - Anything else (an op that reads a device value on the host, ...): that graph is not tried
-  again, its calls run eagerly, with one warning per kind of failure.
+  again, its calls run eagerly, with one warning per kind of failure; under a compile in the
+  background, until that compile is made (its graphs are tried then).
 - `Options(first_use="strict")` raises every failure.
 """
 
@@ -30,10 +31,14 @@ class CaptureFailures:
         self.strict, self.warned = strict, warned
         self.retries: dict = {}  # family -> captures retried in a row
 
-    def after(self, exc: CaptureError, family, branch, pair, kin: bool, awaits: bool = False) -> None:
-        """Return where the call runs eagerly; raise what first use must handle above.
-        `awaits`: the function as written failed, and its compile in the background is on its
-        way (its graphs are tried once it is made)."""
+    def after(self, exc: CaptureError, family, branch, pair, kin: bool, job=None) -> None:
+        """Return where the call runs eagerly; raise what first use must handle above. `job`:
+        the capture's compile in the background, if any. Where the function as written failed
+        before that compile was made, the compile is sent anyway (it may capture where the
+        function as written cannot: a host copy inductor folds away) and tried once made."""
+        awaits = job is not None and getattr(exc, "graphify_plain_first", False) and not isinstance(exc, StateReplacedError)
+        if awaits:
+            branch.waiting.setdefault(pair, job.send())
         if self.strict:
             raise exc
         replaced = getattr(exc, "replaced", False)

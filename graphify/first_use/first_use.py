@@ -291,10 +291,7 @@ class FirstUse:
                     pair, miss.args, loaded, kin=kin, collect=collect, plain=plain),
                     strict=self.spec.options.first_use == "strict")
             except CaptureError as exc:
-                awaits = getattr(exc, "graphify_plain_first", False) and not isinstance(exc, StateReplacedError)
-                if awaits:  # the compiled function may capture where the function as written cannot (a host copy
-                    branch.waiting.setdefault(pair, job.send())  # inductor folds away): tried once it is made
-                self.failures.after(exc, structure.family, branch, pair, kin, awaits)  # raises what must go up
+                self.failures.after(exc, structure.family, branch, pair, kin, job)  # raises what must go up
                 return False
             runtime.install(table)
             self.failures.captured(structure.family)
