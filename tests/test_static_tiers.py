@@ -120,3 +120,19 @@ def test_a_capture_writing_its_input_is_refused_whatever_the_tier(backend):
             x = torch.randn(n, 16, device=device)
             want = x * 2
             torch.testing.assert_close(g(x.clone()), want)
+
+
+def test_request_rows_count_only_where_an_argument_has_them(backend):
+    """Uniform decode of two-token queries: keys of 8 tokens hold 4 request rows. A function
+    with no request-axis argument is handed static inputs of 8 token rows all the same."""
+    from graphify import Batching
+
+    name, device = backend
+    w = weight(device)
+    g = graphify(mlp, mode="FULL_DECODE_ONLY", sizes=(2, 4, 8), axes=(tokens(), persistent()),
+                 batching=Batching(uniform_query_len=2), options=Options(backend=name)).capture(
+        torch.randn(4, 16, device=device), w)
+    assert g.table.static.tiers[0].rows[Kind.REQS] < 8
+    x, same_w = g.static_inputs(8)
+    x.copy_(torch.randn(8, 16, device=device))
+    torch.testing.assert_close(g(x, same_w), mlp(x, w))

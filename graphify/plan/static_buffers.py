@@ -41,9 +41,13 @@ class Tier:
     rows: Mapping[Kind, int]
     buffers: tuple[torch.Tensor | None, ...]
     pads: tuple[torch.Tensor | None, ...]
+    kinds: frozenset = frozenset({Kind.TOKENS, Kind.REQS})  # the padded axis kinds its buffers have
 
     def holds(self, tokens: int, reqs: int) -> bool:
-        return tokens <= self.rows[Kind.TOKENS] and reqs <= self.rows[Kind.REQS]
+        """Whether its buffers have the rows: only the axis kinds some argument has count
+        (a function without request-axis arguments has no request rows to hold)."""
+        return ((Kind.TOKENS not in self.kinds or tokens <= self.rows[Kind.TOKENS])
+                and (Kind.REQS not in self.kinds or reqs <= self.rows[Kind.REQS]))
 
 
 def tier_rows(need: Mapping[Kind, int], largest: "Mapping[Kind, int] | None", limit: Mapping[Kind, int]) -> dict:
@@ -132,7 +136,7 @@ class StaticBuffers:
             else:
                 buffers.append(None)
                 pads.append(None)
-        return Tier(dict(rows), tuple(buffers), tuple(pads))
+        return Tier(dict(rows), tuple(buffers), tuple(pads), frozenset(s.axis.kind for s in specs if s.axis.kind.padded))
 
     def fitting(self, specs: Sequence[ArgSpec], key: BatchDescriptor, limit: Mapping[Kind, int],
                 empty=torch.empty) -> "StaticBuffers":
