@@ -136,3 +136,44 @@ def test_request_rows_count_only_where_an_argument_has_them(backend):
     x, same_w = g.static_inputs(8)
     x.copy_(torch.randn(8, 16, device=device))
     torch.testing.assert_close(g(x, same_w), mlp(x, w))
+
+
+def test_static_inputs_without_a_request_count_hand_out_the_request_rows_the_tier_has(backend):
+    """A request-axis argument of a uniform decode (two-token queries): `static_inputs(8)`
+    gives 8 token rows and the tier's 4 request rows, and a call with them answers as eager."""
+    from graphify import Batching, reqs
+
+    def scaled(x, r, w):
+        return torch.tanh(x @ w) * r.repeat_interleave(2)[:, None]
+
+    name, device = backend
+    w = weight(device)
+    g = graphify(scaled, mode="FULL_DECODE_ONLY", sizes=(2, 4, 8), axes=(tokens(), reqs(), persistent()),
+                 batching=Batching(uniform_query_len=2), options=Options(backend=name)).capture(
+        torch.randn(4, 16, device=device), torch.randn(2, device=device), w)
+    x, r, same_w = g.static_inputs(8)
+    assert (x.shape[0], r.shape[0]) == (8, 4)
+    x.copy_(torch.randn(8, 16, device=device))
+    r.copy_(torch.randn(4, device=device))
+    torch.testing.assert_close(g(x, r, same_w), scaled(x, r, w))
+
+
+def test_no_memory_for_a_new_tier_runs_those_calls_eagerly_with_one_warning(monkeypatch):
+    from graphify.backends.sim import SimBackend
+
+    empty = SimBackend.empty
+
+    def short_of_memory(self, shape, dtype, device):
+        if shape and shape[0] > 16:
+            raise torch.OutOfMemoryError("no memory (made to)")
+        return empty(self, shape, dtype, device)
+
+    monkeypatch.setattr(SimBackend, "empty", short_of_memory)
+    w = weight("cpu")
+    g = graphify(mlp, axes=(tokens(), persistent()), options=Options(backend="sim"))
+    with pytest.warns(UserWarning, match="no device memory for the static input buffers"):
+        for n in (1, 1, 1, 20, 20, 20, 1):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(g(x, w), mlp(x, w))
+    assert tiers(g) == [1]
+    assert replays(g) >= 3  # the batches of one row replay; those of 20 run eagerly

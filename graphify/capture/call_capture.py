@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import torch
 
 from graphify.base.axes import Kind, WeakStatic, weaken
 from graphify.base.errors import CaptureError, StateReplacedError
@@ -59,7 +60,12 @@ class CallCapture:
         """Copy the call `args`' rows into the static buffers for a capture of `pair` (mode,
         key): (what was loaded, for `capture`; rows written per (tier, buffer), for the
         runtime's padding record). Hold the runtime's `exclusive()` lock: the buffers are its too."""
-        return self.session.fit(pair[1]).load(self.session.specs, args, pair[1])
+        try:
+            static = self.session.fit(pair[1])
+        except torch.OutOfMemoryError as exc:  # a new tier of static buffers: a capture that cannot be made
+            raise CaptureError(f"{self.session.label}: no device memory for the static input buffers of "
+                               f"{pair[1]} ({exc})") from None
+        return static.load(self.session.specs, args, pair[1])
 
     def capture(self, pair: tuple, args: Sequence[Any], loaded: list, *, quick: bool = False,
                 collect: bool = True, plain: bool = False) -> GraphTable:

@@ -282,11 +282,11 @@ class FirstUse:
             if pair in runtime.table.entries:  # another thread captured it meanwhile
                 return True
             collect, self.collected = not self.collected, True
-            loaded, written = branch.capture.load(pair, miss.args)
-            runtime.wrote(written)
-            job = self.jobs.job_for(structure, branch, pair, miss.args) if self.jobs is not None else None
-            kin = (branch.key, pair) in structure.kin_keys
-            try:
+            kin, job = (branch.key, pair) in structure.kin_keys, None
+            try:  # (loading may add a tier of static buffers, and find no memory for it)
+                loaded, written = branch.capture.load(pair, miss.args)
+                runtime.wrote(written)
+                job = self.jobs.job_for(structure, branch, pair, miss.args) if self.jobs is not None else None
                 table, plain = capture_with(job, lambda plain: branch.capture.capture_first_use(
                     pair, miss.args, loaded, kin=kin, collect=collect, plain=plain),
                     strict=self.spec.options.first_use == "strict")

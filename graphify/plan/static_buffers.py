@@ -15,8 +15,9 @@ view of its whole buffer. Dynamo guards a compiled function's view argument on w
 covers its base (`x._base.size()[0] == x.size()[0]`), so a key that filled its tier and one
 that did not would compile the function twice.
 
-Padding is one row broadcast along the rows (no memory per row). Fixed arguments have one
-buffer, shared by every tier.
+Padding of first use's tiers is one row broadcast along the rows (no memory per row); the one
+tier of a callable captured ahead of time keeps a dense copy, whose copies fuse with the
+inputs' into one launch. Fixed arguments have one buffer, shared by every tier.
 """
 
 from __future__ import annotations
@@ -80,9 +81,8 @@ class StaticBuffers:
 
     def tier_of(self, tokens: int, reqs: int | None) -> int:
         """Index of the tier the graph of a key of `tokens` and `reqs` rows reads: the
-        smallest that holds it."""
-        reqs = tokens if reqs is None else reqs
-        fits = [i for i, t in enumerate(self.tiers) if t.holds(tokens, reqs)]
+        smallest that holds it (`reqs` None: any request rows, as `static_inputs(n)` asks)."""
+        fits = [i for i, t in enumerate(self.tiers) if t.holds(tokens, 0 if reqs is None else reqs)]
         if not fits:
             raise ValueError(f"no static buffers hold {tokens} token rows and {reqs} request rows "
                              f"(tiers of {[dict(t.rows) for t in self.tiers]})")
@@ -103,7 +103,7 @@ class StaticBuffers:
             if kind.padded:
                 if tier is None:
                     tier = self.tiers[self.tier_of(*((key.num_tokens, key.reqs_rows) if key is not None
-                                                     else (rows[Kind.TOKENS], rows[Kind.REQS])))]
+                                                     else (tokens, reqs)))]
                 yield b, spec, tier.buffers[b][: rows[kind]], rows[kind]
             elif kind is Kind.FIXED:
                 yield b, spec, self.fixed[b], None
@@ -125,14 +125,19 @@ class StaticBuffers:
         made = cls((), fixed, persistent)
         return made if rows is None else attrs.evolve(made, tiers=(made._tier(specs, rows, empty),))
 
-    def _tier(self, specs: Sequence[ArgSpec], rows: Mapping[Kind, int], empty, spare: int = 0) -> Tier:
+    def _tier(self, specs: Sequence[ArgSpec], rows: Mapping[Kind, int], empty, spare: int = 0,
+              dense: bool = True) -> Tier:
+        """`dense`: padding as a tensor of the buffer's size, whose copies `_foreach_copy_`
+        fuses with the inputs' into one launch (a callable captured ahead of time pads most
+        calls); else one row broadcast, no memory per row (first use: every size its own key,
+        padding restored rarely)."""
         buffers, pads = [], []
         for spec in specs:
             if spec.axis.kind.padded:
                 row = empty((1, *spec.trailing), spec.dtype, spec.device).fill_(spec.axis.pad)
                 pad = row.expand(rows[spec.axis.kind] + spare, *spec.trailing)
                 buffers.append(empty(tuple(pad.shape), spec.dtype, spec.device).copy_(pad))
-                pads.append(pad)
+                pads.append(empty(tuple(pad.shape), spec.dtype, spec.device).copy_(pad) if dense else pad)
             else:
                 buffers.append(None)
                 pads.append(None)
@@ -146,7 +151,7 @@ class StaticBuffers:
             return self
         need = {Kind.TOKENS: key.num_tokens, Kind.REQS: key.reqs_rows}
         largest = self.tiers[-1].rows if self.tiers else None
-        tier = self._tier(specs, tier_rows(need, largest, limit), empty, spare=1)  # (see the module docstring)
+        tier = self._tier(specs, tier_rows(need, largest, limit), empty, spare=1, dense=False)  # (module docstring)
         return attrs.evolve(self, tiers=(*self.tiers, tier))
 
     def args_for(self, specs: Sequence[ArgSpec], key: BatchDescriptor, example: Sequence[Any]) -> tuple:
