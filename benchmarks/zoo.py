@@ -209,13 +209,17 @@ def in_process(module: str, job: dict, what: str, timeout: int, failures: list) 
     return []
 
 
-def run(models, lines, batches, timeout: int, profile: bool = False) -> dict:
+def run(models, lines, batches, timeout: int, profile: bool = False, keep=None) -> dict:
+    """Every model and line, each in a process of its own. `keep(result)`: called with what
+    was measured so far after each line (a run cut short keeps its lines)."""
     env = environment()
     rows, failures = [], []
     for spec in models:
         for line in lines:
             job = {"model": spec.name, "line": line, "batches": list(batches), "profile": profile}
             rows += in_process("benchmarks.zoo", job, f"{line} on {spec.name}", timeout, failures)
+            if keep is not None:
+                keep({"env": env, "rows": ratios(list(rows)), "failures": list(failures), "partial": True})
     return {"env": env, "rows": ratios(rows), "failures": failures}
 
 
@@ -265,7 +269,8 @@ def merge(tag: str) -> dict:
         raise SystemExit(f"the parts come from several devices: {sorted(devices)}")
     rows = ratios([r for d in loaded for r in d["rows"]])
     result = {"rows": rows, "failures": [f for d in loaded for f in d["failures"]],
-              "parts": [p.name for p in parts]}
+              "parts": [p.name for p in parts],
+              "cut_short": [p.name for p, d in zip(parts, loaded) if d.get("partial")]}  # lines measured before the end
     paths = write(f"zoo-{tag}", loaded[0]["environment"], result, with_failures(table(rows, COLUMNS), result["failures"]))
     for p in parts:
         if p not in paths:
@@ -296,7 +301,14 @@ def main(argv=None) -> dict | None:
     else:
         models = available(by_name(args.models) if args.models else MODELS)
         lines = args.lines
-    result = run(models, lines, args.batches, args.timeout, args.profile)
+    name = "zoo" + (f"-{args.tag}" if args.tag else "") + ("-smoke" if args.smoke else "")
+
+    def keep(partial: dict) -> None:  # the lines so far, on disk (the full result replaces them)
+        from ._report import write
+
+        write(name, partial.pop("env"), partial, with_failures(table(partial["rows"], COLUMNS), partial["failures"]))
+
+    result = run(models, lines, args.batches, args.timeout, args.profile, keep=keep)
     md = table(result["rows"], COLUMNS + (PROFILE_COLUMNS if args.profile else []))
     if args.profile:
         md += "\n\n" + costliest(result["rows"])

@@ -76,6 +76,32 @@ def test_runs_of_one_model_each_merge_into_one_result(tmp_path, monkeypatch):
         zoo.main(["--merge", "mixed"])
 
 
+def test_a_run_cut_short_keeps_the_lines_it_measured(tmp_path, monkeypatch):
+    """The device's time runs out in the middle of a model: the lines measured so far are on
+    disk, marked partial, and --merge names such parts."""
+    from benchmarks import _report, zoo
+
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    monkeypatch.setattr(zoo, "environment", lambda: {"device": "GPU X", "gpu": True, "date": "2026-01-01"})
+    done = []
+
+    def measured(module, job, what, timeout, failures):
+        if len(done) == 2:
+            raise KeyboardInterrupt("the call's time is up (made to)")
+        done.append(job["line"])
+        return [{"model": job["model"], "batch": 1, "length": None, "line": job["line"], "ms": 1.0 + len(done)}]
+
+    monkeypatch.setattr(zoo, "in_process", measured)
+    with pytest.raises(KeyboardInterrupt):
+        zoo.main(["--models", "transformers/bert-tiny", "--lines", "eager", "reduce_overhead", "graphify",
+                  "--tag", "cut"])
+    kept = json.loads((tmp_path / "zoo-cut-gpu-x.json").read_text())
+    assert kept["partial"] and [r["line"] for r in kept["rows"]] == ["eager", "reduce_overhead"]
+    assert kept["rows"][1]["vs_eager"] == 3.0 / 2.0
+    merged = zoo.main(["--merge", "cut"])
+    assert merged["cut_short"] == ["zoo-cut-gpu-x.json"] and len(merged["rows"]) == 2
+
+
 def test_a_shape_stream_is_seeded_and_of_the_models_kind():
     from benchmarks import zoo_shapes
     from benchmarks._zoo_models import MODELS, TINY
