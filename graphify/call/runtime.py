@@ -277,10 +277,10 @@ class Runtime:
     def _plan(self, entry: Entry, n: int, r: int) -> Plan:
         inputs, pads = [], []
         static, key = self.table.static, entry.key
+        tier = static.tier_of(key.num_tokens, key.reqs_rows) if static.tiers else None  # the one its graph reads
         for b, spec, view, real in static.slots(self.table.specs, n, r, key=key):
             if real is not None:
                 inputs.append((spec.index, view, view.data_ptr()))
-                tier = static.tier_of(key.num_tokens, key.reqs_rows)
                 pads.append(((tier, b), static.tiers[tier].buffers[b], static.tiers[tier].pads[b], real))
             elif spec.axis.kind is Kind.FIXED:
                 inputs.append((spec.index, view, view.data_ptr()))
@@ -304,11 +304,11 @@ class Runtime:
         out = []
         with self.lock:
             static = self.table.static
+            tier = static.tier_of(n, r) if static.tiers else None
             for b, spec, arg, real in static.slots(self.table.specs, n, r):
                 out.append(arg)
                 if real is not None:  # the caller will write these rows
-                    slot = (static.tier_of(n, r), b)
-                    self.dirty[slot] = max(self.dirty.get(slot, 0), real)
+                    self.dirty[tier, b] = max(self.dirty.get((tier, b), 0), real)
         out = tuple(out)
         tokens, reqs = self.rows_and_check(out)
         with self.lock:

@@ -89,10 +89,8 @@ def _random_args(runtime, examples: Sequence[Any], n: int, gen: torch.Generator)
     resampled from the example (so indices stay valid); the rest as captured."""
     table = runtime.table
     args = []
-    static = table.static
     for b, spec in enumerate(table.specs):  # (padded slots: rows drawn here; `n` may be past every key)
-        kind = spec.axis.kind
-        arg = static.fixed[b] if kind is Kind.FIXED else static.persistent[b] if kind is Kind.PERSISTENT else spec.value
+        arg = None if spec.axis.kind.padded else table.static.unpadded(b, spec)
         example = examples[b]
         if spec.axis.kind is Kind.TOKENS:
             if example.is_floating_point() or example.is_complex():

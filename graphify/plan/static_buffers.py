@@ -105,12 +105,19 @@ class StaticBuffers:
                     tier = self.tiers[self.tier_of(*((key.num_tokens, key.reqs_rows) if key is not None
                                                      else (tokens, reqs)))]
                 yield b, spec, tier.buffers[b][: rows[kind]], rows[kind]
-            elif kind is Kind.FIXED:
-                yield b, spec, self.fixed[b], None
-            elif kind is Kind.PERSISTENT:
-                yield b, spec, self.persistent[b], None
             else:
-                yield b, spec, values[b] if values else spec.value, None
+                yield b, spec, self.unpadded(b, spec, values), None
+
+    def unpadded(self, b: int, spec: ArgSpec, values: Sequence[Any] = ()) -> Any:
+        """What the graphs read for the argument in slot `b` that is not padded: its buffer
+        (fixed), the captured tensor (persistent) or `values[b]` (static; the spec's value
+        without `values`)."""
+        kind = spec.axis.kind
+        if kind is Kind.FIXED:
+            return self.fixed[b]
+        if kind is Kind.PERSISTENT:
+            return self.persistent[b]
+        return values[b] if values else spec.value
 
     @classmethod
     def allocate(cls, specs: Sequence[ArgSpec], args: Sequence[Any], rows: "Mapping[Kind, int] | None",
