@@ -177,3 +177,14 @@ def test_no_memory_for_a_new_tier_runs_those_calls_eagerly_with_one_warning(monk
             torch.testing.assert_close(g(x, w), mlp(x, w))
     assert tiers(g) == [1]
     assert replays(g) >= 3  # the batches of one row replay; those of 20 run eagerly
+
+
+def test_rows_no_tier_holds_are_refused_by_name():
+    g = graphify(mlp, axes=(tokens(), persistent()), options=Options(backend="sim"))
+    w = weight("cpu")
+    for _ in range(3):
+        g(torch.randn(2, 16), w)
+    static = static_of(g)
+    assert static.tier_of(2, None) == 0
+    with pytest.raises(ValueError, match="no static buffers hold 5 token rows"):
+        static.tier_of(5, None)
