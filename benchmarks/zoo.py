@@ -50,6 +50,11 @@ VARIANTS = {"graphify_compile_static": {"dynamic": False}, "graphify_compile_aut
             "graphify_compile_autotune": {"mode": "max-autotune-no-cudagraphs"},
             "graphify_background_autotune": {"background": True, "mode": "max-autotune-no-cudagraphs"},
             "graphify_background_coordinate": {"background": True, "options": {"coordinate_descent_tuning": True}}}
+# A line run with cuDNN's benchmarking of convolution algorithms on (`torch.backends.cudnn.benchmark`,
+# set after eager's reference outputs): whether a shape-fixed graph gains from cuDNN's own
+# search where the defaults take its heuristics' first choice
+CUDNN_FIND = "_cudnn_find"
+FIND_LINES = tuple(f"{line}{CUDNN_FIND}" for line in ("reduce_overhead", "graphify", "graphify_compile"))
 # warnings a line gives that are torch's or a library's notices of deprecation, not what a user
 # of the line is told about their model (torch.compile's own `torch.jit.script_method` notice)
 LIBRARY_NOTICES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
@@ -62,6 +67,9 @@ def wrapped(model, line: str, device: str):
     from graphify import Options, graphify
 
     backend = "cuda" if device == "cuda" else "sim"
+    if line.endswith(CUDNN_FIND):
+        torch.backends.cudnn.benchmark = True  # from here on in this worker (one line a process)
+        line = line[: -len(CUDNN_FIND)]
     if line == "eager":
         return model
     if line == "reduce_overhead":
@@ -74,7 +82,18 @@ def wrapped(model, line: str, device: str):
         return graphify(model, options=Options(backend=backend, compile="background"))
     if line in VARIANTS:
         return graphify(model, options=Options(backend=backend, compile=dict(VARIANTS[line])))
-    raise ValueError(f"unknown line {line!r}; the lines: {LINES + tuple(VARIANTS)}")
+    raise ValueError(f"unknown line {line!r}; the lines: {LINES + tuple(VARIANTS) + FIND_LINES}")
+
+
+@contextlib.contextmanager
+def cudnn_defaults():
+    """cuDNN's benchmarking off for eager's reference outputs (a `_cudnn_find` line turns it on)."""
+    was = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = was
 
 
 def tensors(out) -> list[torch.Tensor]:
@@ -96,7 +115,8 @@ def measure(model, spec, line: str, batch: int, length, device: str, dtype, prof
     gen = torch.Generator().manual_seed(batch * 1000 + (length or 0))
     fixed = spec.inputs(batch, length, device, dtype, gen)
     fresh = [spec.inputs(batch, length, device, dtype, gen) for _ in range(ERROR_BATCHES)]
-    want = [model(**x) for x in fresh]
+    with cudnn_defaults():
+        want = [model(**x) for x in fresh]
     sync()
     base = torch.cuda.memory_reserved() if device == "cuda" else 0
     fn = wrapped(model, line, device)
@@ -282,7 +302,7 @@ def merge(tag: str) -> dict:
 def main(argv=None) -> dict | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=None, help="names, libraries or kinds (default: all installed)")
-    parser.add_argument("--lines", nargs="+", default=list(LINES), choices=LINES + tuple(VARIANTS))
+    parser.add_argument("--lines", nargs="+", default=list(LINES), choices=LINES + tuple(VARIANTS) + FIND_LINES)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--smoke", action="store_true", help="a tiny BERT on the CPU simulation")
     parser.add_argument("--profile", action="store_true",

@@ -129,3 +129,23 @@ def test_the_shape_stream_smoke_run_answers_as_eager_with_graphs_bounded(tmp_pat
     assert ours["graphs_by_pass"][1] == ours["graphs_by_pass"][2]  # none captured in the third
     assert ours["graphs_by_pass"][0] <= ours["graphs_by_pass"][1]
     assert not any("cannot" in w for w in ours["warnings"]), ours["warnings"]
+
+
+def test_a_cudnn_find_line_benchmarks_convolutions_only_for_its_own_calls(monkeypatch):
+    """`<line>_cudnn_find` is `<line>` with cuDNN's algorithm search on; eager's reference
+    outputs are still computed with the search off."""
+    import torch
+
+    from benchmarks import zoo
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    model = torch.nn.Conv2d(3, 4, 3)
+    fn = zoo.wrapped(model, "graphify_cudnn_find", "cpu")
+    assert torch.backends.cudnn.benchmark is True and type(fn).__name__ != "Conv2d"
+    with zoo.cudnn_defaults():
+        assert torch.backends.cudnn.benchmark is False
+    assert torch.backends.cudnn.benchmark is True
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(fn(x), model(x))
+    with pytest.raises(ValueError, match="unknown line"):
+        zoo.wrapped(model, "eager_but_faster", "cpu")
