@@ -59,6 +59,20 @@ class Patches(torch.nn.Module):
         return h.mean(1)
 
 
+class FunctionalConvs(torch.nn.Module):
+    """`Convs`' convolutions written as `F.conv2d` over parameters: no convolution module for
+    `per_shape_from_the_start` to count, so its traced graph decides."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = torch.nn.Parameter(torch.randn(8, 3, 3, 3) * 0.2), torch.nn.Parameter(torch.randn(8, 8, 3, 3) * 0.1)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        h = torch.relu(torch.nn.functional.conv2d(x, self.w1, padding=1))
+        return self.head(torch.nn.functional.conv2d(h, self.w2, stride=2).mean((2, 3)))
+
+
 class Recording:
     """A torch.compile backend that keeps each traced graph and runs it as is."""
 
@@ -101,6 +115,55 @@ def test_one_convolution_among_many_nodes_stays_dynamic_as_inductor_would_not_la
     assert len(big.graph.nodes) >= NODES_PER_CONVOLUTION  # the case: one convolution, 300 nodes or more
     assert not wants_static(big)
     assert wants_static(traced(shallow, torch.randn(2, 3, 16, 16), dynamic=True))  # few nodes: per shape
+
+
+def test_a_module_of_convolutions_is_known_per_shape_before_any_trace():
+    from graphify.compile.shape_policy import LEAVES_PER_CONVOLUTION, per_shape_from_the_start
+
+    convs = Convs()
+    assert per_shape_from_the_start(convs) and per_shape_from_the_start(convs.forward)
+    assert not per_shape_from_the_start(Patches())  # one convolution among 161 leaves: its graph decides
+    assert not per_shape_from_the_start(Sequence())  # a 1-D convolution only
+    assert not per_shape_from_the_start(FunctionalConvs())  # no convolution module: its graph decides
+    assert not per_shape_from_the_start(lambda x: torch.nn.functional.conv2d(x, x))
+    assert not per_shape_from_the_start(torch.nn.Linear(4, 4))
+    edge = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), *[torch.nn.Identity() for _ in range(LEAVES_PER_CONVOLUTION - 1)])
+    assert per_shape_from_the_start(edge)
+    assert not per_shape_from_the_start(torch.nn.Sequential(edge, torch.nn.Identity()))
+
+
+def count_refusal_checks(monkeypatch) -> list:
+    """Every traced graph the compile line's backend weighs for a per-shape refusal."""
+    from graphify.compile import compiled
+
+    checked = []
+
+    def counted(gm):
+        checked.append(gm)
+        return wants_static(gm)
+
+    monkeypatch.setattr(compiled, "wants_static", counted)
+    return checked
+
+
+def test_a_cnn_compiles_per_shape_without_a_dynamic_trace_first(backend, monkeypatch):
+    checked, counting = count_refusal_checks(monkeypatch), Counting()
+    model, eager = twins(Convs, backend[1])
+    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting}))
+    run_batches(g, eager, backend[1], (2, 5))
+    assert checked == []  # no dynamic trace made to be refused
+    assert counting.shapes() == [["2", "3", "12", "12"], ["5", "3", "12", "12"]]
+    assert g._first_use.spec.compiled.per_shape and calls_by_mode(g)[Mode.FULL] >= 4
+
+
+def test_convolutions_without_modules_are_refused_on_their_trace_and_compiled_per_shape(backend, monkeypatch):
+    checked, counting = count_refusal_checks(monkeypatch), Counting()
+    model, eager = twins(FunctionalConvs, backend[1])
+    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting}))
+    run_batches(g, eager, backend[1], (2, 5))
+    assert len(checked) == 1  # the dynamic trace, refused
+    assert counting.shapes() == [["2", "3", "12", "12"], ["5", "3", "12", "12"]]
+    assert g._first_use.spec.compiled.per_shape and calls_by_mode(g)[Mode.FULL] >= 4
 
 
 def test_a_wrapped_refusal_is_recognised_through_its_causes():

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from graphify.compile import rewrites
-from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, wants_static
+from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, per_shape_from_the_start, wants_static
 from graphify.compile.aot_identity import (UNVERIFIABLE, VALUE_GUARDS, class_changes, class_namespaces, identity,
                             identity_changes, rebuilt_from_caller, value_changes, value_print)
 
@@ -140,6 +140,8 @@ def save(fn: Callable, args: tuple, kwargs: dict, how: dict, path: str, dynamo_c
 
     with torch._dynamo.config.patch(enable_aot_compile=True, **dynamo_config):
         try:
+            if dynamic == AUTO and per_shape_from_the_start(fn):  # a CNN: no dynamic trace to refuse first
+                raise Specialise("compiled per shape from the start")
             compiled = compiled_with(True if dynamic == AUTO else dynamic, dynamic == AUTO)
         except Exception as exc:  # a graph that compiles per shape (`graphify.compile.shape_policy`)
             if dynamic != AUTO or not asked_to_specialise(exc):

@@ -21,7 +21,7 @@ from graphify.compile import aot as _aot
 from graphify.compile import rewrites
 from graphify.compile.aot import AotLoads
 from graphify.compile.code_claims import claim, reset_code
-from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, wants_static
+from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, per_shape_from_the_start, wants_static
 from graphify.base.split_contract import as_split
 
 __all__ = ["compile_for_captures", "compile_settings", "compiles_in_background", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend",
@@ -111,8 +111,11 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
         backend = shared_backend(*made, True if auto else dynamic, switched, specialise=auto)
         return torch.compile(fn, backend=backend, dynamic=True if auto else dynamic, **how)
 
-    return _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn),
-                               (lambda: compiled_with(False)) if dynamic == AUTO else None)
+    configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn),
+                                     (lambda: compiled_with(False)) if dynamic == AUTO else None)
+    if dynamic == AUTO and per_shape_from_the_start(fn):  # a CNN: no dynamic trace to refuse first
+        configured.per_shape.append(compiled_with(False))
+    return configured
 
 
 def compiles_in_background(how: "bool | str | dict") -> bool:
