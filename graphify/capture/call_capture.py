@@ -40,9 +40,8 @@ log = logging.getLogger("graphify")
 class CallCapture:
     """A session for one call structure; see the module docstring."""
 
-    def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, function=None, tiered: bool = False,
-                 pools=None):
-        session = self.session = CaptureSession(spec, prepared, keys, function=function, tiered=tiered, pools=pools)
+    def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, function=None, tiered: bool = False):
+        session = self.session = CaptureSession(spec, prepared, keys, function=function, tiered=tiered)
         session.specs = tuple(
             attrs.evolve(s, value=weaken(s.value)) if s.axis.kind is Kind.STATIC else s for s in session.specs
         )
