@@ -169,3 +169,23 @@ def test_cupy_pool_report_matches_cupy_counters_and_memory_returns():
     del w
     gc.collect()
     assert default.used_bytes() - base_used <= MiB  # static buffers returned too
+
+
+def test_a_failed_capture_into_a_pool_leaves_its_live_graphs_memory_alone():
+    """A capture that fails trims its pool; CuPy's trim frees every free block, and a live
+    graph's working memory is such blocks: fresh arrays made after it would be overwritten by
+    the next replay. Filled before and checked after replays, and the replays equal eager."""
+    pool = Pool("shared")
+    g, w = capture_cupy(pool)
+    reserved = pool.report().reserved_bytes
+    rs = cp.random.RandomState(5)
+    failing = graphify(cupy_matmul, mode="FULL", sizes=(2, 4), axes=(tokens(), persistent()), pool=pool)
+    with pytest.raises(UnsupportedOpError):
+        failing.capture(rs.standard_normal((2, 64), dtype=cp.float32), w[:, :64].copy())
+    assert pool.report().reserved_bytes >= reserved  # nothing of the live graphs' given back
+    fresh = [cp.full((1 << 20,), 7.0, dtype=cp.float32) for _ in range(8)]
+    for n in (3, 16, 32, 1):
+        x = rs.standard_normal((n, 64), dtype=cp.float32)
+        cp.testing.assert_allclose(g(x, w), cupy_fn(x, w), rtol=1e-5, atol=1e-5)
+    cp.cuda.Device().synchronize()
+    assert all(bool((a == 7.0).all()) for a in fresh)

@@ -43,6 +43,7 @@ class CupyBackend:
     """Real CUDA graphs through `cupy.cuda.Stream.begin_capture` / `cupy.cuda.Graph`."""
 
     name = "cupy"
+    trim_frees_live_graphs = True  # free_all_blocks returns the blocks live graphs work in (`Pool.trim`)
 
     def validate(self, label: str, device: torch.device) -> None:
         try:

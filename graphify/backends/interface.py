@@ -27,6 +27,7 @@ class Captured:
 
 class Backend(Protocol):
     name: str
+    trim_frees_live_graphs: bool  # whether `trim` would free memory live graphs work in (`Pool.trim` then waits)
 
     def validate(self, label: str, device: torch.device) -> None:
         """Raise a `CaptureError` saying what to do if this backend cannot capture here."""

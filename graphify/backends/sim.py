@@ -225,6 +225,7 @@ class SimBackend:
     """Simulated graphs on any device; see the module docstring."""
 
     name = "sim"
+    trim_frees_live_graphs = False  # simulated pools hold no memory of their own (`Pool.trim`)
     _pool_ids = itertools.count(1)
 
     def __init__(self, rerun: bool = False):

@@ -39,6 +39,7 @@ class TorchCudaBackend:
     """Real CUDA graphs through `torch.cuda.CUDAGraph`."""
 
     name = "cuda"
+    trim_frees_live_graphs = False  # torch frees no block of a pool whose graphs live (`Pool.trim`)
 
     def validate(self, label: str, device: torch.device) -> None:
         if not torch.cuda.is_available():

@@ -81,9 +81,12 @@ class Pool:
 
     def trim(self) -> None:
         """Give the pool's free cached blocks back to the device (memory of released or
-        dropped graphs). Live graphs keep theirs."""
-        if self._handle is not None:
-            self._backend.trim(self._handle, self._device)
+        dropped graphs). Live graphs keep theirs: where the backend's allocator cannot tell
+        their working memory (freed after capture, written on every replay) from free
+        blocks (CuPy's `free_all_blocks`), nothing is given back while one lives."""
+        if self._handle is None or (self._graphs and self._backend.trim_frees_live_graphs):
+            return
+        self._backend.trim(self._handle, self._device)
 
     def report(self) -> PoolReport:
         rows = tuple(sorted(self._graphs.values(), key=lambda r: -r[1]))
