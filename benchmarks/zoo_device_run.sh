@@ -4,7 +4,9 @@
 # run1-<model> (join them with `python3 -m benchmarks.zoo --merge run1`). Stops taking models
 # MIN_LEFT s before BUDGET_S; results and logs go to $OUT/bundle.tar.gz as they come. SUITE=1:
 # GPU 0 first runs pytest on SUITE_TESTS (default: all tests), then takes models too. BEFORE="cmd":
-# GPU 0 runs cmd (its output in logs/before.txt) before anything else.
+# GPU 0 runs cmd (its output in logs/before.txt) before anything else. PER_GPU=2: two workers a
+# GPU, each on half its cores, timing only while the other leaves the GPU alone
+# (`benchmarks._gpu_share`: compiles overlap, timed calls never do).
 #
 #   MODELS="timm/resnet50 transformers/bert-base" BUDGET_S=540 bash benchmarks/zoo_device_run.sh
 # Every model's table and JSON, and the logs, go into $OUT/bundle.tar.gz as they come.
@@ -18,11 +20,13 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > $OUT/logs/instal
 printf '%s\n' ${MODELS} > /tmp/queue
 pop() { flock /tmp/queue.lock bash -c 'head -1 /tmp/queue; sed -i 1d /tmp/queue'; }
 gpu_loop() {  # gpu cores
+  [ "$1" = 0 ] && while [ ! -e /tmp/before.done ]; do sleep 2; done  # GPU 0 runs BEFORE alone first
   while :; do
     left=$(( END - $(date +%s) )); [ $left -lt ${MIN_LEFT:-150} ] && break
     m=$(pop); [ -z "$m" ] && break
     tag=$(echo $m | tr '/' '-')
-    CUDA_VISIBLE_DEVICES=$1 PYTHONPYCACHEPREFIX=/tmp/pyc-z$1 taskset -c $2 timeout $left python3 -m benchmarks.zoo --models $m --tag ${TAG:-run1}-$tag --timeout ${WORKER_S:-240} ${ZOO_ARGS} > $OUT/logs/zoo-$tag.txt 2>&1
+    BENCH_GPU_LOCK=$([ ${PER_GPU:-1} -gt 1 ] && echo /tmp/gpu$1.lock) CUDA_VISIBLE_DEVICES=$1 PYTHONPYCACHEPREFIX=/tmp/pyc-z$1 \
+      taskset -c $2 timeout $left python3 -m benchmarks.zoo --models $m --tag ${TAG:-run1}-$tag --timeout ${WORKER_S:-240} ${ZOO_ARGS} > $OUT/logs/zoo-$tag.txt 2>&1
     log "zoo $m gpu$1 rc=$?"; save
   done
 }
@@ -40,6 +44,12 @@ if [ -n "$SUITE" ]; then  # GPU 0 runs the tests named (SUITE_TESTS, default all
       --deselect tests/test_distributed.py::test_tensor_parallel_cuda_graphs_with_nccl_equal_the_single_gpu_model > $OUT/logs/pytest.txt 2>&1
    log "tests rc=$? $(tail -1 $OUT/logs/pytest.txt)"; save; gpu_loop 0 $(cores 0)) &
 fi
-for g in $gpus; do gpu_loop ${g%%:*} ${g#*:} & done
+P=${PER_GPU:-1}; W=$(( C / P )); [ $W -ge 1 ] || W=$C  # PER_GPU workers a GPU, each on W of its cores
+for g in $gpus; do
+  i=${g%%:*}; lo=${g#*:}; lo=${lo%-*}
+  for k in $(seq 0 $(( P - 1 ))); do
+    a=$(( lo + (k * W) % C )); gpu_loop $i "$a-$(( a + W - 1 ))" &
+  done
+done
 wait
 log "done; left in queue: $(cat /tmp/queue | tr '\n' ' ')"; save

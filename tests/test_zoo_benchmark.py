@@ -149,3 +149,37 @@ def test_a_cudnn_find_line_benchmarks_convolutions_only_for_its_own_calls(monkey
     torch.testing.assert_close(fn(x), model(x))
     with pytest.raises(ValueError, match="unknown line"):
         zoo.wrapped(model, "eager_but_faster", "cpu")
+
+
+def test_timing_waits_for_another_process_using_the_gpu_and_using_does_not(tmp_path, monkeypatch):
+    """`benchmarks._gpu_share`: a process timing its calls holds the GPU alone; untimed use is shared."""
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks import _gpu_share
+
+    lock, ready = tmp_path / "gpu0.lock", tmp_path / "ready"
+    monkeypatch.setenv(_gpu_share.ENV, str(lock))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import pathlib, time\nfrom benchmarks import _gpu_share\n"
+        f"with _gpu_share.using():\n    pathlib.Path({str(ready)!r}).touch()\n    time.sleep(1.0)\n")],
+        env={**__import__("os").environ, _gpu_share.ENV: str(lock)}, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    try:
+        deadline = time.time() + 30
+        while not ready.exists() and time.time() < deadline:
+            time.sleep(0.02)
+        assert ready.exists()
+        t0 = time.perf_counter()
+        with _gpu_share.using():  # shared with the other process: no wait
+            shared = time.perf_counter() - t0
+        with _gpu_share.timing():  # alone: waits for the other's use to end
+            alone = time.perf_counter() - t0
+        assert shared < 0.5 and alone >= 0.5
+    finally:
+        holder.wait(30)
+    monkeypatch.delenv(_gpu_share.ENV)
+    t0 = time.perf_counter()
+    with _gpu_share.timing(), _gpu_share.using():  # no lock named: both do nothing
+        pass
+    assert time.perf_counter() - t0 < 0.1
