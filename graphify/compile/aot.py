@@ -139,13 +139,14 @@ def save(fn: Callable, args: tuple, kwargs: dict, how: dict, path: str, dynamo_c
                                      backend=backend, dynamic=dynamic)
 
     with torch._dynamo.config.patch(enable_aot_compile=True, **dynamo_config):
-        try:
-            if dynamic == AUTO and per_shape_from_the_start(fn):  # a CNN: no dynamic trace to refuse first
-                raise Specialise("compiled per shape from the start")
-            compiled = compiled_with(True if dynamic == AUTO else dynamic, dynamic == AUTO)
-        except Exception as exc:  # a graph that compiles per shape (`graphify.compile.shape_policy`)
-            if dynamic != AUTO or not asked_to_specialise(exc):
-                raise
+        compiled = None
+        if not (dynamic == AUTO and per_shape_from_the_start(fn)):  # a CNN: no dynamic trace to refuse first
+            try:
+                compiled = compiled_with(True if dynamic == AUTO else dynamic, dynamic == AUTO)
+            except Exception as exc:  # a graph that compiles per shape (`graphify.compile.shape_policy`)
+                if dynamic != AUTO or not asked_to_specialise(exc):
+                    raise
+        if compiled is None:
             counts.update(kept={}, dropped={}, identities=[], values=[], per_shape=True)
             compiled = compiled_with(False, False)
         compiled.save_compiled_function(path)

@@ -111,10 +111,10 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
         backend = shared_backend(*made, True if auto else dynamic, switched, specialise=auto)
         return torch.compile(fn, backend=backend, dynamic=True if auto else dynamic, **how)
 
-    configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn),
-                                     (lambda: compiled_with(False)) if dynamic == AUTO else None)
-    if dynamic == AUTO and per_shape_from_the_start(fn):  # a CNN: no dynamic trace to refuse first
-        configured.per_shape.append(compiled_with(False))
+    per_shape = (lambda: compiled_with(False)) if dynamic == AUTO else None
+    configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn), per_shape)
+    if per_shape is not None and per_shape_from_the_start(fn):  # a CNN: no dynamic trace to refuse first
+        configured.per_shape.append(per_shape())
     return configured
 
 
