@@ -193,3 +193,46 @@ def test_a_graphified_function_first_called_inside_another_warm_up_equals_eager(
         want = (inner_fn(x * 2, w)).sum(-1) + x.mean(-1)
         torch.testing.assert_close(outer(x), want, rtol=1e-3, atol=1e-3)
     assert replayed(outer) >= 1
+
+
+class KeepsPerSize(torch.nn.Module):
+    """Makes a tensor the second time it meets a batch size and keeps it (a lazily built table,
+    a cache's buffer). Under first use the second call of a size is its warm-up: the tensor,
+    made there, must not sit in a block another graph of the pool replays into."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width, self.seen, self.kept = width, {}, {}
+
+    def forward(self, x):
+        n = x.shape[0]
+        if self.seen.get(n, 0) < 2:
+            self.seen[n] = self.seen.get(n, 0) + 1
+        if self.seen[n] == 2 and n not in self.kept:
+            self.kept[n] = torch.arange(n * self.width, device=x.device, dtype=x.dtype).reshape(n, self.width) / 7
+        table = self.kept[n] if n in self.kept else self.table(n, x)
+        return torch.relu(x * 3 - 1).exp() + table
+
+    def table(self, n, x):
+        return torch.arange(n * self.width, device=x.device, dtype=x.dtype).reshape(n, self.width) / 7
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_a_tensor_a_warm_up_keeps_is_never_in_memory_another_graph_of_the_pool_replays_into():
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    model = KeepsPerSize(8192)  # 2 MiB intermediates at 64 rows: blocks of the large pool
+    g = graphify(model, options=Options(backend="cuda"))
+    with torch.no_grad():
+        # a size's second call warms up (and makes its table), the third captures; then each
+        # size's graph replays between the other's
+        for n in (64, 64, 64, 128, 128, 128, 64, 128, 64, 128):
+            x = torch.randn(n, 8192, device="cuda", generator=gen)
+            table = torch.arange(n * 8192, device="cuda", dtype=x.dtype).reshape(n, 8192) / 7
+            torch.testing.assert_close(g(x), torch.relu(x * 3 - 1).exp() + table, rtol=1e-5, atol=1e-5)
+    assert replayed(g) >= 4
+    kept = {n: t.clone() for n, t in model.kept.items()}
+    g(torch.randn(64, 8192, device="cuda", generator=gen))
+    torch.cuda.synchronize()
+    for n, t in model.kept.items():
+        assert torch.equal(t, kept[n]), f"the tensor kept for batch {n} was overwritten by a replay"

@@ -111,8 +111,11 @@ class TorchCudaBackend:
         before = self.usage(pool)[0]
         # The warm-ups allocate from the graph's pool, whose blocks the capture then reuses
         # (one peak, not a warm-up's cache beside the pool); the pool's use is held until the
-        # capture holds its own.
-        routing = Routing(device, pool_id) if warmups else None
+        # capture holds its own. Only into a pool no live graph replays into: there a graph's
+        # intermediates are free blocks between its replays, and a tensor a warm-up keeps
+        # (a cache's buffer, a lazily made weight) could be given one and be overwritten by
+        # that graph's next replay.
+        routing = Routing(device, pool_id) if warmups and pool.live == 0 else None
         try:
             if warmups:
                 with torch.cuda.stream(stream), cupy_follows_torch(stream, device), routing.warm_ups():
