@@ -119,6 +119,55 @@ def test_a_capture_sharing_the_outer_pool_inside_its_warm_up_is_not_refused(allo
     assert allocator.uses[(1, 0)] == 0
 
 
+def test_warm_ups_route_to_their_pool_only_where_no_graph_of_it_is_live(allocator):
+    """A pool's second capture (a graph of it alive) warms up in the default pool: no routing
+    made, none held, and the capture goes on the same way (the backend calls both methods)."""
+    routing = pool_routing.for_warm_ups(0, (4, 0), warmups=2, live=1)
+    with routing.warm_ups():
+        assert allocator.allocates_to() is None and pool_routing.routed_pools() == ()
+    routing.release()
+    assert allocator.uses == {} and allocator.routing == []
+    assert isinstance(pool_routing.for_warm_ups(0, (4, 0), warmups=0, live=0), pool_routing.NoRouting)
+    first = pool_routing.for_warm_ups(0, (5, 0), warmups=2, live=0)
+    with first.warm_ups():
+        assert allocator.allocates_to() == (5, 0)
+    first.release()
+    assert allocator.releasable == {(5, 0)}
+
+
+def test_the_cuda_backends_second_capture_into_a_pool_warms_up_unrouted(allocator, monkeypatch):
+    """`TorchCudaBackend`'s warm-up and capture step with a live graph in the pool, every CUDA
+    call stubbed: the warm-ups run unrouted and the capture follows (the step once failed here
+    on a GPU only, with no routing to enter)."""
+    import contextlib
+
+    from graphify.backends import torch_cuda
+
+    class Pool:
+        live = 1
+
+        def for_capture(self):
+            return (6, 0)
+
+    class Stream:
+        def synchronize(self):
+            pass
+
+    ran = []
+    backend = torch_cuda.TorchCudaBackend.__new__(torch_cuda.TorchCudaBackend)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch_cuda, "cupy_follows_torch", lambda s, d: contextlib.nullcontext())
+    monkeypatch.setattr(torch_cuda, "eager_runs", lambda fn, args, **kw: ran.append(allocator.allocates_to()))
+    monkeypatch.setattr(backend, "usage", lambda pool: (0, 0), raising=False)
+    monkeypatch.setattr(backend, "_capture", lambda *a: "captured", raising=False)
+    assert backend._warm_and_capture(None, (), Pool(), 2, False, Stream(), (True, None)) == "captured"
+    assert ran == [None] and allocator.uses == {}
+    Pool.live = 0
+    assert backend._warm_and_capture(None, (), Pool(), 2, False, Stream(), (True, None)) == "captured"
+    assert ran == [None, (6, 0)] and allocator.releasable == {(6, 0)}  # routed, then given back
+
+
 def test_outside_any_warm_up_nothing_changes(allocator):
     with pool_routing.outside():
         assert allocator.routing == []

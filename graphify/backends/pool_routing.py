@@ -24,7 +24,7 @@ import threading
 
 import torch
 
-__all__ = ["Routing", "outside", "routed_pools"]
+__all__ = ["Routing", "NoRouting", "for_warm_ups", "outside", "routed_pools"]
 
 _routes = threading.local()  # this thread's routings, innermost last: [(device, pool id), ...]
 
@@ -66,6 +66,24 @@ class Routing:
         if self._held:
             self._held = False
             torch._C._cuda_releasePool(self.device, self.pool_id)
+
+
+class NoRouting:
+    """Warm-ups left to the default pool: `Routing`'s interface, doing nothing."""
+
+    def warm_ups(self):
+        return contextlib.nullcontext()
+
+    def release(self) -> None:
+        pass
+
+
+def for_warm_ups(device: int, pool_id, warmups: int, live: int) -> "Routing | NoRouting":
+    """The routing a capture's `warmups` warm-ups take: into its pool only where none of the
+    pool's `live` graphs replays there. Between its replays a graph's intermediates are free
+    blocks of its pool, and a tensor a warm-up keeps (a cache's buffer, a lazily made table)
+    could be given one and be overwritten by that graph's next replay."""
+    return Routing(device, pool_id) if warmups > 0 and live == 0 else NoRouting()
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 
 from graphify.base.alias import alias, metadata
 from graphify.base.errors import CaptureError
-from graphify.backends.pool_routing import Routing, outside
+from graphify.backends.pool_routing import for_warm_ups, outside
 from graphify.backends.keepalive import clear_cublas_workspaces
 from graphify.backends.tensor_writes import eager_runs
 from graphify.backends.interface import Captured, CompiledCode
@@ -110,12 +110,9 @@ class TorchCudaBackend:
         pool_id = pool.for_capture()  # a fresh id where every graph of the last one is gone
         before = self.usage(pool)[0]
         # The warm-ups allocate from the graph's pool, whose blocks the capture then reuses
-        # (one peak, not a warm-up's cache beside the pool); the pool's use is held until the
-        # capture holds its own. Only into a pool no live graph replays into: there a graph's
-        # intermediates are free blocks between its replays, and a tensor a warm-up keeps
-        # (a cache's buffer, a lazily made weight) could be given one and be overwritten by
-        # that graph's next replay.
-        routing = Routing(device, pool_id) if warmups and pool.live == 0 else None
+        # (one peak, not a warm-up's cache beside the pool), where no live graph replays into
+        # it (`pool_routing.for_warm_ups`); the pool's use is held until the capture holds its own.
+        routing = for_warm_ups(device, pool_id, warmups, pool.live)
         try:
             if warmups:
                 with torch.cuda.stream(stream), cupy_follows_torch(stream, device), routing.warm_ups():
@@ -123,8 +120,7 @@ class TorchCudaBackend:
                 stream.synchronize()  # the warm-ups' frees settle before the capture allocates
             return self._capture(fn, args, pool, pool_id, before, weak_outputs, stream, device)
         finally:
-            if routing is not None:
-                routing.release()
+            routing.release()
 
     def _capture(self, fn, args, pool, pool_id, before, weak_outputs, stream, device) -> Captured:
         graph = torch.cuda.CUDAGraph()
