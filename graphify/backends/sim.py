@@ -259,11 +259,13 @@ class SimBackend:
         # are undone after it.
         graph = SimGraph(pool.for_capture())  # counted from here, as torch counts a capture begun
         if self.rerun:
-            return graph.holding(pool, _rerun_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper))
+            return graph.holding(pool, _rerun_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper,
+                                                      ran=graph.ran(pool)))
         with simulating():
-            return graph.holding(pool, self._taped_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper))
+            return graph.holding(pool, self._taped_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper,
+                                                           ran=graph.ran(pool)))
 
-    def _taped_capture(self, fn: Callable, args: tuple, *, warmups: int, guard, keeper) -> Captured:
+    def _taped_capture(self, fn: Callable, args: tuple, *, warmups: int, guard, keeper, ran) -> Captured:
         """Warm-ups, then the capture run on the tape (see `capture`)."""
         twin = guard if callable(guard) else (fn.twin if isinstance(fn, CompiledCode) else None) or getattr(
             fn, "_torchdynamo_orig_callable", None)
@@ -281,10 +283,11 @@ class SimBackend:
                 out = (twin or fn)(*a)
             return out, tape.sources(out)
 
-        outputs, sources = eager_runs(
-            taped, args, keeper=keeper, guard=bool(guard), count=1, record=not recorded,
-            finish=lambda r: (pytree.tree_map(_clone_out, r[0]), r[1]),
-        )
+        with ran:  # the capture run: began, and ends unless it raises
+            outputs, sources = eager_runs(
+                taped, args, keeper=keeper, guard=bool(guard), count=1, record=not recorded,
+                finish=lambda r: (pytree.tree_map(_clone_out, r[0]), r[1]),
+            )
         count = tape.finish()
         if compared is not None and compiled_out is not None and _disagree(compiled_out, outputs):
             compared.append(f"{_named(twin)}: the compiled warm-up's outputs differ from its eager original's")
@@ -306,10 +309,13 @@ class SimBackend:
 class SimGraph:
     """A simulated graph's place in its pool, kept as long as its entry: torch counts the
     graphs of a pool id and refuses a capture into an id whose graphs all went (released,
-    not yet freed: `graphify.backends.graph_pool`); so does this."""
+    not yet freed: `graphify.backends.graph_pool`); so does this. A capture run that raised
+    leaves its id routed, as torch's `capture_end` does where CUDA refuses to end an
+    invalidated capture: a later capture into that id fails ("already recording")."""
 
     _live: dict = {}  # pool id -> graphs of it alive
     _released: set = set()  # ids whose graphs all went
+    _recording: set = set()  # ids a capture run raised in
 
     def __init__(self, pool_id):
         if pool_id in self._released:
@@ -317,10 +323,24 @@ class SimGraph:
                 f"sim: capture into graph pool {pool_id} after all its graphs were released (torch's allocators "
                 "fail an internal assert, use_count > 0, and leave the RNG in capture mode)"
             )
+        if pool_id in self._recording:
+            raise RuntimeError(f"sim: beginAllocateToPool: already recording to mempool_id {pool_id} (a capture "
+                               "into it raised and was never ended)")
         self.pool_id = pool_id
         self._live[pool_id] = self._live.get(pool_id, 0) + 1
         weakref.finalize(self, SimGraph._gone, pool_id)
         self.replay = None
+
+    @contextlib.contextmanager
+    def ran(self, pool: GraphPool):
+        """Around this graph's capture run: where it raises, its id stays routed and `pool`
+        captures into a fresh one from then on."""
+        try:
+            yield
+        except BaseException:
+            self._recording.add(self.pool_id)
+            pool.unended()
+            raise
 
     @classmethod
     def _gone(cls, pool_id) -> None:
@@ -336,14 +356,16 @@ class SimGraph:
         return attrs.evolve(captured, graph=self)
 
 
-def _rerun_capture(fn: Callable, args: tuple, *, warmups: int, guard, keeper) -> Captured:
-    """Capture by running `fn` (warm-ups, then the capture run); replay runs it again on the
-    capture's arguments and copies its results into the captured outputs."""
+def _rerun_capture(fn: Callable, args: tuple, *, warmups: int, guard, keeper, ran) -> Captured:
+    """Capture by running `fn` (warm-ups, then the capture run inside `ran`); replay runs it
+    again on the capture's arguments and copies its results into the captured outputs."""
     from graphify.base.axes import WeakStatic, weaken
 
-    outputs = eager_runs(
-        fn, args, keeper=keeper, guard=guard, count=warmups + 1, finish=lambda r: pytree.tree_map(_clone_out, r)
-    )
+    if warmups:
+        eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
+    with ran:
+        outputs = eager_runs(fn, args, keeper=keeper, guard=False if warmups else guard, count=1,
+                             record=not warmups, finish=lambda r: pytree.tree_map(_clone_out, r))
     static_out = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
     held = tuple(a if isinstance(a, torch.Tensor) else weaken(a) for a in args)  # objects weakly, as a graph
     del args

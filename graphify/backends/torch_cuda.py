@@ -140,8 +140,13 @@ class TorchCudaBackend:
                 with staged as constants:
                     outputs = fn(*args)
             except BaseException:
-                with contextlib.suppress(Exception):  # an invalidated capture: report fn's error
+                try:
                     graph.capture_end()
+                except Exception:  # an invalidated capture (fn's error is reported): torch 2.11 raises
+                    # before it ends the allocator's routing to the id; the pinned-host one's has no binding
+                    with contextlib.suppress(Exception):
+                        torch._C._cuda_endAllocateToPool(device, pool_id)
+                pool.unended()
                 raise
             graph.capture_end()
         # what this capture grew the pool by, from the pool's own segments: capture_begin
