@@ -50,10 +50,11 @@ class GraphPool:
         with self._lock:
             self._spoilt = True
 
-    def holds(self, graph: Any) -> None:
+    def holds(self, graph: Any, pool_id: Any) -> None:
+        """`graph`, captured into `pool_id`, counted while it lives (against that id only)."""
         with self._lock:
-            self.live += 1
-        weakref.finalize(graph, self._gone, self.id)  # counted against the id it was captured into
+            self.live += pool_id == self.id
+        weakref.finalize(graph, self._gone, pool_id)
 
     def _gone(self, pool_id) -> None:
         with self._lock:

@@ -12,6 +12,7 @@ from torch.utils import _pytree as pytree
 
 from graphify.base.alias import alias, metadata
 from graphify.base.errors import CaptureError
+from graphify.backends.capture_run import record
 from graphify.backends.pool_routing import for_warm_ups, outside
 from graphify.backends.keepalive import clear_cublas_workspaces
 from graphify.backends.tensor_writes import eager_runs
@@ -134,26 +135,17 @@ class TorchCudaBackend:
         clear_cublas_workspaces()
         # compiled code must not see a mode of ours: dynamo would compile it again, inside the capture
         staged = StagedConstants() if not isinstance(fn, CompiledCode) else contextlib.nullcontext(StagedConstants())
+        def run():
+            with staged as constants:
+                return fn(*args), constants
+
         with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
-            graph.capture_begin(pool=pool_id, capture_error_mode="thread_local")
-            try:
-                with staged as constants:
-                    outputs = fn(*args)
-            except BaseException:
-                try:
-                    graph.capture_end()
-                except Exception:  # an invalidated capture (fn's error is reported): torch 2.11 raises
-                    # before it ends the allocator's routing to the id; the pinned-host one's has no binding
-                    with contextlib.suppress(Exception):
-                        torch._C._cuda_endAllocateToPool(device, pool_id)
-                pool.unended()
-                raise
-            graph.capture_end()
+            outputs, constants = record(graph, pool, pool_id, run)
         # what this capture grew the pool by, from the pool's own segments: capture_begin
         # itself may allocate outside it (torch's RNG seed and offset tensors for graphs,
         # made when the first live graph registers, kept in the default pool)
         nbytes = self.usage(pool)[0] - before
-        pool.holds(graph)
+        pool.holds(graph, pool_id)
         graph.graphify_constants = constants.kept  # the host memory its copies read, for as long as it lives
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)
