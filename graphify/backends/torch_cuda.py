@@ -13,6 +13,7 @@ from torch.utils import _pytree as pytree
 from graphify.base.alias import alias, metadata
 from graphify.base.errors import CaptureError
 from graphify.backends.capture_run import record
+from graphify.backends.pool_routing import for_warm_ups, outside
 from graphify.backends.keepalive import clear_cublas_workspaces
 from graphify.backends.tensor_writes import eager_runs
 from graphify.backends.interface import Captured, CompiledCode
@@ -100,13 +101,30 @@ class TorchCudaBackend:
         # CuPy kernels in `fn` follow the capture stream and allocate from torch.
         # `warmups=0` captures straight away (the caller warmed this code up already).
         stream.wait_stream(torch.cuda.current_stream(device))
-        if warmups:
-            with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
-                eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
-            stream.synchronize()  # the warm-ups' frees settle before the capture allocates
-        graph = torch.cuda.CUDAGraph()
+        # An enclosing capture's warm-ups (a graphified function called by the function warming
+        # up) route this thread's allocations to their pool: not this capture's (`graphify.backends.pool_routing`).
+        with outside():
+            return self._warm_and_capture(fn, args, pool, warmups, weak_outputs, stream, (guard, keeper))
+
+    def _warm_and_capture(self, fn, args, pool, warmups, weak_outputs, stream, checks) -> Captured:
+        device, (guard, keeper) = torch.cuda.current_device(), checks
         pool_id = pool.for_capture()  # a fresh id where every graph of the last one is gone
         before = self.usage(pool)[0]
+        # The warm-ups allocate from the graph's pool, whose blocks the capture then reuses
+        # (one peak, not a warm-up's cache beside the pool), where no live graph replays into
+        # it (`pool_routing.for_warm_ups`); the pool's use is held until the capture holds its own.
+        routing = for_warm_ups(device, pool_id, warmups, pool.live)
+        try:
+            if warmups:
+                with torch.cuda.stream(stream), cupy_follows_torch(stream, device), routing.warm_ups():
+                    eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
+                stream.synchronize()  # the warm-ups' frees settle before the capture allocates
+            return self._capture(fn, args, pool, pool_id, before, weak_outputs, stream, device)
+        finally:
+            routing.release()
+
+    def _capture(self, fn, args, pool, pool_id, before, weak_outputs, stream, device) -> Captured:
+        graph = torch.cuda.CUDAGraph()
         # Not `torch.cuda.graph(...)`: its __enter__ synchronises the device and empties the
         # allocator's cache before every capture, which costs more than a small capture and
         # makes the next warm-up allocate afresh; the stream was synchronised above.
