@@ -81,7 +81,7 @@ class CaptureSession:
     function reaches, shared by the sessions of one callable (first use: its structures)."""
 
     def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, *, lockstep=None,
-                 function: FunctionReads | None = None, tiered: bool = False):
+                 function: FunctionReads | None = None, tiered: bool = False, pools=None):
         label, specs, example, backend = spec.label, prepared.specs, prepared.args, prepared.backend
         try:
             device = device_of(specs)
@@ -89,7 +89,9 @@ class CaptureSession:
             raise CaptureError(f"{label}: {exc}") from None
         backend.validate(label, device)
         self.label, self.keys, self.specs, self.example = label, keys, specs, tuple(example)
-        self.pool = spec.pool if spec.pool is not None else Pool(fn_name(spec.fn))
+        # the user's Pool, or the one a first-use callable's structures share (`PoolsByDevice`)
+        self.pool = spec.pool if spec.pool is not None else pools(backend, device) if pools is not None else Pool(
+            fn_name(spec.fn))
         # and torch's process-wide settings the captures run under (the caller's: `GlobalState`)
         self.table_fields = (*_table_fields(spec, prepared), GlobalState.take(label))
         self.reach: tuple[Reach, ...] = ()  # (static objects', function's), as the graphs read them

@@ -51,6 +51,7 @@ from graphify.capture.spec import FunctionSpec
 from graphify.plan.keys import exact_keys
 from graphify.call.runtime import Miss
 from graphify.plan.stats import Stats
+from graphify.plan.pool import PoolsByDevice
 from graphify.reads.reach import stateful_in
 from graphify.first_use.room import Room
 from graphify.base.axes import static_objects
@@ -71,8 +72,8 @@ class FirstUse:
     what holds a structure's capture open (`CallCapture`; tests pass a recording one)."""
 
     def __init__(self, spec: FunctionSpec, stats: Stats, open_capture=CallCapture):
-        self.spec, self.stats = spec, stats  # (its structures share one walk of what the function reaches)
-        self.open_capture = functools.partial(open_capture, function=FunctionReads.for_spec(spec))
+        self.spec, self.stats = spec, stats  # (its structures share one walk of what the function reaches, one pool)
+        self.open_capture = functools.partial(open_capture, function=FunctionReads.for_spec(spec), pools=PoolsByDevice.for_spec(spec))
         self.lock = threading.Lock()
         self.structures: list[CallStructure] = []  # most recently used first
         self.seen = Sightings()  # the previous call, which ran eagerly, and recent first sightings
