@@ -92,3 +92,143 @@ def test_a_second_structure_reuses_the_first_ones_memory():
     assert both <= wide + (4 << 20), f"{both >> 20} MiB for both structures, {wide >> 20} MiB for the wider alone"
     del keep_wide, keep_narrow, keep_both
     gc.collect()
+
+
+def test_calls_of_two_structures_from_two_threads_never_replay_at_once(backend, monkeypatch):
+    """Their runtimes share one lock: a replay and the copy of its outputs end before another
+    structure's replay into the same blocks begins."""
+    import threading
+    import time
+
+    from graphify.call import runtime as runtime_module
+
+    name, device = backend
+    active, guard, overlaps = {}, threading.Lock(), []
+    real = runtime_module.Runtime._replay
+
+    def spied(self, plan, *args, **kwargs):
+        with guard:
+            pool = self.table.pool
+            overlaps.extend(t for t, p in active.items() if p is pool and t != threading.get_ident())
+            active[threading.get_ident()] = pool
+        try:
+            time.sleep(0.002)  # a replay in flight
+            return real(self, plan, *args, **kwargs)
+        finally:
+            with guard:
+                active.pop(threading.get_ident(), None)
+
+    g = graphify(widened, options=Options(backend=name))
+    gen = torch.Generator().manual_seed(8)
+    xs = {w: torch.rand(4, w, generator=gen).to(device) for w in (48, 32)}
+    for x in xs.values():
+        for _ in range(3):
+            g(x)
+    monkeypatch.setattr(runtime_module.Runtime, "_replay", spied)
+    wrong = []
+
+    def calls(x):
+        for _ in range(30):
+            if not torch.allclose(g(x), widened(x), rtol=1e-5, atol=1e-4):
+                wrong.append(x.shape)
+
+    threads = [threading.Thread(target=calls, args=(x,)) for x in xs.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == [] and wrong == []
+    assert len({id(p) for p in pools_of(g)}) == 1
+
+
+def test_a_capture_holds_off_another_threads_drop_of_its_pools_last_graph():
+    """Between taking a pool id and counting the graph captured into it, a drop of the id's
+    last graph elsewhere would leave torch a capture into a released id: it waits."""
+    import threading
+
+    from graphify.backends.graph_pool import GraphPool
+
+    ids = iter(range(100))
+    pool = GraphPool(lambda: next(ids))
+
+    class Graph:
+        pass
+
+    old = Graph()
+    pool.for_capture()
+    pool.holds(old)
+    dropped = threading.Event()
+
+    def drop():
+        nonlocal old
+        del old
+        dropped.set()
+
+    with pool.capturing() as pool_id:
+        other = threading.Thread(target=drop)
+        other.start()
+        assert not dropped.wait(0.3)  # its graph's finalizer waits for the capture to be counted
+        assert pool_id == 0 and pool.live == 1
+        new = Graph()
+        pool.holds(new)
+    other.join(5)
+    assert dropped.is_set() and pool.live == 1
+    del new
+
+
+def test_cupy_structures_keep_a_pool_each():
+    from graphify.call.shared_calls import SharedCalls
+    from graphify.plan.pool import PoolsByDevice
+
+    pools = PoolsByDevice("f", SharedCalls)
+
+    class Backend:
+        def __init__(self, name):
+            self.name = name
+
+    cuda, cupy, device = Backend("cuda"), Backend("cupy"), torch.device("cuda", 0)
+    assert pools(cuda, device) is pools(cuda, device) and pools(cuda, device).shared is not None
+    assert pools(cupy, device) is not pools(cupy, device) and pools(cupy, device).shared is None
+    assert pools(cuda, torch.device("cuda", 1)) is not pools(cuda, device)
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("how", ["one thread, two streams", "two threads, one stream", "two threads, two streams"])
+def test_two_structures_called_at_once_answer_as_eager(how):
+    """Their graphs share blocks: the shared lock orders threads, and a call on another
+    stream than the last waits for it."""
+    import threading
+
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    xs = [torch.rand(256, w, device="cuda", generator=gen) for w in (4096, 2048)]
+    want = [widened(x) for x in xs]
+    g = graphify(widened)
+    for x in xs:
+        for _ in range(3):
+            g(x)
+    torch.cuda.synchronize()
+    outs: list = [[], []]
+    if how == "one thread, two streams":
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        for _ in range(100):
+            for i, s in enumerate(streams):
+                with torch.cuda.stream(s):
+                    outs[i].append(g(xs[i]))
+    else:
+        def work(i):
+            s = torch.cuda.Stream() if how == "two threads, two streams" else torch.cuda.current_stream()
+            with torch.cuda.stream(s):
+                for _ in range(100):
+                    outs[i].append(g(xs[i]))
+            s.synchronize()
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    torch.cuda.synchronize()
+    for i in range(2):
+        assert all(torch.allclose(o, want[i], rtol=1e-4, atol=1e-2) for o in outs[i])
+    assert len({id(p) for p in pools_of(g)}) == 1

@@ -12,6 +12,7 @@ a fresh id instead: no live graph shares the old one's memory, so nothing is los
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable
@@ -37,6 +38,14 @@ class GraphPool:
                 self.id = self._new_id()
             self.used = True
             return self.id
+
+    @contextlib.contextmanager
+    def capturing(self):
+        """`for_capture()`'s id, held until the capture into it is counted (`holds`): no
+        other thread's drop of that id's last graph in between, which would leave torch a
+        capture into a released id (graphs of several call structures share a pool)."""
+        with self._lock:
+            yield self.for_capture()
 
     def holds(self, graph: Any) -> None:
         with self._lock:

@@ -104,33 +104,33 @@ class TorchCudaBackend:
                 eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
             stream.synchronize()  # the warm-ups' frees settle before the capture allocates
         graph = torch.cuda.CUDAGraph()
-        pool_id = pool.for_capture()  # a fresh id where every graph of the last one is gone
-        before = self.usage(pool)[0]
-        # Not `torch.cuda.graph(...)`: its __enter__ synchronises the device and empties the
-        # allocator's cache before every capture, which costs more than a small capture and
-        # makes the next warm-up allocate afresh; the stream was synchronised above.
-        # cuBLAS keeps one workspace per (handle, stream) in a table of torch's that anyone may
-        # clear (torch.compile's graph trees do, around each recording): dropped here, the
-        # capture allocates its own inside the graph's pool, where a later clear cannot hand
-        # it to eager code (graphify.backends.keepalive).
-        clear_cublas_workspaces()
-        # compiled code must not see a mode of ours: dynamo would compile it again, inside the capture
-        staged = StagedConstants() if not isinstance(fn, CompiledCode) else contextlib.nullcontext(StagedConstants())
-        with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
-            graph.capture_begin(pool=pool_id, capture_error_mode="thread_local")
-            try:
-                with staged as constants:
-                    outputs = fn(*args)
-            except BaseException:
-                with contextlib.suppress(Exception):  # an invalidated capture: report fn's error
-                    graph.capture_end()
-                raise
-            graph.capture_end()
-        # what this capture grew the pool by, from the pool's own segments: capture_begin
-        # itself may allocate outside it (torch's RNG seed and offset tensors for graphs,
-        # made when the first live graph registers, kept in the default pool)
-        nbytes = self.usage(pool)[0] - before
-        pool.holds(graph)
+        with pool.capturing() as pool_id:  # a fresh id where every graph of the last one is gone
+            before = self.usage(pool)[0]
+            # Not `torch.cuda.graph(...)`: its __enter__ synchronises the device and empties the
+            # allocator's cache before every capture, which costs more than a small capture and
+            # makes the next warm-up allocate afresh; the stream was synchronised above.
+            # cuBLAS keeps one workspace per (handle, stream) in a table of torch's that anyone may
+            # clear (torch.compile's graph trees do, around each recording): dropped here, the
+            # capture allocates its own inside the graph's pool, where a later clear cannot hand
+            # it to eager code (graphify.backends.keepalive).
+            clear_cublas_workspaces()
+            # compiled code must not see a mode of ours: dynamo would compile it again, inside the capture
+            staged = StagedConstants() if not isinstance(fn, CompiledCode) else contextlib.nullcontext(StagedConstants())
+            with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
+                graph.capture_begin(pool=pool_id, capture_error_mode="thread_local")
+                try:
+                    with staged as constants:
+                        outputs = fn(*args)
+                except BaseException:
+                    with contextlib.suppress(Exception):  # an invalidated capture: report fn's error
+                        graph.capture_end()
+                    raise
+                graph.capture_end()
+            # what this capture grew the pool by, from the pool's own segments: capture_begin
+            # itself may allocate outside it (torch's RNG seed and offset tensors for graphs,
+            # made when the first live graph registers, kept in the default pool)
+            nbytes = self.usage(pool)[0] - before
+            pool.holds(graph)
         graph.graphify_constants = constants.kept  # the host memory its copies read, for as long as it lives
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)

@@ -28,6 +28,7 @@ from graphify.distributed.agreement import agreement_for
 from graphify.plan.dispatch import Decision, Dispatcher
 from graphify.base.errors import GraphifyError, InputMismatchError
 from graphify.call.hand_out import HandOut
+from graphify.call.shared_calls import SharedCalls
 from graphify.base.modes import Mode
 from graphify.base.boxing import has_boxes, unbox
 from graphify.plan.stats import Stats
@@ -115,9 +116,13 @@ class Runtime:
     outputs are shared, so two threads must never interleave copy and replay."""
 
     def __init__(self, label: str, fn: Callable, table: GraphTable, dispatcher: Dispatcher, rules: CallRules,
-                 hand_out: HandOut):
+                 hand_out: HandOut, shared: "SharedCalls | None" = None):
         self.label, self.fn, self.dispatcher, self.rules, self.hand_out = label, fn, dispatcher, rules, hand_out
-        self.lock = threading.Lock()
+        # graphs sharing a pool with other runtimes' (`graphify.call.shared_calls`): their lock and stream order
+        self.lock = shared.lock if shared is not None else threading.Lock()
+        device = table.device
+        self._order = functools.partial(shared.order, device.index or 0) if (
+            shared is not None and device is not None and device.type == "cuda") else None
         self.agreement = agreement_for(table.lockstep)
         self.static_call: _StaticCall | None = None
         self.replayed = 0  # graph replays so far: the layer above tells a replayed call from an eager one
@@ -215,6 +220,8 @@ class Runtime:
         reads = self.table.reads
         if not checked and reads.reach and reads.stale():
             raise reads.stale_error(self.label)
+        if self._order is not None:
+            self._order()
         static = self.static_call
         if dsts or static is None or not static.clean:  # after a call with the static tuple, nothing moved
             self._restore_padding(plan, dsts, srcs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 import weakref
 from typing import Any
 
@@ -65,6 +66,9 @@ class Pool:
     _backend: Any = attrs.field(default=None, init=False, repr=False)
     _device: torch.device | None = attrs.field(default=None, init=False)
     _graphs: "weakref.WeakKeyDictionary" = attrs.field(factory=weakref.WeakKeyDictionary, init=False, repr=False)
+    # what the runtimes of its graphs share where graphify made it for a callable's structures
+    # (`PoolsByDevice`: `graphify.call.shared_calls.SharedCalls`); None for a user's Pool
+    shared: Any = attrs.field(default=None, init=False, repr=False)
 
     def handle_for(self, backend, device: torch.device, label: str):
         """The backend's pool handle, created on first use; one pool serves one device."""
@@ -103,26 +107,30 @@ class Pool:
 
 
 class PoolsByDevice:
-    """One `Pool` per backend and device for the call structures of one callable captured
-    on first use. Its calls run one after another (its lock) and hand out copies, so no
-    structure's graph needs memory another structure's replay may write: all of them share
-    one pool, which holds the largest structure's memory, not their sum (BERT at 40 request
-    shapes holds 5 structures). A callable handing out views keeps one pool per structure,
-    since a view of one structure's output stays valid across another structure's call."""
+    """One `Pool` per device for the call structures of one callable captured on first use
+    (torch's CUDA graphs and the simulation), so that its graphs hold the largest structure's
+    memory, not the sum (BERT at 40 request shapes holds 5 structures). Their runtimes share
+    the pool's `shared` (`make_shared()`: one lock around copy, replay and hand-out, one stream
+    order), so no replay meets another's in the blocks they share, and calls hand out copies.
+    Not for a callable handing out views (a view of one structure's output stays valid across
+    another structure's call), nor CuPy's pools (a pool per structure, as before)."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, make_shared: Callable[[], Any]):
+        self.name, self.make_shared = name, make_shared
         self._pools: dict = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def for_spec(cls, spec) -> "PoolsByDevice | None":
+    def for_spec(cls, spec, make_shared: Callable[[], Any]) -> "PoolsByDevice | None":
         """A first-use callable's pools; None where the user gave a `Pool` or outputs are views."""
-        return cls(fn_name(spec.fn)) if spec.pool is None and spec.options.outputs == "copy" else None
+        return cls(fn_name(spec.fn), make_shared) if spec.pool is None and spec.options.outputs == "copy" else None
 
     def __call__(self, backend, device) -> Pool:
+        if backend.name == "cupy":
+            return Pool(self.name)
         with self._lock:
             pool = self._pools.get((backend.name, device))
             if pool is None:
                 pool = self._pools[(backend.name, device)] = Pool(self.name)
+                pool.shared = self.make_shared()
             return pool
