@@ -143,37 +143,45 @@ def test_calls_of_two_structures_from_two_threads_never_replay_at_once(backend, 
 
 def test_a_capture_holds_off_another_threads_drop_of_its_pools_last_graph():
     """Between taking a pool id and counting the graph captured into it, a drop of the id's
-    last graph elsewhere would leave torch a capture into a released id: it waits."""
+    last graph elsewhere would leave torch a capture into a released id. torch gives a
+    graph's use of its pool back in the C++ destructor, before any Python finalizer (pybind11),
+    so the capture keeps such a graph alive: its destructor runs after the capture counts."""
     import threading
 
     from graphify.backends.graph_pool import GraphPool
 
     ids = iter(range(100))
     pool = GraphPool(lambda: next(ids))
+    destroyed = []
 
-    class Graph:
-        pass
+    class Graph:  # its __del__ stands for ~CUDAGraph, which releases torch's use of the id
+        def __init__(self, name):
+            self.name = name
 
-    old = Graph()
+        def __del__(self):
+            destroyed.append(self.name)
+
+    old = Graph("old")
     pool.for_capture()
     pool.holds(old)
-    dropped = threading.Event()
 
     def drop():
         nonlocal old
         del old
-        dropped.set()
 
     with pool.capturing() as pool_id:
         other = threading.Thread(target=drop)
         other.start()
-        assert not dropped.wait(0.3)  # its graph's finalizer waits for the capture to be counted
-        assert pool_id == 0 and pool.live == 1
-        new = Graph()
+        other.join(5)
+        assert destroyed == [] and pool_id == 0  # still alive: torch still counts the id
+        new = Graph("new")
         pool.holds(new)
-    other.join(5)
-    assert dropped.is_set() and pool.live == 1
+    assert destroyed == ["old"] and pool.live == 1
+    with pool.capturing() as again:
+        assert again == 0  # `new` lives: the same id
     del new
+    with pool.capturing() as fresh:
+        assert fresh == 1  # every graph of id 0 gone: a fresh one
 
 
 def test_cupy_structures_keep_a_pool_each():
@@ -232,3 +240,20 @@ def test_two_structures_called_at_once_answer_as_eager(how):
     for i in range(2):
         assert all(torch.allclose(o, want[i], rtol=1e-4, atol=1e-2) for o in outs[i])
     assert len({id(p) for p in pools_of(g)}) == 1
+
+
+def test_a_capture_under_a_shared_pool_first_orders_the_callers_stream(backend):
+    """`exclusive()` (held by first-use captures, whose split ops and piece warm-ups run in
+    the pool's blocks) waits for the last replay's stream as a replay does."""
+    name, device = backend
+    g = graphify(widened, options=Options(backend=name))
+    x = torch.rand(4, 48).to(device)
+    for _ in range(3):
+        g(x)
+    runtime = next(iter(g._first_use.structures[0].branches.values())).runtime
+    ordered = []
+    runtime._order = lambda: ordered.append("ordered")
+    with runtime.exclusive():
+        assert ordered == ["ordered"]
+    g(x)
+    assert ordered == ["ordered", "ordered"]  # and every replay

@@ -30,14 +30,19 @@ class GraphPool:
         self.id = new_id()
         self.live = 0
         self.used = False  # a capture has begun with `id` (it may have failed: torch counted it)
+        self._graphs: "weakref.WeakSet" = weakref.WeakSet()  # the live graphs of `id`
         self._lock = threading.RLock()  # `_gone` may run inside `for_capture` (a collection)
 
     def for_capture(self) -> Any:
         with self._lock:
-            if self.used and self.live == 0:
+            if self.used and (self.live == 0 or self._any_graph() is None):
                 self.id = self._new_id()
             self.used = True
             return self.id
+
+    def _any_graph(self) -> Any:
+        """A strong reference to one live graph of `id`, or None."""
+        return next(iter(self._graphs), None)
 
     @contextlib.contextmanager
     def capturing(self):
@@ -45,11 +50,16 @@ class GraphPool:
         other thread's drop of that id's last graph in between, which would leave torch a
         capture into a released id (graphs of several call structures share a pool)."""
         with self._lock:
+            # a graph of the id kept alive until this capture counts: torch releases a dropped
+            # graph's use of its pool in its C++ destructor, before any finalizer of ours runs
+            keep = self._any_graph()  # noqa: F841 (held, not read)
             yield self.for_capture()
+            del keep
 
     def holds(self, graph: Any) -> None:
         with self._lock:
             self.live += 1
+            self._graphs.add(graph)
         weakref.finalize(graph, self._gone)
 
     def _gone(self) -> None:

@@ -12,6 +12,7 @@ back as a `Miss` (what was asked, for which rows, with which arguments); the lay
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Sequence
@@ -257,10 +258,16 @@ class Runtime:
         )
 
     # -- the table it serves ------------------------------------------------------------------
-    def exclusive(self) -> threading.Lock:
-        """The lock calls hold while they copy and replay: hold it to write the static
-        buffers (a first-use capture) and `install` the table that results."""
-        return self.lock
+    @contextlib.contextmanager
+    def exclusive(self):
+        """The lock calls hold while they copy and replay, held: hold it to write the static
+        buffers (a first-use capture) and `install` the table that results. Where the pool is
+        shared, the caller's stream first waits for the last replay's (a capture of a split
+        function runs its split ops and piece warm-ups in the pool's blocks)."""
+        with self.lock:
+            if self._order is not None:
+                self._order()
+            yield
 
     def install(self, table: GraphTable) -> None:
         """Serve calls from `table` (hold `exclusive()`): a first-use capture's new table.
