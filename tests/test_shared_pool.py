@@ -243,17 +243,24 @@ def test_two_structures_called_at_once_answer_as_eager(how):
 
 
 def test_a_capture_under_a_shared_pool_first_orders_the_callers_stream(backend):
-    """`exclusive()` (held by first-use captures, whose split ops and piece warm-ups run in
-    the pool's blocks) waits for the last replay's stream as a replay does."""
+    """`capturing()` (held by first-use captures, whose split ops and piece warm-ups run in
+    the pool's blocks) waits for the last replay's stream as a replay does; a split
+    function's capture (`whole`) marks what it ran for the next stream."""
     name, device = backend
     g = graphify(widened, options=Options(backend=name))
     x = torch.rand(4, 48).to(device)
     for _ in range(3):
         g(x)
     runtime = next(iter(g._first_use.structures[0].branches.values())).runtime
-    ordered = []
-    runtime._order = lambda: ordered.append("ordered")
-    with runtime.exclusive():
+    shared, ordered = runtime.shared, []
+    shared.cuda = True
+    shared.order = lambda: ordered.append("ordered")
+    shared.mark = lambda: ordered.append("marked")
+    with runtime.capturing(whole=False):
         assert ordered == ["ordered"]
+    with runtime.capturing(whole=True):
+        assert ordered == ["ordered", "ordered"]
+    assert ordered[-1] == "marked"
+    ordered.clear()
     g(x)
-    assert ordered == ["ordered", "ordered"]  # and every replay
+    assert ordered == ["ordered", "marked"]  # and every replay

@@ -8,6 +8,11 @@ capture mode, so every later capture in the process fails too. That happens when
 outlives all its graphs and captures again: a structure dropped and captured anew (a second
 `generate()` of T5), or a first capture that failed and is tried again. Such a capture takes
 a fresh id instead: no live graph shares the old one's memory, so nothing is lost.
+
+A capture that began and never ended (invalidated: a host sync, the most common first-use
+failure) keeps its id's pool for the life of the process: torch's `CUDAGraph::reset` gives a
+pool's use back only for a capture that ended. The next capture then takes a fresh id
+(`abandon`), so that memory stays as large as it was and later graphs do not grow it.
 """
 
 from __future__ import annotations
@@ -30,14 +35,18 @@ class GraphPool:
         self.id = new_id()
         self.live = 0
         self.used = False  # a capture has begun with `id` (it may have failed: torch counted it)
+        self.abandoned = False  # a capture into `id` began and never ended: torch holds that pool for good
         self._graphs: "weakref.WeakSet" = weakref.WeakSet()  # the live graphs of `id`
         self._lock = threading.RLock()  # `_gone` may run inside `for_capture` (a collection)
+        # what a capture into it holds, before `capturing()`, where other graphs' calls share the
+        # pool (`graphify.call.shared_calls.SharedCalls.window`: their lock, and the stream order)
+        self.window: Callable[[], Any] = contextlib.nullcontext
 
     def for_capture(self) -> Any:
         with self._lock:
-            if self.used and (self.live == 0 or self._any_graph() is None):
+            if self.used and (self.abandoned or self.live == 0 or self._any_graph() is None):
                 self.id = self._new_id()
-            self.used = True
+            self.used, self.abandoned = True, False
             return self.id
 
     def _any_graph(self) -> Any:
@@ -55,6 +64,12 @@ class GraphPool:
             keep = self._any_graph()  # noqa: F841 (held, not read)
             yield self.for_capture()
             del keep
+
+    def abandon(self) -> None:
+        """A capture into `id` began and did not end (see the module docstring): the next
+        capture takes a fresh id."""
+        with self._lock:
+            self.abandoned = True
 
     def holds(self, graph: Any) -> None:
         with self._lock:

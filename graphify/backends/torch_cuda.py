@@ -104,7 +104,10 @@ class TorchCudaBackend:
                 eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
             stream.synchronize()  # the warm-ups' frees settle before the capture allocates
         graph = torch.cuda.CUDAGraph()
-        with pool.capturing() as pool_id:  # a fresh id where every graph of the last one is gone
+        # (`window`: where other graphs' calls share the pool, none replays through the capture,
+        # and the capture stream is ordered after the last; then a fresh id where every graph
+        # of the last one is gone)
+        with torch.cuda.stream(stream), pool.window(), pool.capturing() as pool_id:
             before = self.usage(pool)[0]
             # Not `torch.cuda.graph(...)`: its __enter__ synchronises the device and empties the
             # allocator's cache before every capture, which costs more than a small capture and
@@ -116,16 +119,8 @@ class TorchCudaBackend:
             clear_cublas_workspaces()
             # compiled code must not see a mode of ours: dynamo would compile it again, inside the capture
             staged = StagedConstants() if not isinstance(fn, CompiledCode) else contextlib.nullcontext(StagedConstants())
-            with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
-                graph.capture_begin(pool=pool_id, capture_error_mode="thread_local")
-                try:
-                    with staged as constants:
-                        outputs = fn(*args)
-                except BaseException:
-                    with contextlib.suppress(Exception):  # an invalidated capture: report fn's error
-                        graph.capture_end()
-                    raise
-                graph.capture_end()
+            with cupy_follows_torch(stream, device):
+                outputs, constants = _record(graph, pool, pool_id, fn, args, staged)
             # what this capture grew the pool by, from the pool's own segments: capture_begin
             # itself may allocate outside it (torch's RNG seed and offset tensors for graphs,
             # made when the first live graph registers, kept in the default pool)
@@ -135,6 +130,30 @@ class TorchCudaBackend:
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)
         return Captured(graph.replay, graph, outputs, nbytes)
+
+
+def _record(graph, pool: GraphPool, pool_id, fn: Callable, args: tuple, staged) -> tuple:
+    """(outputs, staged constants) of `fn(*args)` captured into `graph` on the current stream.
+    A capture that began and did not end (invalidated) keeps its pool id's use in torch for
+    good (`CUDAGraph::reset` gives it back only for a capture that ended): `pool.abandon()`,
+    so that the next capture takes a fresh id and the pool held for good grows no more."""
+    ended = False
+    try:
+        graph.capture_begin(pool=pool_id, capture_error_mode="thread_local")
+        try:
+            with staged as constants:
+                outputs = fn(*args)
+        except BaseException:
+            with contextlib.suppress(Exception):  # an invalidated capture: report fn's error
+                graph.capture_end()
+                ended = True
+            raise
+        graph.capture_end()
+        ended = True
+    finally:
+        if not ended:
+            pool.abandon()
+    return outputs, constants
 
 
 _FROM_DATA = (torch.tensor, torch.as_tensor, torch.asarray)

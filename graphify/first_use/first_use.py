@@ -278,8 +278,8 @@ class FirstUse:
         pair = (miss.decision.mode, miss.decision.key)
         if pair in branch.uncapturable:
             return False
-        runtime = branch.runtime
-        with _call_paths.stream_scope(runtime), runtime.exclusive():
+        runtime = branch.runtime  # (a split function's capture runs in the pool: it holds off other structures' calls)
+        with _call_paths.stream_scope(runtime), runtime.capturing(whole=self.spec.split is not None):
             if pair in runtime.table.entries:  # another thread captured it meanwhile
                 return True
             collect, self.collected = not self.collected, True

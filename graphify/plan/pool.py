@@ -75,6 +75,8 @@ class Pool:
         if self._handle is None:
             self._handle = backend.new_pool_handle(device)
             self._backend, self._device = backend, device
+            if self.shared is not None:  # its captures' window holds off the calls sharing it
+                self._handle.window = self.shared.window
         elif (self._backend.name, self._device) != (backend.name, device):
             raise ValueError(
                 f"{label}: pool {self.name!r} belongs to backend {self._backend.name!r} on {self._device}, "
@@ -110,18 +112,18 @@ class PoolsByDevice:
     """One `Pool` per device for the call structures of one callable captured on first use
     (torch's CUDA graphs and the simulation), so that its graphs hold the largest structure's
     memory, not the sum (BERT at 40 request shapes holds 5 structures). Their runtimes share
-    the pool's `shared` (`make_shared()`: one lock around copy, replay and hand-out, one stream
+    the pool's `shared` (`make_shared(device)`: one lock around copy, replay and hand-out, one stream
     order), so no replay meets another's in the blocks they share, and calls hand out copies.
     Not for a callable handing out views (a view of one structure's output stays valid across
     another structure's call), nor CuPy's pools (a pool per structure, as before)."""
 
-    def __init__(self, name: str, make_shared: Callable[[], Any]):
+    def __init__(self, name: str, make_shared: Callable[[Any], Any]):
         self.name, self.make_shared = name, make_shared
         self._pools: dict = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def for_spec(cls, spec, make_shared: Callable[[], Any]) -> "PoolsByDevice | None":
+    def for_spec(cls, spec, make_shared: Callable[[Any], Any]) -> "PoolsByDevice | None":
         """A first-use callable's pools; None where the user gave a `Pool` or outputs are views."""
         return cls(fn_name(spec.fn), make_shared) if spec.pool is None and spec.options.outputs == "copy" else None
 
@@ -132,5 +134,5 @@ class PoolsByDevice:
             pool = self._pools.get((backend.name, device))
             if pool is None:
                 pool = self._pools[(backend.name, device)] = Pool(self.name)
-                pool.shared = self.make_shared()
+                pool.shared = self.make_shared(device)
             return pool

@@ -1,0 +1,465 @@
+"""The shared pool's calls and captures (`graphify.call.shared_calls`), beyond one thread on
+one stream: the stream order across streams that may be destroyed (per-request CuPy or
+external streams), captures that leave other structures' calls going, and a capture that
+never ended, which torch keeps its pool for. CUDA streams are stood in for on the CPU."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import warnings
+import weakref
+
+import pytest
+import torch
+
+from conftest import replayed, requires_cuda
+from graphify import Options, graphify
+from graphify.call import shared_calls
+
+
+def widened(x):
+    """An intermediate 64 times its argument's size, an output a row of numbers."""
+    return torch.relu(x.repeat(1, 64) - 0.5).sum(-1) + x[:, 0]
+
+
+def shared_pool(g):
+    """The one pool a callable's structures share."""
+    pools = {id(b.capture.session.pool): b.capture.session.pool
+             for s in tuple(g._first_use.structures) for b in tuple(s.branches.values())}
+    assert len(pools) == 1
+    return next(iter(pools.values()))
+
+
+# -- the stream order ------------------------------------------------------------------------
+class Streams:
+    """CUDA's streams and events as `SharedCalls` uses them: a stream is named by its raw
+    pointer and may be destroyed (then any use of it fails, as CUDA's "invalid resource
+    handle"); an event recorded on it outlives it. Each record follows a call's work (its
+    replay and hand-out): `done[ptr]` counts them; `waited` holds (waiting stream, (stream,
+    calls done) it waits for)."""
+
+    def __init__(self):
+        self.current, self.destroyed, self.done, self.waited = 1, set(), {}, []
+
+    def check(self, ptr):
+        if ptr in self.destroyed:
+            raise RuntimeError(f"CUDA error: invalid resource handle (stream {ptr} was destroyed)")
+
+    def stream(self, index=None):
+        streams = self
+
+        class Stream:
+            ptr = self.current
+
+            def wait_event(self, event):
+                streams.check(self.ptr)
+                streams.waited.append((self.ptr, event.at))
+
+            def wait_stream(self, other):  # what the stream order did before events
+                streams.check(self.ptr)
+                streams.check(other.ptr)
+                streams.waited.append((self.ptr, (other.ptr, streams.done.get(other.ptr, 0))))
+
+        return Stream()
+
+    def event(self):
+        streams = self
+
+        class Event:
+            at = None
+
+            def record(self, stream):
+                streams.check(stream.ptr)
+                streams.done[stream.ptr] = streams.done.get(stream.ptr, 0) + 1
+                self.at = (stream.ptr, streams.done[stream.ptr])
+
+        return Event()
+
+
+@pytest.fixture
+def streams(monkeypatch):
+    fake = Streams()
+    monkeypatch.setattr(shared_calls, "_raw_stream", lambda index: fake.current)
+    monkeypatch.setattr(shared_calls, "_current_stream", fake.stream)
+    monkeypatch.setattr(shared_calls, "_new_event", fake.event)
+    monkeypatch.setattr(shared_calls, "_capturing", lambda: False)
+    return fake
+
+
+def calls_on_streams():
+    """A callable of two structures, captured, whose shared pool keeps its stream order as
+    on CUDA (with the `streams` fixture's stand-ins)."""
+    g = graphify(widened, options=Options(backend="sim"))
+    xs = [torch.rand(4, w, generator=torch.Generator().manual_seed(w)) for w in (48, 32)]
+    for x in xs:
+        for _ in range(3):
+            g(x)
+    shared = shared_pool(g).shared
+    shared.cuda, shared.index = True, 0
+    return g, xs
+
+
+def test_a_call_on_another_stream_waits_for_the_last_hand_out_even_where_its_stream_is_gone(streams, monkeypatch):
+    """Per-request streams (CuPy's, an ExternalStream's), each destroyed after its call: the
+    next call waits on graphify's event, recorded after the last hand-out, never on the
+    stream it was recorded on."""
+    g, xs = calls_on_streams()
+    before = replayed(g)
+    for i in range(6):
+        streams.current = 100 + i  # a new stream per request, destroyed after it
+        x = xs[i % 2]
+        torch.testing.assert_close(g(x), widened(x), rtol=1e-5, atol=1e-4)
+        streams.destroyed.add(streams.current)
+    assert replayed(g) - before == 6
+    # every call after the first waited for the whole of the last one (its one piece of work)
+    assert streams.waited == [(100 + i, (99 + i, 1)) for i in range(1, 6)]
+
+
+def test_calls_on_one_stream_wait_for_nothing(streams, monkeypatch):
+    """The raw pointer's compare: on the stream of the last call, no wait (an event recorded
+    a call, one C call to compare)."""
+    g, xs = calls_on_streams()
+    streams.current = 7
+    for i in range(6):
+        g(xs[i % 2])
+    assert streams.waited == [] and streams.done == {7: 6}
+
+
+def test_no_event_is_recorded_inside_another_graphs_capture(streams, monkeypatch):
+    """A call made while the current stream captures (inside a capture of another callable)
+    leaves the event as it was: a stream outside that capture could not wait on it."""
+    g, xs = calls_on_streams()
+    g(xs[0])
+    monkeypatch.setattr(shared_calls, "_capturing", lambda: True)
+    g(xs[1])
+    assert streams.done == {1: 1}
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_calls_on_short_lived_streams_answer_as_eager():
+    """A CuPy stream per request, destroyed after its call while its work may still run."""
+    cp = pytest.importorskip("cupy")
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    xs = [torch.rand(256, w, device="cuda", generator=gen) for w in (4096, 2048)]
+    want = [widened(x) for x in xs]
+    g = graphify(widened)
+    for x in xs:
+        for _ in range(3):
+            g(x)
+    torch.cuda.synchronize()
+    outs = []
+    for i in range(60):
+        s = cp.cuda.Stream(non_blocking=True)
+        with torch.cuda.stream(torch.cuda.ExternalStream(s.ptr)):
+            outs.append((i % 2, g(xs[i % 2])))
+        del s  # destroyed: its replay and copy may still run
+    torch.cuda.synchronize()
+    assert all(torch.allclose(o, want[i], rtol=1e-4, atol=1e-2) for i, o in outs)
+
+
+# -- captures that leave other structures' calls going ----------------------------------------
+class Gate:
+    """Signals between a test and the runs of `function()`: while `on` is set, runs on
+    arguments that `match` say so (`entered`) and wait (up to 2 s) for `seen`; `waits` notes
+    whether each wait saw it. The function holds it through a weak reference, which
+    graphify's walk of what a function reaches never follows: its snapshots, put back
+    after each capture run, leave these signals alone."""
+
+    def __init__(self, match):
+        self.match, self.waits = match, []
+        self.on, self.entered, self.seen = threading.Event(), threading.Event(), threading.Event()
+
+    def function(self):
+        ref = weakref.ref(self)
+
+        def fn(x):
+            gate = ref()
+            if gate.on.is_set() and gate.match(x):
+                gate.entered.set()
+                gate.waits.append(gate.seen.wait(2))
+            return widened(x)
+
+        return fn
+
+
+def in_thread(call) -> tuple:
+    """(thread, its results) of `call()` started in a thread."""
+    got = []
+    t = threading.Thread(target=lambda: got.append(call()))
+    t.start()
+    return t, got
+
+
+def test_another_structures_calls_go_on_while_an_unsplit_function_captures():
+    """A first-use capture of an unsplit function (warm-ups, compiles, a capture that runs
+    nothing) holds only its own runtime and the pool's captures: another structure's call
+    replays meanwhile."""
+    gate = Gate(lambda x: x.shape[1] == 32)
+    g = graphify(gate.function(), options=Options(backend="sim"))
+    a, b = torch.rand(4, 48), torch.rand(4, 32)
+    for _ in range(3):
+        g(a)
+    g(b)  # b's first sighting: its next call captures
+    before = replayed(g)
+    gate.on.set()
+    t, got = in_thread(lambda: g(b))
+    assert gate.entered.wait(5)  # b's capture is under way
+    out = g(a)
+    gate.seen.set()
+    t.join(10)
+    gate.on.clear()
+    assert gate.waits and all(gate.waits)  # a's call returned while b's capture waited
+    torch.testing.assert_close(out, widened(a), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got[0], widened(b), rtol=1e-5, atol=1e-4)
+    assert replayed(g) - before == 2  # a's call, then b's after its capture
+
+
+def test_the_structure_that_captures_holds_off_its_own_calls():
+    """Its static buffers are the capture's: a call of the same structure at a size already
+    captured waits until the capture of the new size is done."""
+    gate = Gate(lambda x: x.shape[0] == 6)
+    g = graphify(gate.function(), options=Options(backend="sim"))
+    small, six = torch.rand(4, 32), torch.rand(6, 32)
+    for _ in range(3):
+        g(small)  # captured at 4 rows
+    gate.on.set()
+    t, got_six = in_thread(lambda: g(six))  # a new size of the structure: captured, its runs waiting
+    assert gate.entered.wait(5)
+    caller, got = in_thread(lambda: g(small))
+    caller.join(0.3)
+    assert caller.is_alive() and got == []  # held off by the capture
+    gate.seen.set()
+    t.join(10)
+    caller.join(10)
+    gate.on.clear()
+    torch.testing.assert_close(got[0], widened(small), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got_six[0], widened(six), rtol=1e-5, atol=1e-4)
+
+
+def test_a_call_during_a_capture_run_waits_for_its_end():
+    """The capture window (on CUDA, torch's generators in capture mode; in the simulation, the
+    taped run) holds the pool's call lock: another structure's call waits for its end."""
+    from graphify.backends import sim
+
+    gate = Gate(lambda x: x.shape[1] == 32 and sim.taping())
+    g = graphify(gate.function(), options=Options(backend="sim"))
+    a, b = torch.rand(4, 48), torch.rand(4, 32)
+    for _ in range(3):
+        g(a)
+    g(b)
+    gate.seen.clear()
+    gate.on.set()
+    t, got = in_thread(lambda: g(b))
+    assert gate.entered.wait(5)
+    out = g(a)
+    gate.seen.set()
+    t.join(10)
+    gate.on.clear()
+    assert gate.waits == [False]  # a's call returned after the capture run
+    torch.testing.assert_close(out, widened(a), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got[0], widened(b), rtol=1e-5, atol=1e-4)
+
+
+def test_a_split_functions_capture_holds_off_every_call_of_the_pool(monkeypatch):
+    """Its split ops write into graph pieces' outputs, its piece warm-ups and schedule
+    replays run in the pool's blocks: the shared call lock is held throughout its capture."""
+    from graphify.call import runtime as runtime_module
+    from graphify.models import init_params, new_paged_cache, split_ops, varlen_axes, varlen_step
+    from graphify.transforms import split
+    from test_split import BLOCK, CFG, check_against_eager, layout
+
+    step = varlen_step(CFG, init_params(CFG, seed=3), "unified")
+    cache = new_paged_cache(CFG, 256, BLOCK, seed=4)
+    example = layout((3, 1, 5), (4, 7, 0)).build(CFG)
+    pw = split(step, split_ops("unified"), *example, cache, axes=varlen_axes())
+    held, real = [], runtime_module.Runtime.capturing
+
+    def capturing(self, whole=True):
+        class Spy:
+            def __enter__(spy):
+                spy.inner = real(self, whole)
+                spy.inner.__enter__()
+                other = []
+                t = threading.Thread(target=lambda: other.append(self.shared.lock.acquire(timeout=0.05)))
+                t.start()
+                t.join()
+                if other[0]:
+                    self.shared.lock.release()
+                held.append((whole, not other[0]))
+
+            def __exit__(spy, *exc):
+                return spy.inner.__exit__(*exc)
+
+        return Spy()
+
+    monkeypatch.setattr(runtime_module.Runtime, "capturing", capturing)
+    g = graphify(pw, mode="FULL_AND_PIECEWISE", sizes=(4, 8, 16), options=Options(backend="sim"))
+    check_against_eager(g, step, cache, [layout([1] * 3, [5] * 3)] * 3 + [layout((4, 1), (0, 6))] * 3, "cpu")
+    assert held and all(h == (True, True) for h in held)
+
+
+# -- a capture that never ended ------------------------------------------------------------
+def test_a_capture_that_never_ended_keeps_its_pool_id_and_the_next_capture_takes_a_fresh_one():
+    """torch gives a pool id's use back only for a capture that ended (`CUDAGraph::reset`);
+    an invalidated one keeps that pool for the life of the process, as the simulation does.
+    The next capture takes a fresh id, so graphs captured later do not grow that pool."""
+    from graphify.backends import sim
+
+    failing = threading.Event()
+
+    def fn(x):
+        if failing.is_set() and sim.taping():  # the capture run (after its warm-ups) fails
+            raise RuntimeError("an invalidated capture")
+        return widened(x)
+
+    g = graphify(fn, options=Options(backend="sim"))
+    a, b, c = torch.rand(4, 48), torch.rand(4, 32), torch.rand(4, 40)
+    for _ in range(3):
+        g(a)
+    handle = shared_pool(g)._handle
+    first = handle.id
+    failing.set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its warning: this call runs eagerly
+        for _ in range(2):
+            torch.testing.assert_close(g(b), widened(b), rtol=1e-5, atol=1e-4)
+    failing.clear()
+    for _ in range(2):
+        torch.testing.assert_close(g(c), widened(c), rtol=1e-5, atol=1e-4)
+    ids = {e.graph.pool_id for s in g._first_use.structures for br in s.branches.values()
+           for e in br.runtime.table.entries.values()}
+    assert len(ids) == 2 and first in ids  # a's graph in the first id, c's in a fresh one
+    g.release()
+    gc.collect()
+    assert sim.SimGraph._live.get(first) == 1 and first not in sim.SimGraph._released  # held for good
+
+
+def test_an_abandoned_pool_id_is_not_captured_into_again():
+    """`GraphPool.abandon()`: the next capture takes a fresh id though graphs of the old one live."""
+    from graphify.backends.graph_pool import GraphPool
+
+    ids = iter(range(100))
+    pool = GraphPool(lambda: next(ids))
+
+    class Graph:
+        pass
+
+    old = Graph()
+    with pool.capturing() as first:
+        pool.holds(old)
+    with pool.capturing() as again:
+        pass
+    assert first == again == 0  # a live graph of id 0: the same id
+    pool.abandon()
+    with pool.capturing() as fresh:
+        assert fresh == 1
+    with pool.capturing() as after:
+        assert after == 1  # one fresh id, then as before
+    del old
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_an_invalidated_cuda_capture_renews_the_pool_id_and_other_graphs_answer_as_eager():
+    """A host sync inside the capture (not in its warm-ups) invalidates it: torch keeps that
+    pool id for good, so the next capture takes a fresh one."""
+    gate = Gate(lambda x: x.shape[1] == 2048)
+    ref = weakref.ref(gate)
+
+    def fn(x):
+        g_ = ref()
+        if g_.on.is_set() and g_.match(x) and torch.cuda.is_current_stream_capturing():
+            x.sum().item()  # a host sync: the capture is invalidated
+        return widened(x)
+
+    g = graphify(fn)
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    a, b, c = (torch.rand(256, w, device="cuda", generator=gen) for w in (4096, 2048, 1024))
+    for _ in range(3):
+        g(a)
+    handle = shared_pool(g)._handle
+    first = handle.id
+    gate.on.set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            torch.testing.assert_close(g(b), widened(b), rtol=1e-4, atol=1e-2)
+    gate.on.clear()
+    assert handle.abandoned
+    for _ in range(3):
+        for x in (c, a):
+            torch.testing.assert_close(g(x), widened(x), rtol=1e-4, atol=1e-2)
+    assert handle.id != first and replayed(g) >= 5
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_calls_on_another_stream_during_a_capture_answer_as_eager():
+    """One thread's call captures a new structure (its warm-ups waiting) while another calls
+    a captured structure on its own stream."""
+    gate = Gate(lambda x: x.shape[1] == 2048)
+    g = graphify(gate.function())
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    a, b = (torch.rand(256, w, device="cuda", generator=gen) for w in (4096, 2048))
+    want_a, want_b = widened(a), widened(b)
+    for _ in range(3):
+        g(a)
+    g(b)  # b's first sighting
+    torch.cuda.synchronize()
+    gate.on.set()
+    t, got = in_thread(lambda: g(b))
+    assert gate.entered.wait(10)
+    s, outs = torch.cuda.Stream(), []
+    with torch.cuda.stream(s):
+        for _ in range(20):
+            outs.append(g(a))
+    gate.seen.set()
+    t.join(30)
+    gate.on.clear()
+    for _ in range(10):
+        with torch.cuda.stream(s):
+            outs.append(g(a))
+        got.append(g(b))
+    torch.cuda.synchronize()
+    assert all(torch.allclose(o, want_a, rtol=1e-4, atol=1e-2) for o in outs)
+    assert all(torch.allclose(o, want_b, rtol=1e-4, atol=1e-2) for o in got)
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_a_call_during_a_captures_window_waits_for_its_end_and_answers_as_eager():
+    """From capture_begin to capture_end torch's random generators are in capture mode: a
+    replay on another thread would raise or read the seed and offset the capture's start
+    rewrote. The window holds the pool's call lock: such a call waits for it."""
+    gate = Gate(lambda x: x.shape[1] == 2048)
+    ref = weakref.ref(gate)
+
+    def fn(x):
+        g_ = ref()
+        if g_.on.is_set() and g_.match(x) and torch.cuda.is_current_stream_capturing():
+            g_.entered.set()
+            g_.waits.append(g_.seen.wait(1))
+        return widened(x) + 0 * torch.rand(x.shape[0], device=x.device)  # draws random numbers
+
+    g = graphify(fn)
+    gen = torch.Generator(device="cuda").manual_seed(14)
+    a, b = (torch.rand(256, w, device="cuda", generator=gen) for w in (4096, 2048))
+    for _ in range(3):
+        g(a)
+    g(b)
+    torch.cuda.synchronize()
+    gate.on.set()
+    t, got = in_thread(lambda: g(b))
+    assert gate.entered.wait(10)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        out = g(a)  # held off until the capture ends
+    gate.seen.set()
+    t.join(30)
+    gate.on.clear()
+    torch.cuda.synchronize()
+    assert gate.waits == [False]  # the call returned only after the window
+    torch.testing.assert_close(out, widened(a), rtol=1e-4, atol=1e-2)
+    torch.testing.assert_close(got[0], widened(b), rtol=1e-4, atol=1e-2)
