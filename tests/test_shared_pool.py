@@ -255,7 +255,7 @@ def test_a_capture_under_a_shared_pool_first_orders_the_callers_stream(backend):
     shared, ordered = runtime.shared, []
     shared.cuda = True
     shared.order = lambda: ordered.append("ordered")
-    shared.mark = lambda: ordered.append("marked")
+    shared.mark = lambda moved=False: ordered.append("marked")
     with runtime.capturing(whole=False):
         assert ordered == ["ordered"]
     with runtime.capturing(whole=True):

@@ -10,9 +10,13 @@ outlives all its graphs and captures again: a structure dropped and captured ane
 a fresh id instead: no live graph shares the old one's memory, so nothing is lost.
 
 A capture that began and never ended (invalidated: a host sync, the most common first-use
-failure) keeps its id's pool for the life of the process: torch's `CUDAGraph::reset` gives a
-pool's use back only for a capture that ended. The next capture then takes a fresh id
-(`abandon`), so that memory stays as large as it was and later graphs do not grow it.
+failure) may pin its id's pool for the life of the process: torch's `CUDAGraph::reset` gave
+a pool's use back only for a capture that ended, until pytorch#190348. The id is not given
+up for a fresh one while graphs of it live: later captures reuse its free blocks rather than
+split the pool (whose peak would then tend to the sum of the working sets, not their max),
+and it is renewed as usual once they are all gone. On a torch before #190348 that id's
+memory then stays reserved, as large as it grew, until the process exits (the simulation
+mirrors that).
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ class GraphPool:
         self.id = new_id()
         self.live = 0
         self.used = False  # a capture has begun with `id` (it may have failed: torch counted it)
-        self.abandoned = False  # a capture into `id` began and never ended: torch holds that pool for good
         self._graphs: "weakref.WeakSet" = weakref.WeakSet()  # the live graphs of `id`
         self._lock = threading.RLock()  # `_gone` may run inside `for_capture` (a collection)
         # what a capture into it holds, before `capturing()`, where other graphs' calls share the
@@ -44,9 +47,10 @@ class GraphPool:
 
     def for_capture(self) -> Any:
         with self._lock:
-            if self.used and (self.abandoned or self.live == 0 or self._any_graph() is None):
-                self.id = self._new_id()
-            self.used, self.abandoned = True, False
+            if self.used and (self.live == 0 or self._any_graph() is None):
+                # counts are per id: a graph of the last one still to be finalised is not this one's
+                self.id, self.live, self._graphs = self._new_id(), 0, weakref.WeakSet()
+            self.used = True
             return self.id
 
     def _any_graph(self) -> Any:
@@ -65,21 +69,16 @@ class GraphPool:
             yield self.for_capture()
             del keep
 
-    def abandon(self) -> None:
-        """A capture into `id` began and did not end (see the module docstring): the next
-        capture takes a fresh id."""
-        with self._lock:
-            self.abandoned = True
-
     def holds(self, graph: Any) -> None:
         with self._lock:
             self.live += 1
             self._graphs.add(graph)
-        weakref.finalize(graph, self._gone)
+            weakref.finalize(graph, self._gone, self.id)  # counted against the id it was captured into
 
-    def _gone(self) -> None:
+    def _gone(self, pool_id) -> None:
         with self._lock:
-            self.live -= 1
+            if pool_id == self.id:
+                self.live -= 1
 
     def __repr__(self) -> str:
         return f"GraphPool(id={self.id!r}, live graphs={self.live})"

@@ -282,7 +282,7 @@ class SimBackend:
 
         with pool.window(), pool.capturing() as pool_id:  # (as torch's: see `graphify.backends.torch_cuda`)
             graph = SimGraph(pool_id)
-            outputs, sources = graph.ran(pool, eager_runs, taped, args, keeper=keeper, guard=bool(guard), count=1,
+            outputs, sources = graph.ran(eager_runs, taped, args, keeper=keeper, guard=bool(guard), count=1,
                                          record=not recorded, finish=lambda r: (pytree.tree_map(_clone_out, r[0]), r[1]))
             return graph.holding(pool, self._taped(tape, outputs, sources, twin, compared, compiled_out))
 
@@ -328,14 +328,10 @@ class SimGraph:
         weakref.finalize(self, SimGraph._gone, pool_id, self._ended)
         self.replay = None
 
-    def ran(self, pool: GraphPool, run: Callable, *args, **kwargs):
+    def ran(self, run: Callable, *args, **kwargs):
         """`run(*args, **kwargs)`, this graph's capture run: where it raises, the capture
-        never ended (torch keeps its pool id's use for good) and `pool` renews its id."""
-        try:
-            out = run(*args, **kwargs)
-        except BaseException:
-            pool.abandon()
-            raise
+        never ended (torch before pytorch#190348 keeps its pool id's use for good)."""
+        out = run(*args, **kwargs)
         self._ended[0] = True
         return out
 
@@ -362,7 +358,7 @@ def _rerun_capture(fn: Callable, args: tuple, *, pool: GraphPool, warmups: int, 
         eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
     with pool.window(), pool.capturing() as pool_id:
         graph = SimGraph(pool_id)
-        outputs = graph.ran(pool, eager_runs, fn, args, keeper=keeper, guard=False if warmups else guard, count=1,
+        outputs = graph.ran(eager_runs, fn, args, keeper=keeper, guard=False if warmups else guard, count=1,
                             record=not warmups, finish=lambda r: pytree.tree_map(_clone_out, r))
         return graph.holding(pool, _rerun_replay(fn, args, outputs))
 

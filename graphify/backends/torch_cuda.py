@@ -4,6 +4,7 @@ Replay is `CUDAGraph.replay()` on the caller's current stream."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 
 import torch
@@ -19,6 +20,8 @@ from graphify.backends.graph_pool import GraphPool
 from graphify.backends.streams import cupy_follows_torch
 
 __all__ = ["TorchCudaBackend", "weak_alias"]
+
+log = logging.getLogger("graphify")
 
 _CAPTURE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
 
@@ -85,7 +88,13 @@ class TorchCudaBackend:
         return reserved, used
 
     def trim(self, handle, device) -> None:
-        torch.cuda.empty_cache()
+        """The allocator's free cached blocks given back. torch before pytorch#180395 leaves an
+        invalidated capture registered with its allocator, and every later `empty_cache`
+        then fails an internal assert: trimming is a saving only, so that is logged."""
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError as exc:
+            log.info("empty_cache failed after an invalidated capture (torch %s): %s", torch.__version__, exc)
 
     def capture(
         self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None,
@@ -134,25 +143,17 @@ class TorchCudaBackend:
 
 def _record(graph, pool: GraphPool, pool_id, fn: Callable, args: tuple, staged) -> tuple:
     """(outputs, staged constants) of `fn(*args)` captured into `graph` on the current stream.
-    A capture that began and did not end (invalidated) keeps its pool id's use in torch for
-    good (`CUDAGraph::reset` gives it back only for a capture that ended): `pool.abandon()`,
-    so that the next capture takes a fresh id and the pool held for good grows no more."""
-    ended = False
+    A capture that began and did not end (invalidated) may keep its pool id's use in torch for
+    good (`graphify.backends.graph_pool`): that id is renewed as usual, once its graphs are gone."""
+    graph.capture_begin(pool=pool_id, capture_error_mode="thread_local")
     try:
-        graph.capture_begin(pool=pool_id, capture_error_mode="thread_local")
-        try:
-            with staged as constants:
-                outputs = fn(*args)
-        except BaseException:
-            with contextlib.suppress(Exception):  # an invalidated capture: report fn's error
-                graph.capture_end()
-                ended = True
-            raise
-        graph.capture_end()
-        ended = True
-    finally:
-        if not ended:
-            pool.abandon()
+        with staged as constants:
+            outputs = fn(*args)
+    except BaseException:
+        with contextlib.suppress(Exception):  # an invalidated capture: report fn's error
+            graph.capture_end()
+        raise
+    graph.capture_end()
     return outputs, constants
 
 

@@ -272,24 +272,26 @@ class Runtime:
         """Held by a first-use capture into this runtime's table (which writes its static
         buffers, then `install`s the table that results): where the pool is shared, its
         captures one at a time; `exclusive()`; and the caller's stream ordered after the last
-        replay's (`SharedCalls.order`). `whole`: the shared call lock held throughout, as a
-        split function's capture needs (its split ops, piece warm-ups and schedule replays
-        run in the pool's blocks); otherwise only for that order: warm-ups (compiles
-        included) run outside the pool and a capture runs nothing, so other structures'
-        calls go on meanwhile."""
+        replay's (`SharedCalls.order`). The shared call lock is held throughout where `whole`
+        (a split function: its split ops, piece warm-ups and schedule replays run in the
+        pool's blocks) or where the pool's captures put back state outside the call, or may
+        (`SharedCalls.restores`: a warm-up's restore would undo other calls' writes made
+        meanwhile); otherwise only for that order: warm-ups (compiles included) run outside
+        the pool and a capture runs nothing, so other structures' calls go on meanwhile."""
         shared = self.shared
         with shared.captures, self.own:  # (one waiting for another's capture holds off none of its calls)
-            with shared.lock:
-                if shared.cuda:
-                    shared.order()
-                if whole:
-                    try:
-                        yield
-                    finally:
-                        if shared.cuda:  # what the capture ran in the pool, for the next stream
-                            shared.mark()
-                    return
-            yield
+            before, whole = self.table, whole or shared.restores is not False
+            with shared.lock if whole else contextlib.nullcontext():
+                with shared.lock:
+                    if shared.cuda:
+                        shared.order()
+                try:
+                    yield
+                finally:
+                    if whole and shared.cuda:  # what the capture ran in the pool, for the next stream
+                        shared.mark(moved=True)
+            if self.table is not before:  # a capture installed: whether its captures restore, learnt
+                shared.restores = bool(shared.restores) or self.table.report.restores
 
     def install(self, table: GraphTable) -> None:
         """Serve calls from `table` (hold `exclusive()`): a first-use capture's new table.

@@ -160,12 +160,13 @@ class CaptureSession:
                             self.seen.add(mode)
                             _unchanged(self.label, reach, snapshots)
                 finally:  # the runs drew random numbers; the call's replay draws what eager would
-                    rng.restore()
+                    moved = rng.restore()
                     self.keeper.kin.whole = None  # the call's objects' storages: not held past the capture
                 self.function.after(ran, deep)  # what code that ran for the first time reads
                 if self.keeper.recorded:
                     self.keeper.kin.note(written_positions(self.keeper, shallow))
                 _within_limits(self.label, reach)
+            self.keeper.put_back |= moved or bool(self.keeper.since or self.keeper.owned)  # what it put back
             self.keeper.owned = []
             entries = {**self.entries, **new}
             if self.setup.out_axes is None:
@@ -249,7 +250,7 @@ class CaptureSession:
             self.pool, setup.device, library=library, layout=layout, examples=examples,
             reads=Reads(self.function.watching(self.reach[1]) if self.reach else None, tuple(r for r in self.reach[:1] if r),
                         settings),
-            report=CaptureReport(self.seconds, len(self.keeper.restored), self.keeper.peak_bytes),
+            report=CaptureReport(self.seconds, len(self.keeper.restored), self.keeper.peak_bytes, self.keeper.put_back),
             holdings=Holdings(own, self.hold),
         )
         if not setup.grouped:  # released with any process group's teardown
