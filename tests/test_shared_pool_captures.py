@@ -120,14 +120,30 @@ def test_a_call_on_another_stream_waits_for_the_last_hand_out_even_where_its_str
     assert streams.waited == [(100 + i, (99 + i, 1)) for i in range(1, 6)]
 
 
-def test_calls_on_one_stream_wait_for_nothing(streams, monkeypatch):
-    """The raw pointer's compare: on the stream of the last call, no wait (an event recorded
-    a call, one C call to compare)."""
+def test_calls_on_one_torch_stream_wait_for_nothing(streams, monkeypatch):
+    """The raw pointer's compare: on the torch stream of the last call, no wait and no event."""
     g, xs = calls_on_streams()
     streams.current = 7
+    streams.owned.add(7)
     for i in range(6):
         g(xs[i % 2])
-    assert streams.waited == [] and streams.done == {7: 6}
+    assert streams.waited == [] and streams.done == {}
+
+
+def test_a_new_external_stream_given_a_destroyed_ones_pointer_waits_for_its_calls(streams, monkeypatch):
+    """CUDA gives a new stream the pointer of one destroyed: a request's CuPy stream, made after
+    the last request's stream was dropped with its replay still running (H200: wrong answers
+    from the same-pointer shortcut). Every call on an external stream waits for the event."""
+    g, xs = calls_on_streams()
+    before = replayed(g)
+    for i in range(6):
+        streams.current = 100  # each request's new stream, at the last one's address
+        streams.destroyed.discard(100)
+        x = xs[i % 2]
+        torch.testing.assert_close(g(x), widened(x), rtol=1e-5, atol=1e-4)
+        streams.destroyed.add(100)
+    assert replayed(g) - before == 6
+    assert streams.waited == [(100, (100, i)) for i in range(1, 6)]  # each after the last one's hand-out
 
 
 def test_no_event_is_recorded_inside_another_graphs_capture(streams, monkeypatch):

@@ -11,8 +11,10 @@ the last one first makes its stream wait for the last one's work:
 - on one it does not (an ExternalStream: a caller's CuPy stream, made per request and
   destroyed) or the per-thread default stream (handle 2, `cudaStreamPerThread`: a different
   stream on each thread under one handle), by an event graphify records after each hand-out
-  there: an event outlives its stream. On the per-thread handle every call waits for it.
-A stream's raw pointer, compared per call, tells whether the stream changed. A call inside
+  there: an event outlives its stream. Every call on such a stream waits for it: CUDA gives
+  a new stream the pointer of one destroyed (a request's CuPy stream, made after the last
+  one's call), so a pointer seen before may name a stream not ordered after that call.
+On torch's own streams the raw pointer, compared per call, tells whether the stream changed. A call inside
 another graph's capture neither waits nor moves the order (a wait on an event recorded
 outside the capture would invalidate it; what it records runs only when that graph does).
 Captures into the pool take their own lock, one at a time. The call lock is held through a
@@ -73,7 +75,7 @@ class SharedCalls:
         current stream is not the last one's, it waits for the last one's work (see the module
         docstring); not inside another graph's capture."""
         raw = _raw_stream(self.index)
-        if raw == self._raw and raw not in _PER_THREAD:
+        if raw == self._raw and not self._evented:  # a stream torch owns, never destroyed: the same one
             return
         if _capturing():  # it runs nothing now; the order stays where the last work ran
             return
