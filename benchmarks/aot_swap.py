@@ -43,12 +43,14 @@ def decode_inputs(model, batch: int, device: str) -> dict:
     """One decode step's keywords after a 16-token prefill into a fresh StaticCache."""
     import transformers
 
-    cache = transformers.StaticCache(config=model.config, max_cache_len=64)
+    from graphify.transforms.hf import cache_keyword
+
+    cache, kw = transformers.StaticCache(config=model.config, max_cache_len=64), cache_keyword(model)
     ids = torch.randint(0, model.config.vocab_size, (batch, 16), generator=torch.Generator().manual_seed(1)).to(device)
     with torch.no_grad():
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, **{kw: cache}, use_cache=True)
     nxt = torch.randint(0, model.config.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(2)).to(device)
-    return dict(input_ids=nxt, past_key_values=cache, cache_position=torch.tensor([16], device=device), use_cache=True)
+    return {"input_ids": nxt, kw: cache, "cache_position": torch.tensor([16], device=device), "use_cache": True}
 
 
 def setup(shape: str, batch: int):

@@ -50,7 +50,10 @@ LINES = ("eager", "reduce_overhead", "graphify", "graphify_compile", "graphify_b
 VARIANTS = {"graphify_compile_static": {"dynamic": False}, "graphify_compile_auto": {"dynamic": None},
             "graphify_compile_autotune": {"mode": "max-autotune-no-cudagraphs"},
             "graphify_background_autotune": {"background": True, "mode": "max-autotune-no-cudagraphs"},
-            "graphify_background_coordinate": {"background": True, "options": {"coordinate_descent_tuning": True}}}
+            "graphify_background_coordinate": {"background": True, "options": {"coordinate_descent_tuning": True}},
+            # inductor's channels-last layout off: at fixed shapes its heuristic turns it on for grouped
+            # convolutions (RegNetY), which the peer's dynamic graph after a second batch size never does
+            "graphify_compile_channels_first": {"options": {"layout_optimization": False}}}
 # A line run with cuDNN's benchmarking of convolution algorithms on (`torch.backends.cudnn.benchmark`,
 # set after eager's reference outputs): whether a shape-fixed graph gains from cuDNN's own
 # search where the defaults take its heuristics' first choice

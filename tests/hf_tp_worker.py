@@ -26,6 +26,7 @@ import transformers
 
 from graphify import Options, graphify
 from graphify.distributed.lockstep import ungrouped_graphs
+from graphify.transforms.hf import cache_keyword
 
 NEW = 8  # tokens each generate() adds
 
@@ -69,15 +70,15 @@ def greedy(model, ids: torch.Tensor, group=None) -> tuple[torch.Tensor, object]:
     holds its own KV heads), then the decode steps, through graphs captured ahead of time
     with `group=` when a group is given. Returns (tokens, the graphified step or None)."""
     cache = transformers.StaticCache(config=model.config, max_cache_len=64)
-    step = None
+    past, step = {cache_keyword(model): cache}, None
     with torch.no_grad():
-        nxt = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        nxt = model(input_ids=ids, **past, use_cache=True).logits[:, -1:].argmax(-1)
         tokens = [nxt]
         if group is not None:
             step = graphify(model, mode="FULL", sizes=[ids.shape[0]], options=Options(group=group))
-            step = step.capture(input_ids=nxt, past_key_values=cache, use_cache=True)
+            step = step.capture(input_ids=nxt, **past, use_cache=True)
         for _ in range(NEW - 1):
-            nxt = (step or model)(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            nxt = (step or model)(input_ids=nxt, **past, use_cache=True).logits[:, -1:].argmax(-1)
             tokens.append(nxt)
     return torch.cat(tokens, dim=1), step
 

@@ -291,6 +291,27 @@ def test_the_worker_runs_under_the_callers_precision_settings_and_changes_no_oth
     assert precision_settings() == default
 
 
+def test_the_worker_sets_no_setting_torch_marks_deprecated(monkeypatch):
+    """Carrying the caller's dynamo settings sets none that torch deprecated: each would warn
+    (a FutureWarning on every background compile) and change nothing."""
+    import warnings
+
+    import torch._dynamo.config as dynamo_config
+
+    from graphify.compile.background.job_pickle import applied, torch_state
+
+    deprecated = [e for e in getattr(dynamo_config, "_config", {}).values() if getattr(e, "deprecated", False)]
+    if not deprecated:
+        pytest.skip("this torch marks no dynamo setting deprecated")
+    for entry in deprecated:  # torch warns once a process: as if never warned
+        monkeypatch.setattr(entry, "_deprecation_warned", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with applied(torch_state()):
+            pass
+    assert not [w for w in caught if "is deprecated" in str(w.message)], [str(w.message) for w in caught]
+
+
 def test_a_function_the_worker_cannot_rebuild_keeps_plain_graphs_with_one_warning():
     weight = torch.randn(16, 16)
 

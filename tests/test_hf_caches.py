@@ -24,6 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import calls_by_mode, counted  # noqa: E402
 from graphify import graphify  # noqa: E402
+from graphify.transforms.hf import cache_keyword  # noqa: E402
 
 TINY = dict(
     vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -332,8 +333,9 @@ def test_a_cache_changed_between_calls_is_never_replayed_wrongly(backend):
                 c.layers.append(c.layers[-1])
         before = modes(step)
         with torch.no_grad():
-            got = step(input_ids=ids, past_key_values=mine, use_cache=True).logits
-            want = reference(input_ids=ids, past_key_values=theirs, use_cache=True).logits
+            kw = cache_keyword(reference)  # the cache's keyword in this transformers
+            got = step(input_ids=ids, **{kw: mine}, use_cache=True).logits
+            want = reference(input_ids=ids, **{kw: theirs}, use_cache=True).logits
         ran.append(next(m.value for m, n in since(step, before).items() if n))
         torch.testing.assert_close(got, want)
         for a, b in zip(mine.layers, theirs.layers):  # the cache's own tensors hold what eager wrote

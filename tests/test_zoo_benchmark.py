@@ -183,3 +183,19 @@ def test_timing_waits_for_another_process_using_the_gpu_and_using_does_not(tmp_p
     with _gpu_share.timing(), _gpu_share.using():  # no lock named: both do nothing
         pass
     assert time.perf_counter() - t0 < 0.1
+
+
+def test_every_variant_line_names_settings_inductor_has():
+    """A variant's inductor options are names in `torch._inductor.config` (a misspelt one would
+    fail only on the device, after a compile's worth of time), and its compile mode is torch's."""
+    import torch
+    import torch._inductor.config as inductor_config
+
+    from benchmarks import zoo
+
+    for line, settings in zoo.VARIANTS.items():
+        for name in settings.get("options", {}):
+            assert hasattr(inductor_config, name), (line, name)
+        if "mode" in settings:
+            assert settings["mode"] in torch._inductor.list_mode_options(), (line, settings["mode"])
+    assert zoo.VARIANTS["graphify_compile_channels_first"]["options"] == {"layout_optimization": False}

@@ -1,7 +1,8 @@
 """Hugging Face transformers decode with graphify: a static cache, graphs, greedy generation.
 
 A transformers causal LM graphifies as it is: `graphify(model, mode="FULL", sizes=[B])`
-captured with a keyword call `capture(input_ids=ids, past_key_values=cache, use_cache=True)`
+captured with a keyword call `capture(input_ids=ids, cache=cache, use_cache=True)`
+(`past_key_values=cache` before transformers 5.24; `cache_keyword(model)` says which)
 replays one decode step of the model per call. The `StaticCache` is a static argument (the
 same object on every call); the graphs read and write its tensors, including its in-place
 position counters, and `capture()` leaves the cache as it found it. A static cache's batch
@@ -26,12 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["static_cache", "decode_graphs", "greedy_generate", "query_length"]
+__all__ = ["static_cache", "decode_graphs", "greedy_generate", "query_length", "cache_keyword"]
 
 
 # -- the Python state of cache layers ---------------------------------------------------------
@@ -212,11 +214,23 @@ def static_cache(model: torch.nn.Module, batch_size: int, max_cache_len: int):
     return cache
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword `model`'s forward takes its cache by: `cache` from transformers 5.24 on
+    (`past_key_values` there is deprecated, to go in 5.40), `past_key_values` before."""
+    forward = getattr(model, "forward", model)
+    try:
+        names = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in names else "past_key_values"
+
+
 def decode_graphs(model: torch.nn.Module, cache: Any, *, mode: str = "FULL", fn: Callable | None = None, **graphify_kwargs):
     """`model` (or `fn`, a compiled version of it) graphified for one decode step over
     `cache`, captured at the cache's batch size. Call the result as the model:
-    `step(input_ids=ids, past_key_values=cache, use_cache=True)`; `ids` is
-    `(batch_size, 1)`. The cache's contents are left as they were."""
+    `step(input_ids=ids, **{cache_keyword(model): cache}, use_cache=True)` (`past_key_values=`
+    before transformers 5.24); `ids` is `(batch_size, 1)`. The cache's contents are left as
+    they were."""
     from graphify import graphify
 
     batch = cache.layers[0].keys.shape[0]
@@ -224,7 +238,7 @@ def decode_graphs(model: torch.nn.Module, cache: Any, *, mode: str = "FULL", fn:
     ids = torch.randint(0, model.config.get_text_config(decoder=True).vocab_size, (batch, 1), device=device)
     g = graphify(fn if fn is not None else model, mode=mode, sizes=[batch], **graphify_kwargs)
     with torch.no_grad():
-        return g.capture(input_ids=ids, past_key_values=cache, use_cache=True)
+        return g.capture(input_ids=ids, **{cache_keyword(model): cache}, use_cache=True)
 
 
 def greedy_generate(
@@ -242,12 +256,13 @@ def greedy_generate(
     the new tokens, `(batch, max_new_tokens)`. `sync_every_step` reads the tokens on the
     host after each step, as a loop's stopping check does."""
     decode = decode if decode is not None else model
+    past = {cache_keyword(model): cache}
     with torch.no_grad():
-        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        out = model(input_ids=input_ids, **past, use_cache=True)
         nxt = out.logits[:, -1:].argmax(-1)
         tokens = [nxt]
         for i in range(max_new_tokens - 1):
-            out = decode(input_ids=nxt, past_key_values=cache, use_cache=True)
+            out = decode(input_ids=nxt, **past, use_cache=True)
             nxt = out.logits[:, -1:].argmax(-1)
             tokens.append(nxt)
             if sync_every_step:

@@ -11,12 +11,13 @@ a fresh id instead: no live graph shares the old one's memory, so nothing is los
 
 A capture that began and never ended (invalidated: a host sync, the most common first-use
 failure) may pin its id's pool for the life of the process: torch's `CUDAGraph::reset` gave
-a pool's use back only for a capture that ended, until pytorch#190348. The id is not given
-up for a fresh one while graphs of it live: later captures reuse its free blocks rather than
-split the pool (whose peak would then tend to the sum of the working sets, not their max),
-and it is renewed as usual once they are all gone. On a torch before #190348 that id's
-memory then stays reserved, as large as it grew, until the process exits (the simulation
-mirrors that).
+a pool's use back only for a capture that ended, until pytorch#190348. torch 2.11's
+`capture_end` also raises before it ends the allocators' routing to the id, so a later
+capture into it fails ("already recording to mempool_id"). Later captures take a fresh id
+(`GraphPool.unended`): the graphs of the pinned one keep their memory, and the pool is split
+in two (its peak the sum of both working sets) only after such a failure. On a torch before
+#190348 the pinned id's memory stays reserved, as large as it grew, until the process exits
+(the simulation mirrors both).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class GraphPool:
         self.id = new_id()
         self.live = 0
         self.used = False  # a capture has begun with `id` (it may have failed: torch counted it)
+        self._spoilt = False  # a capture into `id` raised after it began
         self._graphs: "weakref.WeakSet" = weakref.WeakSet()  # the live graphs of `id`
         self._lock = threading.RLock()  # `_gone` may run inside `for_capture` (a collection)
         # what a capture into it holds, before `capturing()`, where other graphs' calls share the
@@ -47,11 +49,20 @@ class GraphPool:
 
     def for_capture(self) -> Any:
         with self._lock:
-            if self.used and (self.live == 0 or self._any_graph() is None):
+            if self.used and (self.live == 0 or self._spoilt or self._any_graph() is None):
                 # counts are per id: a graph of the last one still to be finalised is not this one's
-                self.id, self.live, self._graphs = self._new_id(), 0, weakref.WeakSet()
+                self.id, self.live, self._graphs, self._spoilt = self._new_id(), 0, weakref.WeakSet(), False
             self.used = True
             return self.id
+
+    def unended(self) -> None:
+        """A capture into `id` raised after it began. Where CUDA refuses to end it (an
+        invalidated capture: a host sync inside it), torch's `capture_end` raises before it
+        ends the allocators' routing to the id (torch 2.11), and every later capture into
+        that id fails ("already recording to mempool_id"), silently after the first
+        warning. Later captures take a fresh id; the graphs of this one keep theirs."""
+        with self._lock:
+            self._spoilt = True
 
     def _any_graph(self) -> Any:
         """A strong reference to one live graph of `id`, or None."""

@@ -282,7 +282,7 @@ class SimBackend:
 
         with pool.window(), pool.capturing() as pool_id:  # (as torch's: see `graphify.backends.torch_cuda`)
             graph = SimGraph(pool_id)
-            outputs, sources = graph.ran(eager_runs, taped, args, keeper=keeper, guard=bool(guard), count=1,
+            outputs, sources = graph.ran(pool, eager_runs, taped, args, keeper=keeper, guard=bool(guard), count=1,
                                          record=not recorded, finish=lambda r: (pytree.tree_map(_clone_out, r[0]), r[1]))
             return graph.holding(pool, self._taped(tape, outputs, sources, twin, compared, compiled_out))
 
@@ -315,6 +315,7 @@ class SimGraph:
 
     _live: dict = {}  # pool id -> graphs of it alive (and captures that never ended)
     _released: set = set()  # ids whose graphs all went
+    _recording: set = set()  # ids a capture run raised in: left routed, as torch 2.11's capture_end leaves them
 
     def __init__(self, pool_id):
         if pool_id in self._released:
@@ -322,16 +323,25 @@ class SimGraph:
                 f"sim: capture into graph pool {pool_id} after all its graphs were released (torch's allocators "
                 "fail an internal assert, use_count > 0, and leave the RNG in capture mode)"
             )
+        if pool_id in self._recording:
+            raise RuntimeError(f"sim: beginAllocateToPool: already recording to mempool_id {pool_id} (a capture "
+                               "into it raised and was never ended)")
         self.pool_id = pool_id
         self._live[pool_id] = self._live.get(pool_id, 0) + 1
         self._ended = [False]  # read by the finalizer
         weakref.finalize(self, SimGraph._gone, pool_id, self._ended)
         self.replay = None
 
-    def ran(self, run: Callable, *args, **kwargs):
+    def ran(self, pool: GraphPool, run: Callable, *args, **kwargs):
         """`run(*args, **kwargs)`, this graph's capture run: where it raises, the capture
-        never ended (torch before pytorch#190348 keeps its pool id's use for good)."""
-        out = run(*args, **kwargs)
+        never ended (torch before pytorch#190348 keeps its pool id's use for good), its id
+        stays routed and `pool` captures into a fresh one from then on."""
+        try:
+            out = run(*args, **kwargs)
+        except BaseException:
+            self._recording.add(self.pool_id)
+            pool.unended()
+            raise
         self._ended[0] = True
         return out
 
@@ -358,7 +368,7 @@ def _rerun_capture(fn: Callable, args: tuple, *, pool: GraphPool, warmups: int, 
         eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
     with pool.window(), pool.capturing() as pool_id:
         graph = SimGraph(pool_id)
-        outputs = graph.ran(eager_runs, fn, args, keeper=keeper, guard=False if warmups else guard, count=1,
+        outputs = graph.ran(pool, eager_runs, fn, args, keeper=keeper, guard=False if warmups else guard, count=1,
                             record=not warmups, finish=lambda r: pytree.tree_map(_clone_out, r))
         return graph.holding(pool, _rerun_replay(fn, args, outputs))
 

@@ -150,8 +150,13 @@ def _record(graph, pool: GraphPool, pool_id, fn: Callable, args: tuple, staged) 
         with staged as constants:
             outputs = fn(*args)
     except BaseException:
-        with contextlib.suppress(Exception):  # an invalidated capture: report fn's error
+        try:
             graph.capture_end()
+        except Exception:  # an invalidated capture (fn's error is reported): torch 2.11 raises
+            # before it ends the allocator's routing to the id; the pinned-host one's has no binding
+            with contextlib.suppress(Exception):
+                torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), pool_id)
+        pool.unended()
         raise
     graph.capture_end()
     return outputs, constants

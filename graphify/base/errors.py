@@ -56,6 +56,6 @@ class StaleReachError(StateChangedError):
 # what to do where calls replace tensors a graph would read (transformers' DynamicCache grows so)
 REPLACED_ADVICE = (
     "transformers' DynamicCache (generate()'s default) grows this way: pass cache_implementation=\"static\" "
-    "to generate() (or a StaticCache as past_key_values), whose tensors are updated in place. Otherwise keep "
+    "to generate() (or a StaticCache as its cache), whose tensors are updated in place. Otherwise keep "
     "such state in tensors written in place, or leave this function ungraphified"
 )

@@ -14,19 +14,23 @@ from graphify.base.errors import CaptureError
 
 __all__ = ["freeze_gc", "device_of", "device_scope", "progress"]
 
+YOUNG = 1  # gc.collect(YOUNG): generations 0 and 1, not the oldest, where a loaded model's objects sit
+
 
 @contextlib.contextmanager
 def freeze_gc(collect: bool = True):
-    """Collect once (unless `collect` is False), then keep the GC from running (and from
-    scanning old objects) while graphs are captured: a collection mid-capture costs time
-    and can free memory the capture is using (vLLM's and SGLang's `freeze_gc`). A full
-    collection in a process holding a model walks every object it holds, so first-use
-    captures after the first one skip it. A process that froze its objects itself (a
-    server after start-up, to make collections cheap) keeps them frozen: gc.unfreeze()
-    would thaw its objects too."""
+    """Collect the young generations once (unless `collect` is False), then keep the GC from
+    running (and from scanning old objects) while graphs are captured: a collection
+    mid-capture costs time and can free memory the capture is using (vLLM's and SGLang's
+    `freeze_gc`). Only the young generations: a full collection in a process holding a
+    model walks every object it holds (0.2-0.8 s, paid on a call), and what a capture could
+    gain from it, a dead cycle holding device memory, torch's own capture stopped paying
+    for (`torch.compiler.config.force_cudagraph_gc`). First-use captures after the first
+    skip even that. A process that froze its objects itself (a server after start-up, to
+    make collections cheap) keeps them frozen: gc.unfreeze() would thaw its objects too."""
     frozen_before = gc.get_freeze_count() > 0
     if collect:
-        gc.collect()
+        gc.collect(YOUNG)
     was_enabled = gc.isenabled()
     if not frozen_before:
         gc.freeze()

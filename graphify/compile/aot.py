@@ -44,6 +44,7 @@ import torch
 
 from graphify.compile import rewrites
 from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, per_shape_from_the_start, wants_static
+from graphify.compile.layout_policy import layout_for
 from graphify.compile.aot_identity import (UNVERIFIABLE, VALUE_GUARDS, class_changes, class_namespaces, identity,
                             identity_changes, rebuilt_from_caller, value_changes, value_print)
 
@@ -100,7 +101,8 @@ def _backend(backend: str, mode, options, dynamic, switched: tuple, specialise: 
             if specialise and wants_static(gm):
                 raise Specialise("compiled per shape")
             rewrites.rewrite(gm, switched)
-            return super().__call__(gm, example_inputs)
+            with layout_for(gm) if backend == "inductor" else contextlib.nullcontext():
+                return super().__call__(gm, example_inputs)
 
     return Folding(mode, options, dynamic) if backend == "inductor" else Folding(backend, mode, options, dynamic)
 
@@ -139,13 +141,14 @@ def save(fn: Callable, args: tuple, kwargs: dict, how: dict, path: str, dynamo_c
                                      backend=backend, dynamic=dynamic)
 
     with torch._dynamo.config.patch(enable_aot_compile=True, **dynamo_config):
-        try:
-            if dynamic == AUTO and per_shape_from_the_start(fn):  # a CNN: no dynamic trace to refuse first
-                raise Specialise("compiled per shape from the start")
-            compiled = compiled_with(True if dynamic == AUTO else dynamic, dynamic == AUTO)
-        except Exception as exc:  # a graph that compiles per shape (`graphify.compile.shape_policy`)
-            if dynamic != AUTO or not asked_to_specialise(exc):
-                raise
+        compiled = None
+        if not (dynamic == AUTO and per_shape_from_the_start(fn)):  # a CNN: no dynamic trace to refuse first
+            try:
+                compiled = compiled_with(True if dynamic == AUTO else dynamic, dynamic == AUTO)
+            except Exception as exc:  # a graph that compiles per shape (`graphify.compile.shape_policy`)
+                if dynamic != AUTO or not asked_to_specialise(exc):
+                    raise
+        if compiled is None:
             counts.update(kept={}, dropped={}, identities=[], values=[], per_shape=True)
             compiled = compiled_with(False, False)
         compiled.save_compiled_function(path)

@@ -9,6 +9,7 @@ so as long as its graphs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 import weakref
@@ -21,6 +22,7 @@ from graphify.compile import aot as _aot
 from graphify.compile import rewrites
 from graphify.compile.aot import AotLoads
 from graphify.compile.code_claims import claim, reset_code
+from graphify.compile.layout_policy import layout_for
 from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, per_shape_from_the_start, wants_static
 from graphify.base.split_contract import as_split
 
@@ -52,7 +54,8 @@ class KeptCompiles:
     query's grouped-query attention from the unexpanded keys and values, `gemv` runs one-row
     linears through a Triton GEMV); `counts` says how many places each changed. With
     `specialise`, a graph that compiles faster per shape (`graphify.compile.shape_policy`) is
-    refused with `Specialise` before anything is built."""
+    refused with `Specialise` before anything is built. Inductor compiles with channels-last
+    off where it would slow the graph (`graphify.compile.layout_policy`)."""
 
     def __init__(self, backend="inductor", mode=None, options=None, dynamic=None, rewrites: tuple = (),
                  specialise: bool = False):
@@ -74,7 +77,8 @@ class KeptCompiles:
             raise Specialise(f"{len(self.outputs)} graphs compiled before this one")
         for name, count in rewrites.rewrite(gm, self.rewrites).items():
             self.counts[name] += count
-        compiled = self.inner(gm, example_inputs)
+        with layout_for(gm) if isinstance(self.inner, torch._TorchCompileInductorWrapper) else contextlib.nullcontext():
+            compiled = self.inner(gm, example_inputs)
         self.outputs.append(compiled)
         return compiled
 
@@ -111,10 +115,10 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
         backend = shared_backend(*made, True if auto else dynamic, switched, specialise=auto)
         return torch.compile(fn, backend=backend, dynamic=True if auto else dynamic, **how)
 
-    configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn),
-                                     (lambda: compiled_with(False)) if dynamic == AUTO else None)
-    if dynamic == AUTO and per_shape_from_the_start(fn):  # a CNN: no dynamic trace to refuse first
-        configured.per_shape.append(compiled_with(False))
+    per_shape = (lambda: compiled_with(False)) if dynamic == AUTO else None
+    configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn), per_shape)
+    if per_shape is not None and per_shape_from_the_start(fn):  # a CNN: no dynamic trace to refuse first
+        configured.per_shape.append(per_shape())
     return configured
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["AUTO", "Specialise", "wants_static", "asked_to_specialise", "per_shape_from_the_start"]
+__all__ = ["AUTO", "Specialise", "wants_static", "asked_to_specialise", "per_shape_from_the_start", "convolution_nodes"]
 
 AUTO = "auto"  # `Options(compile={"dynamic": ...})`'s default: dynamic, per shape where convolutions need it
 NODES_PER_CONVOLUTION = 300  # inductor's `decide_layout_opt`: at or above, no channels-last layout at any shape
@@ -47,22 +47,37 @@ class Specialise(Exception):
     """Raised by a dynamic compile's backend: this graph compiles per shape instead."""
 
 
+_TRANSPOSED = frozenset({torch.conv_transpose2d, torch.conv_transpose3d, torch.nn.functional.conv_transpose2d,
+                         torch.nn.functional.conv_transpose3d})
+
+
+def _value(node):
+    return node.meta.get("example_value", node.meta.get("val")) if isinstance(node, torch.fx.Node) else None
+
+
+def convolution_nodes(gm: torch.fx.GraphModule) -> list[tuple]:
+    """The traced graph's 2-D and 3-D convolutions as (input, weight, output, transposed)
+    example values. Pure."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in _CONVOLUTIONS:
+            continue
+        x, w, out = (_value(a) for a in (*node.args[:2], node))
+        if all(isinstance(t, torch.Tensor) for t in (x, w, out)) and w.dim() >= 4:
+            flag = node.args[6] if len(node.args) > 6 and node.target not in _TRANSPOSED else False
+            found.append((x, w, out, node.target in _TRANSPOSED or flag is True))
+    return found
+
+
 def wants_static(gm: torch.fx.GraphModule) -> bool:
     """Whether a traced graph holds 2-D or 3-D convolutions, one of them over a symbolic
     size, and fewer than `NODES_PER_CONVOLUTION` nodes per convolution: one inductor would
     lay out channels-last at static shapes and not at these. Pure."""
     from torch.fx.experimental.symbolic_shapes import free_symbols
 
-    convolutions, symbolic = 0, False
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in _CONVOLUTIONS:
-            continue
-        values = [a.meta.get("example_value", a.meta.get("val")) for a in node.args[:2] if isinstance(a, torch.fx.Node)]
-        tensors = [v for v in values if isinstance(v, torch.Tensor)]
-        if len(tensors) == 2 and tensors[1].dim() >= 4:
-            convolutions += 1
-            symbolic = symbolic or any(free_symbols(t) for t in tensors)
-    return symbolic and len(gm.graph.nodes) < NODES_PER_CONVOLUTION * convolutions
+    convolutions = convolution_nodes(gm)
+    symbolic = any(free_symbols(x) or free_symbols(w) for x, w, _, _ in convolutions)
+    return symbolic and len(gm.graph.nodes) < NODES_PER_CONVOLUTION * len(convolutions)
 
 
 def asked_to_specialise(exc: BaseException) -> bool:

@@ -269,8 +269,15 @@ def torch_state() -> dict:
     for name, module in (("dynamo", torch._dynamo.config), ("inductor", torch._inductor.config)):
         save = getattr(module, "save_config_portable", None)
         if save is not None:
-            state[name] = save()
+            state[name] = _less_deprecated(module, save())
     return state
+
+
+def _less_deprecated(module, settings: dict) -> dict:
+    """`settings` less the keys torch marks deprecated: setting them again in the worker only
+    warns (a FutureWarning a user would see on every background compile), and changes nothing."""
+    entries = getattr(module, "_config", {})
+    return {k: v for k, v in settings.items() if not getattr(entries.get(k), "deprecated", False)}
 
 
 @contextlib.contextmanager

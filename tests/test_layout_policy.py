@@ -1,0 +1,121 @@
+"""The compile line keeps convolutions channels-first where channels-last would slow them:
+grouped convolutions with more than one input channel a group carrying a real share of the
+flops (RegNet's), as measured on the H200 (`graphify.compile.layout_policy`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from graphify.compile.layout_policy import GROUPED_CHANNELS_LAST, channels_last_slows
+
+
+class Block(torch.nn.Module):
+    """A bottleneck: 1x1 in, a 3x3 with `groups` groups, 1x1 out (RegNet's with group width 8,
+    ResNeXt's with 32 groups, MobileNet's depthwise with one channel a group)."""
+
+    def __init__(self, outer: int, inner: int, groups: int):
+        super().__init__()
+        self.a = torch.nn.Conv2d(outer, inner, 1)
+        self.b = torch.nn.Conv2d(inner, inner, 3, padding=1, groups=groups)
+        self.c = torch.nn.Conv2d(inner, outer, 1)
+
+    def forward(self, x):
+        return x + self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+class Recording:
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def traced(model, x, dynamic=False) -> torch.fx.GraphModule:
+    rec = Recording()
+    with torch.no_grad():
+        torch.compile(model, backend=rec, dynamic=dynamic)(x)
+    return rec.graphs[-1]
+
+
+def grouped_share(outer, inner, groups) -> float:
+    """The share of a block's flops in its 3x3 convolution (every convolution keeps 16x16)."""
+    grouped = inner * inner // groups * 9
+    return grouped / (grouped + 2 * outer * inner)
+
+
+def test_grouped_convolutions_carrying_the_flops_keep_channels_first():
+    """RegNet's block: 8 channels a group, 22% of the flops (RegNetY-016: 28%). Inductor's own
+    weight for grouped convolutions (1.358) keeps such a graph channels-last."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 128, 16, 16)
+    share = grouped_share(128, 128, 16)
+    assert 0.2 < share < 0.25 and share * 1.358 + (1 - share) * 0.823 < 1
+    assert channels_last_slows(traced(Block(128, 128, groups=16), x))
+
+
+def test_grouped_convolutions_with_a_small_share_or_one_channel_a_group_keep_channels_last():
+    torch.manual_seed(0)
+    x = torch.randn(2, 256, 16, 16)
+    resnext = Block(256, 128, groups=32)  # 4 channels a group, 6% of the flops
+    depthwise = Block(256, 128, groups=128)  # one channel a group: channels-last helps those
+    plain = Block(256, 128, groups=1)
+    assert grouped_share(256, 128, 32) < 0.1
+    assert not channels_last_slows(traced(resnext, x))
+    assert not channels_last_slows(traced(depthwise, x))
+    assert not channels_last_slows(traced(plain, x))
+
+
+def test_the_weighing_turns_where_grouped_flops_times_their_weight_pass_the_total():
+    """Blocks whose grouped share runs from 3% to 53%: channels-first exactly past the share where
+    grouped flops at `GROUPED_CHANNELS_LAST` and the 1x1s at inductor's 0.823 outweigh the total."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 256, 8, 8)
+    turn = (1 - 0.823) / (GROUPED_CHANNELS_LAST - 0.823)
+    shares = {g: grouped_share(256, 128, g) for g in (2, 8, 16, 32, 64)}
+    assert min(shares.values()) < turn < max(shares.values())
+    for groups, share in shares.items():
+        assert channels_last_slows(traced(Block(256, 128, groups), x)) == (share > turn), (groups, share, turn)
+
+
+def test_symbolic_shapes_are_left_to_inductor():
+    torch.manual_seed(0)
+    assert not channels_last_slows(traced(Block(64, 128, groups=16), torch.randn(2, 64, 16, 16), dynamic=True))
+    assert not channels_last_slows(traced(torch.nn.Linear(8, 8), torch.randn(2, 8)))
+
+
+def test_inductor_compiles_the_compile_lines_graphs_with_the_layout_the_policy_gives():
+    """A real inductor compile (CPU): its own layout decision sees the setting, and a user's
+    `layout_optimization` wins over the policy."""
+    from torch._inductor.graph import GraphLowering
+
+    from graphify.compile.compiled import KeptCompiles
+
+    decided, original = [], GraphLowering.decide_layout_opt
+
+    def spy(gm, *, is_inference):
+        decided.append(original(gm, is_inference=is_inference))
+        return decided[-1]
+
+    torch.manual_seed(0)
+    model, x = Block(64, 128, groups=16).eval(), torch.randn(2, 64, 16, 16)
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+        mp.setattr(GraphLowering, "decide_layout_opt", staticmethod(spy))
+        mp.setattr(torch._inductor.config, "fx_graph_cache", False)  # a cached graph decides nothing again
+        mp.setattr(torch._functorch.config, "enable_autograd_cache", False)
+        for options in (None, {"layout_optimization": True}):
+            torch._dynamo.reset()
+            out = torch.compile(model, backend=KeptCompiles(options=options), dynamic=False)(x)
+            torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    # On a CPU inductor lays every convolution out channels-last (oneDNN) unless told not to.
+    assert decided == [False, True]
