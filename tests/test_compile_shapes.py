@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch._dynamo
 
+from traced_graphs import Recording, fresh_dynamo, traced  # noqa: F401 (the fixture)
+
 from conftest import calls_by_mode, requires_cuda
 from graphify import Mode, Options, graphify
 from graphify.base.compile_options import CompileOptions
@@ -73,28 +75,9 @@ class FunctionalConvs(torch.nn.Module):
         return self.head(torch.nn.functional.conv2d(h, self.w2, stride=2).mean((2, 3)))
 
 
-class Recording:
-    """A torch.compile backend that keeps each traced graph and runs it as is."""
-
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return gm.forward
-
-
 @pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
+def _fresh(fresh_dynamo):
     yield
-    torch._dynamo.reset()
-
-
-def traced(model, x, dynamic) -> torch.fx.GraphModule:
-    rec = Recording()
-    torch.compile(model, backend=rec, dynamic=dynamic)(x)
-    return rec.graphs[-1]
 
 
 def test_a_2d_convolution_over_symbolic_shapes_wants_a_compile_per_shape():

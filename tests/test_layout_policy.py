@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch._dynamo
 
+from traced_graphs import fresh_dynamo, traced  # noqa: F401 (the fixture)
+
 from graphify.compile.layout_policy import GROUPED_CHANNELS_LAST, channels_last_slows
 
 
@@ -25,27 +27,9 @@ class Block(torch.nn.Module):
         return x + self.c(torch.relu(self.b(torch.relu(self.a(x)))))
 
 
-class Recording:
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return gm.forward
-
-
 @pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
+def _fresh(fresh_dynamo):
     yield
-    torch._dynamo.reset()
-
-
-def traced(model, x, dynamic=False) -> torch.fx.GraphModule:
-    rec = Recording()
-    with torch.no_grad():
-        torch.compile(model, backend=rec, dynamic=dynamic)(x)
-    return rec.graphs[-1]
 
 
 def grouped_share(outer, inner, groups) -> float:
