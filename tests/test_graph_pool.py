@@ -28,7 +28,7 @@ def test_the_id_is_kept_while_a_graph_of_it_lives_and_renewed_when_none_does():
     p = pool()
     assert p.for_capture() == 1
     first = Graph()
-    p.holds(first)
+    p.holds(first, 1)
     assert p.for_capture() == 1 and p.live == 1
     del first
     gc.collect()
@@ -39,12 +39,12 @@ def test_after_a_capture_raised_inside_it_the_next_capture_takes_a_fresh_id():
     p = pool()
     p.for_capture()
     kept = Graph()
-    p.holds(kept)
+    p.holds(kept, 1)
     assert p.for_capture() == 1  # a second capture, into the live id
     p.unended()  # ... raised after it began
     assert p.for_capture() == 2 and p.live == 0
     later = Graph()
-    p.holds(later)
+    p.holds(later, 2)
     assert p.for_capture() == 2
     del kept  # a graph of the old id goes: the new id's count is its own
     gc.collect()
@@ -111,3 +111,33 @@ def test_the_simulation_refuses_a_capture_into_an_id_a_raised_capture_left_route
     with pytest.raises(RuntimeError, match="already recording"):
         capture(c)
     assert first.graph.pool_id == p.id
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_a_capture_after_one_cuda_refused_to_end_captures_and_replays():
+    """A side stream forked inside the capture and never joined: the run returns, and CUDA
+    refuses to end the capture. The next capture into the same pool captures and replays."""
+    backend, device = torch_cuda.TorchCudaBackend(), torch.device("cuda")
+    p, fork = backend.new_pool_handle(device), [False]
+
+    def fn(x):
+        if fork[0] and torch.cuda.is_current_stream_capturing():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                x.mul(2)  # left on the side stream: the capture is never joined
+        return widened(x)
+
+    gen = torch.Generator(device=device).manual_seed(4)
+    a, b, c = (torch.rand(64, w, generator=gen, device=device) for w in (256, 512, 1024))
+    first = backend.capture(fn, (a,), pool=p, warmups=1, weak_outputs=False)
+    fork[0] = True
+    with pytest.raises(Exception):
+        backend.capture(fn, (b,), pool=p, warmups=1, weak_outputs=False)
+    fork[0] = False
+    third = backend.capture(fn, (c,), pool=p, warmups=1, weak_outputs=False)
+    for captured, x in ((first, a), (third, c)):
+        x.copy_(torch.rand(x.shape, generator=gen, device=device))
+        captured.replay()
+        torch.testing.assert_close(captured.outputs, widened(x))

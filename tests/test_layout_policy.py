@@ -32,13 +32,21 @@ def _fresh(fresh_dynamo):
     yield
 
 
+@pytest.fixture
+def on_the_cpu_as_on_cuda(monkeypatch):
+    """The policy weighs CUDA graphs only; these tests trace on the CPU."""
+    from graphify.compile import layout_policy
+
+    monkeypatch.setattr(layout_policy, "_DEVICES", frozenset({"cuda", "cpu"}))
+
+
 def grouped_share(outer, inner, groups) -> float:
     """The share of a block's flops in its 3x3 convolution (every convolution keeps 16x16)."""
     grouped = inner * inner // groups * 9
     return grouped / (grouped + 2 * outer * inner)
 
 
-def test_grouped_convolutions_carrying_the_flops_keep_channels_first():
+def test_grouped_convolutions_carrying_the_flops_keep_channels_first(on_the_cpu_as_on_cuda):
     """RegNet's block: 8 channels a group, 22% of the flops (RegNetY-016: 28%). Inductor's own
     weight for grouped convolutions (1.358) keeps such a graph channels-last."""
     torch.manual_seed(0)
@@ -48,7 +56,7 @@ def test_grouped_convolutions_carrying_the_flops_keep_channels_first():
     assert channels_last_slows(traced(Block(128, 128, groups=16), x))
 
 
-def test_grouped_convolutions_with_a_small_share_or_one_channel_a_group_keep_channels_last():
+def test_grouped_convolutions_with_a_small_share_or_one_channel_a_group_keep_channels_last(on_the_cpu_as_on_cuda):
     torch.manual_seed(0)
     x = torch.randn(2, 256, 16, 16)
     resnext = Block(256, 128, groups=32)  # 4 channels a group, 6% of the flops
@@ -60,7 +68,7 @@ def test_grouped_convolutions_with_a_small_share_or_one_channel_a_group_keep_cha
     assert not channels_last_slows(traced(plain, x))
 
 
-def test_the_weighing_turns_where_grouped_flops_times_their_weight_pass_the_total():
+def test_the_weighing_turns_where_grouped_flops_times_their_weight_pass_the_total(on_the_cpu_as_on_cuda):
     """Blocks whose grouped share runs from 3% to 53%: channels-first exactly past the share where
     grouped flops at `GROUPED_CHANNELS_LAST` and the 1x1s at inductor's 0.823 outweigh the total."""
     torch.manual_seed(0)
@@ -72,15 +80,48 @@ def test_the_weighing_turns_where_grouped_flops_times_their_weight_pass_the_tota
         assert channels_last_slows(traced(Block(256, 128, groups), x)) == (share > turn), (groups, share, turn)
 
 
-def test_symbolic_shapes_are_left_to_inductor():
+def test_symbolic_shapes_are_left_to_inductor(on_the_cpu_as_on_cuda):
     torch.manual_seed(0)
     assert not channels_last_slows(traced(Block(64, 128, groups=16), torch.randn(2, 64, 16, 16), dynamic=True))
     assert not channels_last_slows(traced(torch.nn.Linear(8, 8), torch.randn(2, 8)))
 
 
-def test_inductor_compiles_the_compile_lines_graphs_with_the_layout_the_policy_gives():
-    """A real inductor compile (CPU): its own layout decision sees the setting, and a user's
-    `layout_optimization` wins over the policy."""
+def test_on_the_cpu_inductors_own_layout_stands():
+    """Inductor lays a CPU graph's convolutions out channels-last for oneDNN whatever their flops."""
+    torch.manual_seed(0)
+    assert not channels_last_slows(traced(Block(128, 128, groups=16), torch.randn(2, 128, 16, 16)))
+
+
+def test_the_flops_weighed_are_torchs_count_over_every_convolution(on_the_cpu_as_on_cuda):
+    """A 1-D convolution counts, as in inductor's weighing; an unbatched input's channels are
+    its first dimension; a transposed convolution counts its input's spatial size."""
+    from graphify.compile.layout_policy import _flops
+    from graphify.compile.shape_policy import convolution_nodes
+
+    torch.manual_seed(0)
+
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seq = torch.nn.Conv1d(256, 256, 9, padding=4)  # most of the flops
+            self.grouped = torch.nn.Conv2d(16, 16, 3, padding=1, groups=2)
+
+        def forward(self, x, y):
+            return self.seq(x).sum() + self.grouped(y).sum()
+
+    mixed = traced(lambda x, y: Mixed()(x, y), None, inputs=(torch.randn(1, 256, 512), torch.randn(1, 16, 8, 8)))
+    assert not channels_last_slows(mixed)  # the grouped 2-D convolution alone would turn it off
+    unbatched = traced(torch.nn.Conv2d(16, 128, 3), torch.randn(16, 48, 48))
+    (c,) = convolution_nodes(unbatched)
+    assert c.groups == 1 and not channels_last_slows(unbatched)
+    up = torch.nn.ConvTranspose2d(64, 32, 2, stride=2)
+    (t,) = convolution_nodes(traced(up, torch.randn(2, 64, 8, 8)))
+    assert t.transposed and _flops(t) == 2 * 2 * 8 * 8 * up.weight.numel()
+
+
+def test_inductor_compiles_the_compile_lines_graphs_with_the_layout_the_policy_gives(on_the_cpu_as_on_cuda):
+    """A real inductor compile (CPU): its own layout decision sees the setting, and a layout
+    setting the user gives (`layout_optimization`, `force_layout_optimization`) stands."""
     from torch._inductor.graph import GraphLowering
 
     from graphify.compile.compiled import KeptCompiles
@@ -97,9 +138,9 @@ def test_inductor_compiles_the_compile_lines_graphs_with_the_layout_the_policy_g
         mp.setattr(GraphLowering, "decide_layout_opt", staticmethod(spy))
         mp.setattr(torch._inductor.config, "fx_graph_cache", False)  # a cached graph decides nothing again
         mp.setattr(torch._functorch.config, "enable_autograd_cache", False)
-        for options in (None, {"layout_optimization": True}):
+        for options in (None, {"layout_optimization": True}, {"force_layout_optimization": True}):
             torch._dynamo.reset()
             out = torch.compile(model, backend=KeptCompiles(options=options), dynamic=False)(x)
             torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
     # On a CPU inductor lays every convolution out channels-last (oneDNN) unless told not to.
-    assert decided == [False, True]
+    assert decided == [False, True, True]

@@ -163,7 +163,7 @@ def test_a_capture_holds_off_another_threads_drop_of_its_pools_last_graph():
 
     old = Graph("old")
     pool.for_capture()
-    pool.holds(old)
+    pool.holds(old, pool.id)
 
     def drop():
         nonlocal old
@@ -175,7 +175,7 @@ def test_a_capture_holds_off_another_threads_drop_of_its_pools_last_graph():
         other.join(5)
         assert destroyed == [] and pool_id == 0  # still alive: torch still counts the id
         new = Graph("new")
-        pool.holds(new)
+        pool.holds(new, pool_id)
     assert destroyed == ["old"] and pool.live == 1
     with pool.capturing() as again:
         assert again == 0  # `new` lives: the same id

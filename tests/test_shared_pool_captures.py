@@ -516,7 +516,7 @@ def test_a_pool_counts_only_the_graphs_of_its_current_id():
 
     held = [Graph()]
     with pool.capturing() as first:
-        pool.holds(held[0])
+        pool.holds(held[0], first)
     assert first == 0 and pool.live == 1
     with pool._lock:
         dropper = threading.Thread(target=held.clear)  # the last reference, dropped there
@@ -525,7 +525,7 @@ def test_a_pool_counts_only_the_graphs_of_its_current_id():
             time.sleep(0.001)
         new = Graph()
         with pool.capturing() as fresh:  # no live graph of id 0: a fresh id
-            pool.holds(new)
+            pool.holds(new, fresh)
         assert fresh == 1 and pool.live == 1
     dropper.join(10)
     assert pool.live == 1  # id 0's finalizer counted nothing against id 1

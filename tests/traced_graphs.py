@@ -26,9 +26,10 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def traced(model, x, dynamic=False) -> torch.fx.GraphModule:
-    """The last graph dynamo traced of `model(x)` (without grad, as inference runs)."""
+def traced(model, x, dynamic=False, inputs: tuple = ()) -> torch.fx.GraphModule:
+    """The last graph dynamo traced of `model(x)`, or of `model(*inputs)` (without grad, as
+    inference runs)."""
     rec = Recording()
     with torch.no_grad():
-        torch.compile(model, backend=rec, dynamic=dynamic)(x)
+        torch.compile(model, backend=rec, dynamic=dynamic)(*(inputs or (x,)))
     return rec.graphs[-1]

@@ -80,11 +80,13 @@ class GraphPool:
             yield self.for_capture()
             del keep
 
-    def holds(self, graph: Any) -> None:
+    def holds(self, graph: Any, pool_id: Any) -> None:
+        """`graph`, captured into `pool_id`, counted while it lives (against that id only)."""
         with self._lock:
-            self.live += 1
-            self._graphs.add(graph)
-            weakref.finalize(graph, self._gone, self.id)  # counted against the id it was captured into
+            if pool_id == self.id:
+                self.live += 1
+                self._graphs.add(graph)
+            weakref.finalize(graph, self._gone, pool_id)
 
     def _gone(self, pool_id) -> None:
         with self._lock:

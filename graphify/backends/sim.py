@@ -357,7 +357,7 @@ class SimGraph:
     def holding(self, pool: GraphPool, captured: Captured) -> Captured:
         """`captured`, with this graph in it and counted by `pool`."""
         self.replay = captured.replay
-        pool.holds(self)
+        pool.holds(self, self.pool_id)
         return attrs.evolve(captured, graph=self)
 
 

@@ -13,6 +13,7 @@ from torch.utils import _pytree as pytree
 
 from graphify.base.alias import alias, metadata
 from graphify.base.errors import CaptureError
+from graphify.backends.capture_run import record
 from graphify.backends.keepalive import clear_cublas_workspaces
 from graphify.backends.tensor_writes import eager_runs
 from graphify.backends.interface import Captured, CompiledCode
@@ -128,38 +129,21 @@ class TorchCudaBackend:
             clear_cublas_workspaces()
             # compiled code must not see a mode of ours: dynamo would compile it again, inside the capture
             staged = StagedConstants() if not isinstance(fn, CompiledCode) else contextlib.nullcontext(StagedConstants())
+            def run():
+                with staged as constants:
+                    return fn(*args), constants
+
             with cupy_follows_torch(stream, device):
-                outputs, constants = _record(graph, pool, pool_id, fn, args, staged)
+                outputs, constants = record(graph, pool, pool_id, run)
             # what this capture grew the pool by, from the pool's own segments: capture_begin
             # itself may allocate outside it (torch's RNG seed and offset tensors for graphs,
             # made when the first live graph registers, kept in the default pool)
             nbytes = self.usage(pool)[0] - before
-            pool.holds(graph)
+            pool.holds(graph, pool_id)
         graph.graphify_constants = constants.kept  # the host memory its copies read, for as long as it lives
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)
         return Captured(graph.replay, graph, outputs, nbytes)
-
-
-def _record(graph, pool: GraphPool, pool_id, fn: Callable, args: tuple, staged) -> tuple:
-    """(outputs, staged constants) of `fn(*args)` captured into `graph` on the current stream.
-    A capture that began and did not end (invalidated) may keep its pool id's use in torch for
-    good (`graphify.backends.graph_pool`): that id is renewed as usual, once its graphs are gone."""
-    graph.capture_begin(pool=pool_id, capture_error_mode="thread_local")
-    try:
-        with staged as constants:
-            outputs = fn(*args)
-    except BaseException:
-        try:
-            graph.capture_end()
-        except Exception:  # an invalidated capture (fn's error is reported): torch 2.11 raises
-            # before it ends the allocator's routing to the id; the pinned-host one's has no binding
-            with contextlib.suppress(Exception):
-                torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), pool_id)
-        pool.unended()
-        raise
-    graph.capture_end()
-    return outputs, constants
 
 
 _FROM_DATA = (torch.tensor, torch.as_tensor, torch.asarray)

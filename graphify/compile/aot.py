@@ -101,7 +101,7 @@ def _backend(backend: str, mode, options, dynamic, switched: tuple, specialise: 
             if specialise and wants_static(gm):
                 raise Specialise("compiled per shape")
             rewrites.rewrite(gm, switched)
-            with layout_for(gm) if backend == "inductor" else contextlib.nullcontext():
+            with layout_for(gm, self.config) if backend == "inductor" else contextlib.nullcontext():
                 return super().__call__(gm, example_inputs)
 
     return Folding(mode, options, dynamic) if backend == "inductor" else Folding(backend, mode, options, dynamic)

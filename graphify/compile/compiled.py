@@ -77,7 +77,8 @@ class KeptCompiles:
             raise Specialise(f"{len(self.outputs)} graphs compiled before this one")
         for name, count in rewrites.rewrite(gm, self.rewrites).items():
             self.counts[name] += count
-        with layout_for(gm) if isinstance(self.inner, torch._TorchCompileInductorWrapper) else contextlib.nullcontext():
+        inductor = isinstance(self.inner, torch._TorchCompileInductorWrapper)
+        with layout_for(gm, self.inner.config) if inductor else contextlib.nullcontext():
             compiled = self.inner(gm, example_inputs)
         self.outputs.append(compiled)
         return compiled

@@ -12,11 +12,15 @@ input channel a group weigh 1.358 there. On the H200, in inference, they cost mo
 - ResNet-50 (no grouped convolution) took 0.72x and 0.70x with it on (`zoo-layout`, H200).
 
 If the other convolutions took ResNet-50's 0.72, RegNetY's 1.23 puts grouped ones near 2.5. So
-the compile line weighs as inductor does, with `GROUPED_CHANNELS_LAST` for those, and compiles with
-`layout_optimization=False` where the weighted flops exceed the total: RegNetY-016 weighs 1.29
-(off), ResNeXt-50 (5% grouped) 0.91 (kept), CNNs without grouped convolutions 0.78-0.82 (kept).
-A setting the user gives (`Options(compile={"options": {"layout_optimization": ...}})`) wins: torch
-applies it inside this one.
+for CUDA graphs the compile line weighs as inductor does, with `GROUPED_CHANNELS_LAST` for those,
+and compiles with `layout_optimization=False` where the weighted flops exceed the total:
+RegNetY-016 weighs 1.29 (off), ResNeXt-50 (5% grouped) 0.91 (kept), CNNs without grouped
+convolutions 0.78-0.82 (kept). Not on the CPU, where inductor lays convolutions out channels-last
+for oneDNN whatever their flops. A layout setting the user gives (`layout_optimization` or
+`force_layout_optimization`, in `Options(compile={"options": ...})` or inductor's config) is left
+as it is. The setting is inductor's process-wide config on torch 2.11 (per thread from 2.12):
+graphify's compiles run under dynamo's compile lock, so only an inductor compile outside dynamo
+on another thread could see it meanwhile.
 """
 
 from __future__ import annotations
@@ -25,18 +29,21 @@ import contextlib
 
 import torch
 
-from graphify.compile.shape_policy import NODES_PER_CONVOLUTION, convolution_nodes
+from graphify.compile.shape_policy import NODES_PER_CONVOLUTION, Convolution, convolution_nodes
 
 __all__ = ["channels_last_slows", "layout_for", "GROUPED_CHANNELS_LAST"]
 
 GROUPED_CHANNELS_LAST = 2.5  # time in channels-last ÷ channels-first, grouped convolutions (H200, above); inductor: 1.358
 _SMALL, _IN_OUT, _DEFAULT = 0.783, 0.725, 0.823  # inductor's own weights for the other classes
+_LAYOUT_SETTINGS = ("layout_optimization", "force_layout_optimization")
+_DEVICES = frozenset({"cuda"})  # where the H200's weighing holds (a CPU test adds "cpu")
 
 
-def _weight(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, transposed: bool) -> float:
-    """Channels-last time ÷ channels-first time for one convolution's class, as inductor classes them."""
-    groups = (out.size(1) if transposed else x.size(1)) // max(w.size(1), 1)
-    if groups > 1 and w.size(1) > 1:
+def _weight(c: Convolution) -> float:
+    """Channels-last time ÷ channels-first time for one convolution's class, in inductor's
+    order (its weight: out, in a group, kernel...; transposed: in, out a group, kernel...)."""
+    w = c.w
+    if c.groups > 1 and w.size(1) > 1:
         return GROUPED_CHANNELS_LAST
     if w.size(0) <= 64 and w.size(1) <= 64:
         return _SMALL
@@ -45,27 +52,36 @@ def _weight(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, transposed: boo
     return _DEFAULT
 
 
+def _flops(c: Convolution) -> float:
+    """torch's count (`conv_flop_count`): 2 · batch · the output's spatial size (the input's,
+    transposed) · the weight's elements. An unbatched input is one."""
+    dims = c.w.dim() - 2
+    batch = c.x.size(0) if c.x.dim() == c.w.dim() else 1
+    spatial = c.x if c.transposed or c.out is None else c.out
+    return 2.0 * batch * spatial.shape[-dims:].numel() * c.w.numel()
+
+
 def channels_last_slows(gm: torch.fx.GraphModule) -> bool:
-    """Whether inductor would lay this traced graph's convolutions out channels-last (static
-    shapes, fewer than `NODES_PER_CONVOLUTION` nodes a convolution) and, weighed with
-    `GROUPED_CHANNELS_LAST`, that would cost time. Pure."""
+    """Whether inductor would lay this traced graph's convolutions out channels-last on a
+    CUDA device (static shapes, fewer than `NODES_PER_CONVOLUTION` nodes a convolution) and,
+    weighed with `GROUPED_CHANNELS_LAST`, that would cost time. Pure."""
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
     convolutions = convolution_nodes(gm)
     if not convolutions or len(gm.graph.nodes) >= NODES_PER_CONVOLUTION * len(convolutions):
         return False
-    total = weighted = 0.0
-    for x, w, out, transposed in convolutions:
-        if any(isinstance(s, torch.SymInt) for t in (x, w, out) for s in t.shape):
-            return False  # inductor keeps symbolic convolutions channels-first anyway
-        flops = 2.0 * out.numel() * w[0].numel()
-        total += flops
-        weighted += flops * _weight(x, w, out, transposed)
-    return weighted > total
+    if any(c.x.device.type not in _DEVICES or free_symbols(c.x) or free_symbols(c.w) for c in convolutions):
+        return False  # inductor's own choice: symbolic convolutions stay channels-first, the CPU's go channels-last
+    flops = [_flops(c) for c in convolutions]
+    return sum(f * _weight(c) for f, c in zip(flops, convolutions)) > sum(flops)
 
 
-def layout_for(gm: torch.fx.GraphModule):
-    """The inductor setting this graph compiles under: channels-last off where it slows."""
-    if channels_last_slows(gm):
-        from torch._inductor import config
+def layout_for(gm: torch.fx.GraphModule, given: dict | None = None):
+    """The inductor setting this graph compiles under: channels-last off where it slows,
+    unless the compile's own settings (`given`) or inductor's config already decide the layout."""
+    from torch._inductor import config
 
+    decided = any(k in (given or {}) for k in _LAYOUT_SETTINGS) or config.force_layout_optimization
+    if not decided and channels_last_slows(gm):
         return config.patch(layout_optimization=False)
     return contextlib.nullcontext()

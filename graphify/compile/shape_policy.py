@@ -28,44 +28,70 @@ on their traced graphs as above.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-__all__ = ["AUTO", "Specialise", "wants_static", "asked_to_specialise", "per_shape_from_the_start", "convolution_nodes"]
+__all__ = ["AUTO", "Specialise", "wants_static", "asked_to_specialise", "per_shape_from_the_start", "convolution_nodes", "Convolution"]
 
 AUTO = "auto"  # `Options(compile={"dynamic": ...})`'s default: dynamic, per shape where convolutions need it
 NODES_PER_CONVOLUTION = 300  # inductor's `decide_layout_opt`: at or above, no channels-last layout at any shape
 LEAVES_PER_CONVOLUTION = 50  # at or below, a module compiles per shape without a dynamic trace first
 _CONVOLUTION_MODULES = (torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
 
-_CONVOLUTIONS = frozenset({torch.conv2d, torch.conv3d, torch.convolution, torch.nn.functional.conv2d,
-                           torch.nn.functional.conv3d, torch.conv_transpose2d, torch.conv_transpose3d,
-                           torch.nn.functional.conv_transpose2d, torch.nn.functional.conv_transpose3d,
-                           torch.ops.aten.convolution.default})
+_TRANSPOSED = frozenset({torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d,
+                         torch.nn.functional.conv_transpose1d, torch.nn.functional.conv_transpose2d,
+                         torch.nn.functional.conv_transpose3d})
+_CONVOLUTIONS = frozenset({torch.conv1d, torch.conv2d, torch.conv3d, torch.convolution, torch.nn.functional.conv1d,
+                           torch.nn.functional.conv2d, torch.nn.functional.conv3d,
+                           torch.ops.aten.convolution.default}) | _TRANSPOSED
 
 
 class Specialise(Exception):
     """Raised by a dynamic compile's backend: this graph compiles per shape instead."""
 
 
-_TRANSPOSED = frozenset({torch.conv_transpose2d, torch.conv_transpose3d, torch.nn.functional.conv_transpose2d,
-                         torch.nn.functional.conv_transpose3d})
-
-
 def _value(node):
     return node.meta.get("example_value", node.meta.get("val")) if isinstance(node, torch.fx.Node) else None
 
 
-def convolution_nodes(gm: torch.fx.GraphModule) -> list[tuple]:
-    """The traced graph's 2-D and 3-D convolutions as (input, weight, output, transposed)
-    example values. Pure."""
+class Convolution(NamedTuple):
+    """One convolution of a traced graph, as example values (`out` None where it has none)."""
+
+    x: torch.Tensor
+    w: torch.Tensor
+    out: "torch.Tensor | None"
+    transposed: bool
+    groups: int
+
+
+_GROUPS_AT = {torch.convolution: 8, torch.ops.aten.convolution.default: 8}  # else 6 (conv*d, conv_transpose*d)
+
+
+def _transposed(node) -> bool:
+    if node.target in _TRANSPOSED:
+        return True
+    if node.target not in _GROUPS_AT:
+        return False
+    return (node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)) is True
+
+
+def _groups(node) -> int:
+    at = _GROUPS_AT.get(node.target, 6)
+    groups = node.args[at] if len(node.args) > at else node.kwargs.get("groups", 1)
+    return groups if isinstance(groups, int) else 1
+
+
+def convolution_nodes(gm: torch.fx.GraphModule) -> list[Convolution]:
+    """The traced graph's convolutions, 1-D to 3-D. Pure."""
     found = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in _CONVOLUTIONS:
             continue
         x, w, out = (_value(a) for a in (*node.args[:2], node))
-        if all(isinstance(t, torch.Tensor) for t in (x, w, out)) and w.dim() >= 4:
-            flag = node.args[6] if len(node.args) > 6 and node.target not in _TRANSPOSED else False
-            found.append((x, w, out, node.target in _TRANSPOSED or flag is True))
+        if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and w.dim() >= 3:
+            found.append(Convolution(x, w, out if isinstance(out, torch.Tensor) else None, _transposed(node),
+                                     _groups(node)))
     return found
 
 
@@ -75,8 +101,8 @@ def wants_static(gm: torch.fx.GraphModule) -> bool:
     lay out channels-last at static shapes and not at these. Pure."""
     from torch.fx.experimental.symbolic_shapes import free_symbols
 
-    convolutions = convolution_nodes(gm)
-    symbolic = any(free_symbols(x) or free_symbols(w) for x, w, _, _ in convolutions)
+    convolutions = [(c.x, c.w) for c in convolution_nodes(gm) if c.w.dim() >= 4]
+    symbolic = any(free_symbols(x) or free_symbols(w) for x, w in convolutions)
     return symbolic and len(gm.graph.nodes) < NODES_PER_CONVOLUTION * len(convolutions)
 
 
