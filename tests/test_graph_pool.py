@@ -58,22 +58,11 @@ def widened(x):
     return torch.relu(x.repeat(1, 2) - 0.5).sum(-1)
 
 
-@pytest.mark.parametrize("kind", ["sim", pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])])
-def test_a_capture_after_one_invalidated_in_the_same_pool_captures_and_replays(kind):
-    """The backend's capture step, thrice into one pool: a capture, one invalidated inside
-    (a host sync on CUDA; an error the simulation raises there), and one more, which must
-    capture and replay (torch 2.11 left the id routed: "already recording to mempool_id")."""
-    device = torch.device(kind if kind == "cuda" else "cpu")
-    backend = sim.SimBackend() if kind == "sim" else torch_cuda.TorchCudaBackend()
-    p, spoil = backend.new_pool_handle(device), [False]
-
-    def fn(x):
-        if spoil[0] and (sim.taping() or torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
-            if kind == "sim":
-                raise RuntimeError("invalidated inside the capture (sim)")
-            x.sum().item()  # a host sync: CUDA invalidates the capture
-        return widened(x)
-
+def three_captures_into_one_pool(backend, device, fn, spoil: list) -> None:
+    """The backend's capture step thrice into one pool: a capture, one `fn` spoils while
+    `spoil[0]` is set, and one more, which must capture and replay (torch 2.11 left the
+    spoilt capture's id routed: "already recording to mempool_id")."""
+    p = backend.new_pool_handle(device)
     gen = torch.Generator(device=device).manual_seed(3)
     a, b, c = (torch.rand(64, w, generator=gen, device=device) for w in (256, 512, 1024))
     first = backend.capture(fn, (a,), pool=p, warmups=1, weak_outputs=False)
@@ -86,6 +75,22 @@ def test_a_capture_after_one_invalidated_in_the_same_pool_captures_and_replays(k
         x.copy_(torch.rand(x.shape, generator=gen, device=device))  # fresh values in the captured input
         captured.replay()
         torch.testing.assert_close(captured.outputs, widened(x))
+
+
+@pytest.mark.parametrize("kind", ["sim", pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])])
+def test_a_capture_after_one_invalidated_in_the_same_pool_captures_and_replays(kind):
+    """Invalidated inside the run: a host sync on CUDA, an error the simulation raises there."""
+    spoil = [False]
+
+    def fn(x):
+        if spoil[0] and (sim.taping() or torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            if kind == "sim":
+                raise RuntimeError("invalidated inside the capture (sim)")
+            x.sum().item()  # a host sync: CUDA invalidates the capture
+        return widened(x)
+
+    backend = sim.SimBackend() if kind == "sim" else torch_cuda.TorchCudaBackend()
+    three_captures_into_one_pool(backend, torch.device(kind if kind == "cuda" else "cpu"), fn, spoil)
 
 
 def test_the_simulation_refuses_a_capture_into_an_id_a_raised_capture_left_routed(monkeypatch):
@@ -117,27 +122,15 @@ def test_the_simulation_refuses_a_capture_into_an_id_a_raised_capture_left_route
 @requires_cuda
 def test_a_capture_after_one_cuda_refused_to_end_captures_and_replays():
     """A side stream forked inside the capture and never joined: the run returns, and CUDA
-    refuses to end the capture. The next capture into the same pool captures and replays."""
-    backend, device = torch_cuda.TorchCudaBackend(), torch.device("cuda")
-    p, fork = backend.new_pool_handle(device), [False]
+    refuses to end the capture."""
+    spoil = [False]
 
     def fn(x):
-        if fork[0] and torch.cuda.is_current_stream_capturing():
+        if spoil[0] and torch.cuda.is_current_stream_capturing():
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 x.mul(2)  # left on the side stream: the capture is never joined
         return widened(x)
 
-    gen = torch.Generator(device=device).manual_seed(4)
-    a, b, c = (torch.rand(64, w, generator=gen, device=device) for w in (256, 512, 1024))
-    first = backend.capture(fn, (a,), pool=p, warmups=1, weak_outputs=False)
-    fork[0] = True
-    with pytest.raises(Exception):
-        backend.capture(fn, (b,), pool=p, warmups=1, weak_outputs=False)
-    fork[0] = False
-    third = backend.capture(fn, (c,), pool=p, warmups=1, weak_outputs=False)
-    for captured, x in ((first, a), (third, c)):
-        x.copy_(torch.rand(x.shape, generator=gen, device=device))
-        captured.replay()
-        torch.testing.assert_close(captured.outputs, widened(x))
+    three_captures_into_one_pool(torch_cuda.TorchCudaBackend(), torch.device("cuda"), fn, spoil)
