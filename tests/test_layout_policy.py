@@ -144,3 +144,21 @@ def test_inductor_compiles_the_compile_lines_graphs_with_the_layout_the_policy_g
             torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
     # On a CPU inductor lays every convolution out channels-last (oneDNN) unless told not to.
     assert decided == [False, True, True]
+
+
+def test_the_background_workers_compile_takes_the_same_layout(on_the_cpu_as_on_cuda, monkeypatch):
+    """The AOT backend the background worker compiles through (`graphify.compile.aot._backend`)
+    applies the policy as the in-process one does (inductor itself stood in for)."""
+    from torch._inductor import config
+
+    from graphify.compile import aot
+
+    seen = []
+    monkeypatch.setattr(torch._TorchCompileInductorWrapper, "__call__",
+                        lambda self, gm, example_inputs: seen.append(config.layout_optimization) or gm.forward)
+    torch.manual_seed(0)
+    regnet, plain = Block(128, 128, groups=16), Block(128, 128, groups=1)
+    x = torch.randn(2, 128, 16, 16)
+    for model in (regnet, plain):
+        aot._backend("inductor", None, None, False, ())(traced(model, x), [x])
+    assert seen == [False, True]
