@@ -134,10 +134,12 @@ def test_inductor_compiles_the_compile_lines_graphs_with_the_layout_the_policy_g
 
     torch.manual_seed(0)
     model, x = Block(64, 128, groups=16).eval(), torch.randn(2, 64, 16, 16)
-    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+    # A cached graph decides nothing again. torch's config modules are patched through their own
+    # `patch`: pytest's monkeypatch would delete the entry on undo, hiding it from later tests.
+    no_caches = (torch._inductor.config.patch(fx_graph_cache=False),
+                 torch._functorch.config.patch(enable_autograd_cache=False))
+    with pytest.MonkeyPatch.context() as mp, no_caches[0], no_caches[1], torch.no_grad():
         mp.setattr(GraphLowering, "decide_layout_opt", staticmethod(spy))
-        mp.setattr(torch._inductor.config, "fx_graph_cache", False)  # a cached graph decides nothing again
-        mp.setattr(torch._functorch.config, "enable_autograd_cache", False)
         for options in (None, {"layout_optimization": True}, {"force_layout_optimization": True}):
             torch._dynamo.reset()
             out = torch.compile(model, backend=KeptCompiles(options=options), dynamic=False)(x)
@@ -162,3 +164,10 @@ def test_the_background_workers_compile_takes_the_same_layout(on_the_cpu_as_on_c
     for model in (regnet, plain):
         aot._backend("inductor", None, None, False, ())(traced(model, x), [x])
     assert seen == [False, True]
+
+
+def test_the_compile_test_leaves_torchs_config_as_found(on_the_cpu_as_on_cuda):
+    """The test above patches torch's config modules; every entry it touched reads as before."""
+    before = (torch._inductor.config.fx_graph_cache, torch._functorch.config.enable_autograd_cache)
+    test_inductor_compiles_the_compile_lines_graphs_with_the_layout_the_policy_gives(on_the_cpu_as_on_cuda)
+    assert (torch._inductor.config.fx_graph_cache, torch._functorch.config.enable_autograd_cache) == before

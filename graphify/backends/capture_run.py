@@ -9,7 +9,10 @@ after `capture_begin`, the pool captures into a fresh id from then on (`GraphPoo
 Where torch 2.11 left the device allocator's routing in place (the capture over, its stream no
 longer capturing), it is ended here. The pinned-host allocator's routing has no binding; its
 filter reads the graph object, so that object is kept for the life of the process (a few
-hundred bytes a failed capture). torch from 2.12 ends the routing before it raises.
+hundred bytes a failed capture). Newer torch ends the routing before it raises; in which
+release that changed is not checked, so routing is ended here on torch before 2.12 only. On a
+later torch that still left it, the stale device routing stays (the fresh id keeps captures
+working); ending routing torch itself will end would throw in the graph's destructor.
 """
 
 from __future__ import annotations

@@ -129,6 +129,7 @@ class TorchCudaBackend:
             clear_cublas_workspaces()
             # compiled code must not see a mode of ours: dynamo would compile it again, inside the capture
             staged = StagedConstants() if not isinstance(fn, CompiledCode) else contextlib.nullcontext(StagedConstants())
+
             def run():
                 with staged as constants:
                     return fn(*args), constants
