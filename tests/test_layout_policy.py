@@ -134,6 +134,7 @@ def test_inductor_compiles_the_compile_lines_graphs_with_the_layout_the_policy_g
 
     torch.manual_seed(0)
     model, x = Block(64, 128, groups=16).eval(), torch.randn(2, 64, 16, 16)
+    before = (torch._inductor.config.fx_graph_cache, torch._functorch.config.enable_autograd_cache)
     # A cached graph decides nothing again. torch's config modules are patched through their own
     # `patch`: pytest's monkeypatch would delete the entry on undo, hiding it from later tests.
     no_caches = (torch._inductor.config.patch(fx_graph_cache=False),
@@ -146,6 +147,8 @@ def test_inductor_compiles_the_compile_lines_graphs_with_the_layout_the_policy_g
             torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
     # On a CPU inductor lays every convolution out channels-last (oneDNN) unless told not to.
     assert decided == [False, True, True]
+    # every setting patched reads as before (a deleted config entry would raise here, and in later tests)
+    assert (torch._inductor.config.fx_graph_cache, torch._functorch.config.enable_autograd_cache) == before
 
 
 def test_the_background_workers_compile_takes_the_same_layout(on_the_cpu_as_on_cuda, monkeypatch):
@@ -165,9 +168,3 @@ def test_the_background_workers_compile_takes_the_same_layout(on_the_cpu_as_on_c
         aot._backend("inductor", None, None, False, ())(traced(model, x), [x])
     assert seen == [False, True]
 
-
-def test_the_compile_test_leaves_torchs_config_as_found(on_the_cpu_as_on_cuda):
-    """The test above patches torch's config modules; every entry it touched reads as before."""
-    before = (torch._inductor.config.fx_graph_cache, torch._functorch.config.enable_autograd_cache)
-    test_inductor_compiles_the_compile_lines_graphs_with_the_layout_the_policy_gives(on_the_cpu_as_on_cuda)
-    assert (torch._inductor.config.fx_graph_cache, torch._functorch.config.enable_autograd_cache) == before

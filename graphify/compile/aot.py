@@ -44,7 +44,7 @@ import torch
 
 from graphify.compile import rewrites
 from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, per_shape_from_the_start, wants_static
-from graphify.compile.layout_policy import layout_for
+from graphify.compile.layout_policy import inductor_layout
 from graphify.compile.aot_identity import (UNVERIFIABLE, VALUE_GUARDS, class_changes, class_namespaces, identity,
                             identity_changes, rebuilt_from_caller, value_changes, value_print)
 
@@ -101,7 +101,7 @@ def _backend(backend: str, mode, options, dynamic, switched: tuple, specialise: 
             if specialise and wants_static(gm):
                 raise Specialise("compiled per shape")
             rewrites.rewrite(gm, switched)
-            with layout_for(gm, self.config) if backend == "inductor" else contextlib.nullcontext():
+            with inductor_layout(gm, self):
                 return super().__call__(gm, example_inputs)
 
     return Folding(mode, options, dynamic) if backend == "inductor" else Folding(backend, mode, options, dynamic)

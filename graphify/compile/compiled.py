@@ -9,7 +9,6 @@ so as long as its graphs.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import types
 import weakref
@@ -22,7 +21,7 @@ from graphify.compile import aot as _aot
 from graphify.compile import rewrites
 from graphify.compile.aot import AotLoads
 from graphify.compile.code_claims import claim, reset_code
-from graphify.compile.layout_policy import layout_for
+from graphify.compile.layout_policy import inductor_layout
 from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, per_shape_from_the_start, wants_static
 from graphify.base.split_contract import as_split
 
@@ -77,8 +76,7 @@ class KeptCompiles:
             raise Specialise(f"{len(self.outputs)} graphs compiled before this one")
         for name, count in rewrites.rewrite(gm, self.rewrites).items():
             self.counts[name] += count
-        inductor = isinstance(self.inner, torch._TorchCompileInductorWrapper)
-        with layout_for(gm, self.inner.config) if inductor else contextlib.nullcontext():
+        with inductor_layout(gm, self.inner):
             compiled = self.inner(gm, example_inputs)
         self.outputs.append(compiled)
         return compiled

@@ -31,7 +31,7 @@ import torch
 
 from graphify.compile.shape_policy import NODES_PER_CONVOLUTION, Convolution, convolution_nodes
 
-__all__ = ["channels_last_slows", "layout_for", "GROUPED_CHANNELS_LAST"]
+__all__ = ["channels_last_slows", "inductor_layout", "GROUPED_CHANNELS_LAST"]
 
 GROUPED_CHANNELS_LAST = 2.5  # time in channels-last ÷ channels-first, grouped convolutions (H200, above); inductor: 1.358
 _SMALL, _IN_OUT, _DEFAULT = 0.783, 0.725, 0.823  # inductor's own weights for the other classes
@@ -76,12 +76,15 @@ def channels_last_slows(gm: torch.fx.GraphModule) -> bool:
     return sum(f * _weight(c) for f, c in zip(flops, convolutions)) > sum(flops)
 
 
-def layout_for(gm: torch.fx.GraphModule, given: dict | None = None):
-    """The inductor setting this graph compiles under: channels-last off where it slows,
-    unless the compile's own settings (`given`) or inductor's config already decide the layout."""
+def inductor_layout(gm: torch.fx.GraphModule, compiler):
+    """The inductor setting `compiler` (torch.compile's backend wrapper) compiles this graph
+    under: channels-last off where it slows, unless the compile's own settings or inductor's
+    config already decide the layout. Nothing for a backend other than inductor."""
     from torch._inductor import config
 
-    decided = any(k in (given or {}) for k in _LAYOUT_SETTINGS) or config.force_layout_optimization
+    if not isinstance(compiler, torch._TorchCompileInductorWrapper):
+        return contextlib.nullcontext()
+    decided = any(k in compiler.config for k in _LAYOUT_SETTINGS) or config.force_layout_optimization
     if not decided and channels_last_slows(gm):
         return config.patch(layout_optimization=False)
     return contextlib.nullcontext()
