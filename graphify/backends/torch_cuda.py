@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 from graphify.base.alias import alias, metadata
 from graphify.base.errors import CaptureError
 from graphify.backends.capture_run import record
+from graphify.backends.pool_routing import NoRouting, for_warm_ups, outside
 from graphify.backends.keepalive import clear_cublas_workspaces
 from graphify.backends.tensor_writes import eager_runs
 from graphify.backends.interface import Captured, CompiledCode
@@ -109,38 +110,65 @@ class TorchCudaBackend:
         # CuPy kernels in `fn` follow the capture stream and allocate from torch.
         # `warmups=0` captures straight away (the caller warmed this code up already).
         stream.wait_stream(torch.cuda.current_stream(device))
-        if warmups:
-            with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
-                eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
-            stream.synchronize()  # the warm-ups' frees settle before the capture allocates
-        graph = torch.cuda.CUDAGraph()
+        # An enclosing capture's warm-ups (a graphified function called by the function warming
+        # up) route this thread's allocations to their pool: not this capture's (`graphify.backends.pool_routing`).
+        with outside():
+            return self._warm_and_capture(fn, args, pool, warmups, weak_outputs, stream, (guard, keeper))
+
+    def _warm_and_capture(self, fn, args, pool, warmups, weak_outputs, stream, checks) -> Captured:
+        """Warm-ups, then the capture. Where no live graph replays into the pool, the warm-ups
+        allocate from it and the capture reuses their blocks: one peak, not a warm-up's cache
+        beside the pool (`pool_routing.for_warm_ups`); they then run inside the capture's window
+        and its id, held until the capture holds its own (captures are one at a time, so no
+        graph of the pool appears meanwhile). Otherwise they run first, outside the window:
+        other graphs' calls sharing the pool go on meanwhile (`graphify.call.shared_calls`)."""
+        device, (guard, keeper) = torch.cuda.current_device(), checks
+        routed = warmups > 0 and pool.live == 0
+        if warmups and not routed:
+            self._warm_ups(fn, args, warmups, stream, device, (guard, keeper), NoRouting())
         # (`window`: where other graphs' calls share the pool, none replays through the capture,
         # and the capture stream is ordered after the last; then a fresh id where every graph
         # of the last one is gone)
         with torch.cuda.stream(stream), pool.window(), pool.capturing() as pool_id:
             before = self.usage(pool)[0]
-            # Not `torch.cuda.graph(...)`: its __enter__ synchronises the device and empties the
-            # allocator's cache before every capture, which costs more than a small capture and
-            # makes the next warm-up allocate afresh; the stream was synchronised above.
-            # cuBLAS keeps one workspace per (handle, stream) in a table of torch's that anyone may
-            # clear (torch.compile's graph trees do, around each recording): dropped here, the
-            # capture allocates its own inside the graph's pool, where a later clear cannot hand
-            # it to eager code (graphify.backends.keepalive).
-            clear_cublas_workspaces()
-            # compiled code must not see a mode of ours: dynamo would compile it again, inside the capture
-            staged = StagedConstants() if not isinstance(fn, CompiledCode) else contextlib.nullcontext(StagedConstants())
+            routing = for_warm_ups(device, pool_id, warmups if routed else 0, pool.live)
+            try:
+                if routed:
+                    self._warm_ups(fn, args, warmups, stream, device, (guard, keeper), routing)
+                return self._capture(fn, args, pool, pool_id, before, weak_outputs, stream, device)
+            finally:
+                routing.release()
 
-            def run():
-                with staged as constants:
-                    return fn(*args), constants
+    @staticmethod
+    def _warm_ups(fn, args, warmups, stream, device, checks, routing) -> None:
+        with torch.cuda.stream(stream), cupy_follows_torch(stream, device), routing.warm_ups():
+            eager_runs(fn, args, keeper=checks[1], guard=checks[0], count=warmups)
+        stream.synchronize()  # the warm-ups' frees settle before the capture allocates
 
-            with cupy_follows_torch(stream, device):
-                outputs, constants = record(graph, pool, pool_id, run)
-            # what this capture grew the pool by, from the pool's own segments: capture_begin
-            # itself may allocate outside it (torch's RNG seed and offset tensors for graphs,
-            # made when the first live graph registers, kept in the default pool)
-            nbytes = self.usage(pool)[0] - before
-            pool.holds(graph, pool_id)
+    def _capture(self, fn, args, pool, pool_id, before, weak_outputs, stream, device) -> Captured:
+        graph = torch.cuda.CUDAGraph()
+        # Not `torch.cuda.graph(...)`: its __enter__ synchronises the device and empties the
+        # allocator's cache before every capture, which costs more than a small capture and
+        # makes the next warm-up allocate afresh; the stream was synchronised above.
+        # cuBLAS keeps one workspace per (handle, stream) in a table of torch's that anyone may
+        # clear (torch.compile's graph trees do, around each recording): dropped here, the
+        # capture allocates its own inside the graph's pool, where a later clear cannot hand
+        # it to eager code (graphify.backends.keepalive).
+        clear_cublas_workspaces()
+        # compiled code must not see a mode of ours: dynamo would compile it again, inside the capture
+        staged = StagedConstants() if not isinstance(fn, CompiledCode) else contextlib.nullcontext(StagedConstants())
+
+        def run():
+            with staged as constants:
+                return fn(*args), constants
+
+        with cupy_follows_torch(stream, device):
+            outputs, constants = record(graph, pool, pool_id, run)
+        # what this capture grew the pool by, from the pool's own segments: capture_begin
+        # itself may allocate outside it (torch's RNG seed and offset tensors for graphs,
+        # made when the first live graph registers, kept in the default pool)
+        nbytes = self.usage(pool)[0] - before
+        pool.holds(graph, pool_id)
         graph.graphify_constants = constants.kept  # the host memory its copies read, for as long as it lives
         if weak_outputs:
             outputs = pytree.tree_map(weak_alias, outputs)
