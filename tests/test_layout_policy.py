@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch._dynamo
 
+from conftest import requires_cuda
 from traced_graphs import fresh_dynamo, traced  # noqa: F401 (the fixture)
 
 from graphify.compile.layout_policy import GROUPED_CHANNELS_LAST, channels_last_slows
@@ -168,3 +169,114 @@ def test_the_background_workers_compile_takes_the_same_layout(on_the_cpu_as_on_c
         aot._backend("inductor", None, None, False, ())(traced(model, x), [x])
     assert seen == [False, True]
 
+
+
+# -- grouped convolutions timed on the device (`graphify.compile.conv_timing`) -------------------
+
+
+def test_a_grouped_convolutions_timed_ratio_decides_in_place_of_the_constant(on_the_cpu_as_on_cuda):
+    """RegNet's block (22% grouped flops): channels-first with the constant, channels-last where
+    its grouped convolution times faster or a little slower channels-last, channels-first where
+    far slower. Only grouped convolutions of more than one channel a group are asked."""
+    torch.manual_seed(0)
+    gm = traced(Block(128, 128, groups=16), torch.randn(2, 128, 16, 16))
+    asked = []
+
+    def timed(ratio):
+        return lambda c: asked.append((c.groups, c.w.size(1))) or ratio
+
+    assert channels_last_slows(gm)
+    assert not channels_last_slows(gm, timed(0.8))
+    assert not channels_last_slows(gm, timed(1.5))  # 0.22 * 1.5 + 0.78 * 0.823 < 1
+    assert channels_last_slows(gm, timed(2.0))
+    assert channels_last_slows(gm, lambda c: None)  # not timed: the constant
+    assert set(asked) == {(16, 8)}
+    depthwise = traced(Block(128, 128, groups=128), torch.randn(2, 128, 16, 16))
+    assert not channels_last_slows(depthwise, timed(9.0)) and set(asked) == {(16, 8)}
+
+
+def test_convolutions_keep_their_stride_padding_and_dilation():
+    from graphify.compile.shape_policy import convolution_nodes
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(16, 32, 3, stride=2, padding=2, dilation=2, groups=4)
+    (c,) = convolution_nodes(traced(conv, torch.randn(1, 16, 20, 20)))
+    assert tuple(map(tuple, c.geometry)) == ((2, 2), (2, 2), (2, 2)) and c.groups == 4
+    same = traced(lambda x: torch.nn.functional.conv2d(x, conv.weight, padding="same", groups=4), torch.randn(1, 16, 9, 9))
+    (s,) = convolution_nodes(same)
+    assert s.geometry[1] == "same" and s.geometry[0] in (1, (1, 1))
+
+
+def test_timing_a_convolution_from_the_traced_graphs_values_runs_it_in_both_layouts(monkeypatch):
+    """The traced graph's values are fake: the timing makes real tensors outside fake mode, runs
+    the convolution with its geometry in both memory formats, and leaves the global generator
+    where it was. On the CPU the policy itself asks for no timing (None)."""
+    from graphify.compile import conv_timing
+    from graphify.compile.shape_policy import convolution_nodes
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(32, 32, 3, stride=2, padding=1, groups=4)
+    (c,) = convolution_nodes(traced(conv, torch.randn(2, 32, 12, 12)))
+    assert isinstance(c.x, torch._subclasses.FakeTensor) and conv_timing.channels_last_ratio(c) is None
+    ran, real = [], torch.nn.functional.conv2d
+
+    def spy(x, w, *args):
+        out = real(x, w, *args)
+        assert not isinstance(out, torch._subclasses.FakeTensor)
+        ran.append((x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(), tuple(out.shape), args))
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "conv2d", spy)
+    state = torch.get_rng_state()
+    with c.x.fake_mode:  # as inside a compile
+        ratio = conv_timing._timed(c)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert ratio > 0 and len(ran) == 2 * (conv_timing.WARM_UPS + conv_timing.REPEATS)
+    assert {r[0] for r in ran} == {True, False} and {r[1] for r in ran} == {(2, 32, 6, 6)}
+    as_given = {tuple(tuple(a) if isinstance(a, (list, tuple)) else a for a in r[2]) for r in ran}
+    assert as_given == {(None, (2, 2), (1, 1), (1, 1), 4)}
+
+
+def test_the_timed_ratio_reaches_the_compile_lines_layout(on_the_cpu_as_on_cuda, monkeypatch):
+    """`inductor_layout` weighs with the timing's answer (stood in for: the CPU times nothing)."""
+    from torch._inductor import config
+
+    from graphify.compile import conv_timing
+    from graphify.compile.layout_policy import inductor_layout
+
+    torch.manual_seed(0)
+    gm = traced(Block(128, 128, groups=16), torch.randn(2, 128, 16, 16))
+    inductor = torch._TorchCompileInductorWrapper("default", None, False)
+    for ratio, layout in ((0.9, True), (3.0, False), (None, False)):
+        monkeypatch.setattr(conv_timing, "channels_last_ratio", lambda c, r=ratio: r)
+        with inductor_layout(gm, inductor):
+            assert config.layout_optimization is layout, ratio
+    assert config.layout_optimization is True
+
+
+@requires_cuda
+def test_on_cuda_a_grouped_convolution_is_timed_once_and_not_inside_a_capture():
+    from graphify.compile import conv_timing
+    from graphify.compile.shape_policy import convolution_nodes
+
+    torch.manual_seed(0)
+    block = Block(96, 96, groups=4).cuda().to(torch.bfloat16)
+    gm = traced(block, torch.randn(2, 96, 14, 14, device="cuda", dtype=torch.bfloat16))
+    grouped = [c for c in convolution_nodes(gm) if c.groups > 1]
+    state = torch.cuda.get_rng_state()
+    first = conv_timing.channels_last_ratio(grouped[0])
+    assert first is not None and 0 < first < 100 and torch.equal(torch.cuda.get_rng_state(), state)
+    assert conv_timing.channels_last_ratio(grouped[0]) == first  # kept for the process
+    conv_timing._measured.clear()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    x = torch.randn(8, device="cuda")
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        try:
+            y = x * 2
+            inside = conv_timing.channels_last_ratio(grouped[0])
+        finally:
+            graph.capture_end()
+    graph.replay()
+    torch.testing.assert_close(y, x * 2)
+    assert inside is None and conv_timing._measured == {}

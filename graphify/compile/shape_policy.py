@@ -63,6 +63,7 @@ class Convolution(NamedTuple):
     out: "torch.Tensor | None"
     transposed: bool
     groups: int
+    geometry: tuple = (1, 0, 1)  # stride, padding (or "same", "valid"), dilation, as the call gave them
 
 
 _GROUPS_AT = {torch.convolution: 8, torch.ops.aten.convolution.default: 8}  # else 6 (conv*d, conv_transpose*d)
@@ -82,6 +83,14 @@ def _groups(node) -> int:
     return groups if isinstance(groups, int) else 1
 
 
+_GEOMETRY = (("stride", 1), ("padding", 0), ("dilation", 1))  # arguments 3 to 5 of every convolution above
+
+
+def _geometry(node) -> tuple:
+    return tuple(node.args[3 + i] if len(node.args) > 3 + i else node.kwargs.get(name, default)
+                 for i, (name, default) in enumerate(_GEOMETRY))
+
+
 def convolution_nodes(gm: torch.fx.GraphModule) -> list[Convolution]:
     """The traced graph's convolutions, 1-D to 3-D. Pure."""
     found = []
@@ -91,7 +100,7 @@ def convolution_nodes(gm: torch.fx.GraphModule) -> list[Convolution]:
         x, w, out = (_value(a) for a in (*node.args[:2], node))
         if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and w.dim() >= 3:
             found.append(Convolution(x, w, out if isinstance(out, torch.Tensor) else None, _transposed(node),
-                                     _groups(node)))
+                                     _groups(node), _geometry(node)))
     return found
 
 

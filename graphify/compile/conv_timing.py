@@ -1,0 +1,101 @@
+"""How much longer a grouped convolution takes channels-last than channels-first, timed on its device.
+
+Inductor weighs a graph's convolutions by class, with times torch took on an A100 in training
+(`decide_layout_opt`); grouped convolutions of more than one input channel a group weigh 1.358.
+On the H200, in inference, that class is faster channels-last in one model and far slower in
+another: channels-last made RegNetY-016 (24 channels a group) 1.24x slower at B = 1, and
+torchvision's RegNetY-800MF (16 a group) 1.22x faster (`zoo-layout`, `zoo-run2`). No constant
+serves both, so the layout policy times each such convolution of a graph it weighs: cuDNN, the
+graph's shapes, dtype and geometry, both memory formats, once per process (a few milliseconds a
+graph). Where it cannot be timed (another device, a transposed or non-2-D convolution, inside a
+stream capture, which timing would break) the caller's constant stands.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+import torch
+
+from graphify.compile.shape_policy import Convolution
+
+__all__ = ["channels_last_ratio"]
+
+log = logging.getLogger("graphify")
+
+WARM_UPS, REPEATS = 3, 9
+_measured: dict = {}  # key (device, dtype, shapes, groups, geometry, cuDNN's search) -> ratio
+
+
+def _key(c: Convolution):
+    geometry = tuple(tuple(g) if isinstance(g, (list, tuple)) else g for g in c.geometry)
+    return (c.x.device.index or 0, c.x.dtype, tuple(c.x.shape), tuple(c.w.shape), c.groups, geometry,
+            torch.backends.cudnn.benchmark)
+
+
+def channels_last_ratio(c: Convolution) -> "float | None":
+    """`c`'s time channels-last ÷ its time channels-first on its CUDA device (measured once a
+    process), or None where it cannot be timed here."""
+    x, w = c.x, c.w
+    if x.device.type != "cuda" or c.transposed or w.dim() != 4 or x.dim() != 4 or not torch.cuda.is_available():
+        return None
+    if not all(isinstance(s, int) for s in (*x.shape, *w.shape)):
+        return None
+    with torch.cuda.device(x.device):
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        key = _key(c)
+        if key not in _measured:
+            _measured[key] = _timed(c)
+            log.debug("graphify: grouped convolution %s: channels-last %.2fx channels-first", key, _measured[key])
+        return _measured[key]
+
+
+def _timed(c: Convolution) -> float:
+    """Median channels-last time ÷ median channels-first time, interleaved (the host's drift
+    spread over both), from real tensors made outside any fake or dispatch mode the compile
+    has on; their values come from a generator of their own (the user's stays where it was).
+    On `c`'s device: CUDA events there, the host's clock on the CPU (where tests run it)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    stride, padding, dilation = c.geometry
+    cuda = c.x.device.type == "cuda"
+    device = torch.device("cuda", c.x.device.index or 0) if cuda else torch.device("cpu")
+    with unset_fake_temporarily(), _disable_current_modes(), torch.no_grad():
+        gen = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(tuple(c.x.shape), dtype=c.x.dtype, device=device, generator=gen)
+        w = torch.randn(tuple(c.w.shape), dtype=c.w.dtype, device=device, generator=gen)
+        formats = {f: (x.contiguous(memory_format=f), w.contiguous(memory_format=f))
+                   for f in (torch.contiguous_format, torch.channels_last)}
+
+        def run(f):
+            return torch.nn.functional.conv2d(*formats[f], None, stride, padding, dilation, c.groups)
+
+        for _ in range(WARM_UPS):  # cuDNN's search, where on, and its handle's workspace
+            for f in formats:
+                run(f)
+        clock = _on_the_device if cuda else _on_the_host
+        times: dict = {f: [] for f in formats}
+        for _ in range(REPEATS):
+            for f in formats:
+                times[f].append(clock(lambda: run(f)))
+    first = statistics.median(times[torch.contiguous_format])
+    return statistics.median(times[torch.channels_last]) / first if first > 0 else 1.0
+
+
+def _on_the_device(fn) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _on_the_host(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
