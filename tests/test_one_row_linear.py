@@ -4,6 +4,8 @@ on CUDA and `F.linear` for everything else; the compiled line gives eager's answ
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch._dynamo
@@ -262,9 +264,11 @@ def test_the_compile_worker_starts_with_tritons_settings_as_inductors(monkeypatc
     monkeypatch.setattr(_background, "as_inductor_compiles", lambda: __import__("os").environ.update(
         TRITON_CACHE_DIR="/inductors/triton/0"))
     monkeypatch.setattr(subprocess, "Popen", popen)
+    compiler = _background._Compiler()
     with pytest.raises(Refused):
-        _background._Compiler()._start()
+        compiler._start()
     assert started["TRITON_CACHE_DIR"] == "/inductors/triton/0"
+    assert compiler.files and not os.path.exists(compiler.files)  # a worker that never started leaves no folder
 
 
 def test_a_gemv_compile_line_imports_triton_and_the_gemv_when_made(monkeypatch):

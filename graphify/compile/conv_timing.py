@@ -48,23 +48,28 @@ def channels_last_ratio(c: Convolution) -> "float | None":
             return None
         key = _key(c)
         if key not in _measured:
-            _measured[key] = _timed(c)
+            try:
+                _measured[key] = _timed(c)
+            except Exception as exc:  # noqa: BLE001 - a saving only (out of memory, say): the constant stands
+                log.info("graphify: timing a grouped convolution %s failed (%s); weighed with the constant", key, exc)
+                return None
             log.debug("graphify: grouped convolution %s: channels-last %.2fx channels-first", key, _measured[key])
         return _measured[key]
 
 
 def _timed(c: Convolution) -> float:
     """Median channels-last time ÷ median channels-first time, interleaved (the host's drift
-    spread over both), from real tensors made outside any fake or dispatch mode the compile
-    has on; their values come from a generator of their own (the user's stays where it was).
+    spread over both), from real tensors made outside any fake, dispatch or torch-function mode
+    the compile runs under (a warm-up's op guard, its write recorder); their values come from a
+    generator of their own (the user's stays where it was).
     On `c`'s device: CUDA events there, the host's clock on the CPU (where tests run it)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.utils._python_dispatch import _disable_current_modes
 
     stride, padding, dilation = c.geometry
     cuda = c.x.device.type == "cuda"
-    device = torch.device("cuda", c.x.device.index or 0) if cuda else torch.device("cpu")
-    with unset_fake_temporarily(), _disable_current_modes(), torch.no_grad():
+    with unset_fake_temporarily(), _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+        device = torch.device("cuda", c.x.device.index or 0) if cuda else torch.device("cpu")
         gen = torch.Generator(device=device).manual_seed(0)
         x = torch.randn(tuple(c.x.shape), dtype=c.x.dtype, device=device, generator=gen)
         w = torch.randn(tuple(c.w.shape), dtype=c.w.dtype, device=device, generator=gen)

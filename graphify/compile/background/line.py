@@ -153,12 +153,18 @@ class _Compiler:
         ours, theirs = socket_pair()
         as_inductor_compiles()  # Triton's keys and folder alike in both processes (the GEMV's binaries found here)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen(  # its own session: a Ctrl-C this process survives leaves it running
-            [sys.executable, "-m", "graphify.compile.background.worker", str(theirs.fileno()), str(os.getpid())],
-            pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        theirs.close()
+        try:
+            self.proc = subprocess.Popen(  # its own session: a Ctrl-C this process survives leaves it running
+                [sys.executable, "-m", "graphify.compile.background.worker", str(theirs.fileno()), str(os.getpid())],
+                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:  # no worker: nothing of its own left behind
+            shutil.rmtree(self.files, ignore_errors=True)
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         self.conn = ours
         threading.Thread(target=self._read, name="graphify-compile-results", daemon=True).start()
         threading.Thread(target=self._write, name="graphify-compile-jobs", daemon=True).start()
