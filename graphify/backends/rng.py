@@ -36,9 +36,17 @@ class RandomStates:
                 states.append((g, None, g.get_state()))
         return cls(states)
 
-    def restore(self) -> None:
+    def restore(self) -> bool:
+        """Put back the states that moved (one left alone is not rewound over another thread's
+        draws meanwhile); whether any had."""
+        moved = False
         for generator, device, state in self.states:
+            now = torch.cuda.get_rng_state(device) if generator is None else generator.get_state()
+            if torch.equal(now, state):
+                continue
+            moved = True
             if generator is None:
                 torch.cuda.set_rng_state(state, device)
             else:
                 generator.set_state(state)
+        return moved

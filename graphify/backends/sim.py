@@ -255,17 +255,14 @@ class SimBackend:
         guard: "bool | Callable" = True, keeper=None,
     ) -> Captured:
         # Warm-ups run the function itself (a compiled one compiles there), the first under
-        # the guard; then the capture run on the tape. Every run's writes to outside state
-        # are undone after it.
-        graph = SimGraph(pool.for_capture())  # counted from here, as torch counts a capture begun
+        # the guard; then the capture run on the tape, in the pool as torch's capture runs
+        # (`SimGraph`). Every run's writes to outside state are undone after it.
         if self.rerun:
-            return graph.holding(pool, _rerun_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper,
-                                                      ran=graph.ran(pool)))
+            return _rerun_capture(fn, args, pool=pool, warmups=warmups, guard=guard, keeper=keeper)
         with simulating():
-            return graph.holding(pool, self._taped_capture(fn, args, warmups=warmups, guard=guard, keeper=keeper,
-                                                           ran=graph.ran(pool)))
+            return self._taped_capture(fn, args, pool=pool, warmups=warmups, guard=guard, keeper=keeper)
 
-    def _taped_capture(self, fn: Callable, args: tuple, *, warmups: int, guard, keeper, ran) -> Captured:
+    def _taped_capture(self, fn: Callable, args: tuple, *, pool: GraphPool, warmups: int, guard, keeper) -> Captured:
         """Warm-ups, then the capture run on the tape (see `capture`)."""
         twin = guard if callable(guard) else (fn.twin if isinstance(fn, CompiledCode) else None) or getattr(
             fn, "_torchdynamo_orig_callable", None)
@@ -283,18 +280,21 @@ class SimBackend:
                 out = (twin or fn)(*a)
             return out, tape.sources(out)
 
-        with ran:  # the capture run: began, and ends unless it raises
-            outputs, sources = eager_runs(
-                taped, args, keeper=keeper, guard=bool(guard), count=1, record=not recorded,
-                finish=lambda r: (pytree.tree_map(_clone_out, r[0]), r[1]),
-            )
+        with pool.window(), pool.capturing() as pool_id:  # (as torch's: see `graphify.backends.torch_cuda`)
+            graph = SimGraph(pool_id)
+            outputs, sources = graph.ran(pool, eager_runs, taped, args, keeper=keeper, guard=bool(guard), count=1,
+                                         record=not recorded, finish=lambda r: (pytree.tree_map(_clone_out, r[0]), r[1]))
+            return graph.holding(pool, self._taped(tape, outputs, sources, twin, compared, compiled_out))
+
+    @staticmethod
+    def _taped(tape: Tape, outputs, sources: list, twin, compared, compiled_out) -> Captured:
+        """The capture run's tape and outputs as a replay."""
         count = tape.finish()
         if compared is not None and compiled_out is not None and _disagree(compiled_out, outputs):
             compared.append(f"{_named(twin)}: the compiled warm-up's outputs differ from its eager original's")
         static_out = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
         if len(static_out) != len(sources):
             raise CaptureError("sim capture: the outputs could not be traced to the recorded ops")
-        del args
 
         def replay() -> None:
             values = [None] * count
@@ -308,14 +308,14 @@ class SimBackend:
 
 class SimGraph:
     """A simulated graph's place in its pool, kept as long as its entry: torch counts the
-    graphs of a pool id and refuses a capture into an id whose graphs all went (released,
-    not yet freed: `graphify.backends.graph_pool`); so does this. A capture run that raised
-    leaves its id routed, as torch's `capture_end` does where CUDA refuses to end an
-    invalidated capture: a later capture into that id fails ("already recording")."""
+    graphs of a pool id from the start of their capture and refuses a capture into an id
+    whose graphs all went (released, not yet freed: `graphify.backends.graph_pool`); so does
+    this. As torch's, a capture that began and never ended (its run raised) keeps its count
+    for good: its id is never released."""
 
-    _live: dict = {}  # pool id -> graphs of it alive
+    _live: dict = {}  # pool id -> graphs of it alive (and captures that never ended)
     _released: set = set()  # ids whose graphs all went
-    _recording: set = set()  # ids a capture run raised in
+    _recording: set = set()  # ids a capture run raised in: left routed, as torch 2.11's capture_end leaves them
 
     def __init__(self, pool_id):
         if pool_id in self._released:
@@ -328,22 +328,27 @@ class SimGraph:
                                "into it raised and was never ended)")
         self.pool_id = pool_id
         self._live[pool_id] = self._live.get(pool_id, 0) + 1
-        weakref.finalize(self, SimGraph._gone, pool_id)
+        self._ended = [False]  # read by the finalizer
+        weakref.finalize(self, SimGraph._gone, pool_id, self._ended)
         self.replay = None
 
-    @contextlib.contextmanager
-    def ran(self, pool: GraphPool):
-        """Around this graph's capture run: where it raises, its id stays routed and `pool`
-        captures into a fresh one from then on."""
+    def ran(self, pool: GraphPool, run: Callable, *args, **kwargs):
+        """`run(*args, **kwargs)`, this graph's capture run: where it raises, the capture
+        never ended (torch before pytorch#190348 keeps its pool id's use for good), its id
+        stays routed and `pool` captures into a fresh one from then on."""
         try:
-            yield
+            out = run(*args, **kwargs)
         except BaseException:
             self._recording.add(self.pool_id)
             pool.unended()
             raise
+        self._ended[0] = True
+        return out
 
     @classmethod
-    def _gone(cls, pool_id) -> None:
+    def _gone(cls, pool_id, ended: list) -> None:
+        if not ended[0]:  # as torch's `CUDAGraph::reset`: a pool's use given back only for a capture that ended
+            return
         cls._live[pool_id] -= 1
         if not cls._live[pool_id]:
             del cls._live[pool_id]
@@ -356,16 +361,22 @@ class SimGraph:
         return attrs.evolve(captured, graph=self)
 
 
-def _rerun_capture(fn: Callable, args: tuple, *, warmups: int, guard, keeper, ran) -> Captured:
-    """Capture by running `fn` (warm-ups, then the capture run inside `ran`); replay runs it
-    again on the capture's arguments and copies its results into the captured outputs."""
-    from graphify.base.axes import WeakStatic, weaken
-
+def _rerun_capture(fn: Callable, args: tuple, *, pool: GraphPool, warmups: int, guard, keeper) -> Captured:
+    """Capture by running `fn` (warm-ups, then the capture run); replay runs it again on the
+    capture's arguments and copies its results into the captured outputs."""
     if warmups:
         eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
-    with ran:
-        outputs = eager_runs(fn, args, keeper=keeper, guard=False if warmups else guard, count=1,
-                             record=not warmups, finish=lambda r: pytree.tree_map(_clone_out, r))
+    with pool.window(), pool.capturing() as pool_id:
+        graph = SimGraph(pool_id)
+        outputs = graph.ran(pool, eager_runs, fn, args, keeper=keeper, guard=False if warmups else guard, count=1,
+                            record=not warmups, finish=lambda r: pytree.tree_map(_clone_out, r))
+        return graph.holding(pool, _rerun_replay(fn, args, outputs))
+
+
+def _rerun_replay(fn: Callable, args: tuple, outputs) -> Captured:
+    """The captured outputs of `fn(*args)`, refilled by each replay's run of `fn` again."""
+    from graphify.base.axes import WeakStatic, weaken
+
     static_out = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
     held = tuple(a if isinstance(a, torch.Tensor) else weaken(a) for a in args)  # objects weakly, as a graph
     del args

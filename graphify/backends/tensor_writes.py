@@ -183,6 +183,7 @@ class StateKeeper:
         # (object, attribute names, values) of Python state registered types own
         # (`graphify.reads.stateful_types`): put back after every run, so each run sees the call's state
         self.owned: list = []
+        self.put_back = False  # a capture put back state outside the call (`CaptureReport.restores`)
 
     def record_writes(self, fn: Callable, *args):
         """`fn(*args)` with its outside writes recorded; call `restore()` after it. While

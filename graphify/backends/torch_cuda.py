@@ -4,6 +4,7 @@ Replay is `CUDAGraph.replay()` on the caller's current stream."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 
 import torch
@@ -13,7 +14,7 @@ from torch.utils import _pytree as pytree
 from graphify.base.alias import alias, metadata
 from graphify.base.errors import CaptureError
 from graphify.backends.capture_run import record
-from graphify.backends.pool_routing import for_warm_ups, outside
+from graphify.backends.pool_routing import NoRouting, for_warm_ups, outside
 from graphify.backends.keepalive import clear_cublas_workspaces
 from graphify.backends.tensor_writes import eager_runs
 from graphify.backends.interface import Captured, CompiledCode
@@ -21,6 +22,8 @@ from graphify.backends.graph_pool import GraphPool
 from graphify.backends.streams import cupy_follows_torch
 
 __all__ = ["TorchCudaBackend", "weak_alias"]
+
+log = logging.getLogger("graphify")
 
 _CAPTURE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
 
@@ -87,7 +90,13 @@ class TorchCudaBackend:
         return reserved, used
 
     def trim(self, handle, device) -> None:
-        torch.cuda.empty_cache()
+        """The allocator's free cached blocks given back. torch before pytorch#180395 leaves an
+        invalidated capture registered with its allocator, and every later `empty_cache`
+        then fails an internal assert: trimming is a saving only, so that is logged."""
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError as exc:
+            log.info("empty_cache failed after an invalidated capture (torch %s): %s", torch.__version__, exc)
 
     def capture(
         self, fn: Callable, args: tuple, *, pool, warmups: int, weak_outputs: bool, stream=None,
@@ -107,21 +116,34 @@ class TorchCudaBackend:
             return self._warm_and_capture(fn, args, pool, warmups, weak_outputs, stream, (guard, keeper))
 
     def _warm_and_capture(self, fn, args, pool, warmups, weak_outputs, stream, checks) -> Captured:
+        """Warm-ups, then the capture. Where no live graph replays into the pool, the warm-ups
+        allocate from it and the capture reuses their blocks: one peak, not a warm-up's cache
+        beside the pool (`pool_routing.for_warm_ups`); they then run inside the capture's window
+        and its id, held until the capture holds its own (captures are one at a time, so no
+        graph of the pool appears meanwhile). Otherwise they run first, outside the window:
+        other graphs' calls sharing the pool go on meanwhile (`graphify.call.shared_calls`)."""
         device, (guard, keeper) = torch.cuda.current_device(), checks
-        pool_id = pool.for_capture()  # a fresh id where every graph of the last one is gone
-        before = self.usage(pool)[0]
-        # The warm-ups allocate from the graph's pool, whose blocks the capture then reuses
-        # (one peak, not a warm-up's cache beside the pool), where no live graph replays into
-        # it (`pool_routing.for_warm_ups`); the pool's use is held until the capture holds its own.
-        routing = for_warm_ups(device, pool_id, warmups, pool.live)
-        try:
-            if warmups:
-                with torch.cuda.stream(stream), cupy_follows_torch(stream, device), routing.warm_ups():
-                    eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
-                stream.synchronize()  # the warm-ups' frees settle before the capture allocates
-            return self._capture(fn, args, pool, pool_id, before, weak_outputs, stream, device)
-        finally:
-            routing.release()
+        routed = warmups > 0 and pool.live == 0
+        if warmups and not routed:
+            self._warm_ups(fn, args, warmups, stream, device, (guard, keeper), NoRouting())
+        # (`window`: where other graphs' calls share the pool, none replays through the capture,
+        # and the capture stream is ordered after the last; then a fresh id where every graph
+        # of the last one is gone)
+        with torch.cuda.stream(stream), pool.window(), pool.capturing() as pool_id:
+            before = self.usage(pool)[0]
+            routing = for_warm_ups(device, pool_id, warmups if routed else 0, pool.live)
+            try:
+                if routed:
+                    self._warm_ups(fn, args, warmups, stream, device, (guard, keeper), routing)
+                return self._capture(fn, args, pool, pool_id, before, weak_outputs, stream, device)
+            finally:
+                routing.release()
+
+    @staticmethod
+    def _warm_ups(fn, args, warmups, stream, device, checks, routing) -> None:
+        with torch.cuda.stream(stream), cupy_follows_torch(stream, device), routing.warm_ups():
+            eager_runs(fn, args, keeper=checks[1], guard=checks[0], count=warmups)
+        stream.synchronize()  # the warm-ups' frees settle before the capture allocates
 
     def _capture(self, fn, args, pool, pool_id, before, weak_outputs, stream, device) -> Captured:
         graph = torch.cuda.CUDAGraph()
@@ -140,7 +162,7 @@ class TorchCudaBackend:
             with staged as constants:
                 return fn(*args), constants
 
-        with torch.cuda.stream(stream), cupy_follows_torch(stream, device):
+        with cupy_follows_torch(stream, device):
             outputs, constants = record(graph, pool, pool_id, run)
         # what this capture grew the pool by, from the pool's own segments: capture_begin
         # itself may allocate outside it (torch's RNG seed and offset tensors for graphs,

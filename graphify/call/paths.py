@@ -51,9 +51,10 @@ def stream_scope(runtime: Runtime):
     return contextlib.nullcontext()
 
 
-def runtime_for(spec: FunctionSpec, table: GraphTable, keys: KeySet | None = None) -> Runtime:
+def runtime_for(spec: FunctionSpec, table: GraphTable, keys: KeySet | None = None, shared=None) -> Runtime:
     """The call machinery over `table`, dispatching over `keys` (ahead of time: the table's
-    own; first use: a structure's planned keys, the missing ones coming back as `Miss`)."""
+    own; first use: a structure's planned keys, the missing ones coming back as `Miss`);
+    `shared`: what it shares with the runtimes of other graphs in its pool (`SharedCalls`)."""
     lib = table.library
     fn = ForeignFunction(spec.fn, lib) if lib else spec.fn
     batching = spec.batching
@@ -61,7 +62,7 @@ def runtime_for(spec: FunctionSpec, table: GraphTable, keys: KeySet | None = Non
     return Runtime(
         spec.label, table.layout.caller(fn), table,
         dispatcher_for(keys if keys is not None else table.keys, spec.options.limits.padding_ratio), rules,
-        hand_out_for(spec.label, spec.outputs, table.device),
+        hand_out_for(spec.label, spec.outputs, table.device), shared,
     )
 
 

@@ -12,6 +12,7 @@ back as a `Miss` (what was asked, for which rows, with which arguments); the lay
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from graphify.distributed.agreement import agreement_for
 from graphify.plan.dispatch import Decision, Dispatcher
 from graphify.base.errors import GraphifyError, InputMismatchError
 from graphify.call.hand_out import HandOut
+from graphify.call.shared_calls import SharedCalls
 from graphify.base.modes import Mode
 from graphify.base.boxing import has_boxes, unbox
 from graphify.plan.stats import Stats
@@ -115,9 +117,12 @@ class Runtime:
     outputs are shared, so two threads must never interleave copy and replay."""
 
     def __init__(self, label: str, fn: Callable, table: GraphTable, dispatcher: Dispatcher, rules: CallRules,
-                 hand_out: HandOut):
+                 hand_out: HandOut, shared: "SharedCalls | None" = None):
         self.label, self.fn, self.dispatcher, self.rules, self.hand_out = label, fn, dispatcher, rules, hand_out
-        self.lock = threading.Lock()
+        # `own`: this runtime's static buffers, plans and padding record, held by its calls and
+        # captures; `shared`: the call lock (copy → replay → hand-out), capture lock and stream
+        # order, the other runtimes' too where its graphs share their pool (`graphify.call.shared_calls`)
+        self.own, self.shared = threading.RLock(), shared if shared is not None else SharedCalls()
         self.agreement = agreement_for(table.lockstep)
         self.static_call: _StaticCall | None = None
         self.replayed = 0  # graph replays so far: the layer above tells a replayed call from an eager one
@@ -143,7 +148,7 @@ class Runtime:
         learnt = self.plans.get(STATIC_PLAN) if trusted else None
         if learnt is not None:
             plan, mode, n = learnt
-            with self.lock:
+            with self.own, self.shared.lock:
                 return self._replay(plan, mode, n, [], [], stats)
         if static is not None:
             static.clean = False  # this call may write rows past the static tuple's
@@ -177,14 +182,14 @@ class Runtime:
         return self.dispatcher.lookup(n, uniform, has_lora, full_ok)
 
     def _eager(self, args: Sequence[Any], n: int, stats: Stats):
-        with self.lock:
+        with self.shared.lock:
             stats.tally(_NONE, n, None)
         return self.fn(*args)
 
     def _graphed(self, args, decision: Decision, n: int, r: int, trusted: bool, stats: Stats):
         """A call that replays the graph `decision` names (a `Miss` if the table lacks it)."""
         plan_key = (id(decision), n, r)  # decisions are unique objects of the dispatcher
-        with self.lock:
+        with self.own, self.shared.lock:
             reads = self.table.reads
             if reads.reach and reads.stale():
                 raise reads.stale_error(self.label)  # never replay (nor grow) graphs over memory objects no longer hold
@@ -215,16 +220,23 @@ class Runtime:
         reads = self.table.reads
         if not checked and reads.reach and reads.stale():
             raise reads.stale_error(self.label)
+        shared = self.shared
+        if shared.cuda:  # after the last call's hand-out, where it ran on another stream
+            shared.order()
         static = self.static_call
         if dsts or static is None or not static.clean:  # after a call with the static tuple, nothing moved
             self._restore_padding(plan, dsts, srcs)
             if static is not None:
                 learnt = self.plans.get(STATIC_PLAN)
                 static.clean = learnt is not None and learnt[0] is plan
-        plan.replay()
-        self.replayed += 1
-        stats.tally(mode, n, plan.padded)
-        return plan.result(self.hand_out(plan))
+        try:
+            plan.replay()
+            self.replayed += 1
+            stats.tally(mode, n, plan.padded)
+            return plan.result(self.hand_out(plan))
+        finally:
+            if shared.cuda:  # what the next call on another stream waits for: this one's copies out
+                shared.mark()
 
     def _restore_padding(self, plan: Plan, dsts: list, srcs: list) -> None:
         """Copy the inputs in `dsts`/`srcs`, plus padding wherever a larger batch left real
@@ -250,14 +262,41 @@ class Runtime:
         )
 
     # -- the table it serves ------------------------------------------------------------------
-    def exclusive(self) -> threading.Lock:
-        """The lock calls hold while they copy and replay: hold it to write the static
-        buffers (a first-use capture) and `install` the table that results."""
-        return self.lock
+    def exclusive(self):
+        """Held, no call of this runtime runs: hold it to write its static buffers or
+        `install` a table (a takeover's rebinding; a capture holds `capturing()`)."""
+        return self.own
+
+    @contextlib.contextmanager
+    def capturing(self, whole: bool = True):
+        """Held by a first-use capture into this runtime's table (which writes its static
+        buffers, then `install`s the table that results): where the pool is shared, its
+        captures one at a time; `exclusive()`; and the caller's stream ordered after the last
+        replay's (`SharedCalls.order`). The shared call lock is held throughout where `whole`
+        (a split function: its split ops, piece warm-ups and schedule replays run in the
+        pool's blocks) or where the pool's captures put back state outside the call, or may
+        (`SharedCalls.restores`: a warm-up's restore would undo other calls' writes made
+        meanwhile); otherwise only for that order: warm-ups (compiles included) run outside
+        the pool and a capture runs nothing, so other structures' calls go on meanwhile."""
+        shared = self.shared
+        with shared.captures, self.own:  # (one waiting for another's capture holds off none of its calls)
+            before, whole = self.table, whole or shared.restores is not False
+            with shared.lock if whole else contextlib.nullcontext():
+                with shared.lock:
+                    if shared.cuda:
+                        shared.order()
+                try:
+                    yield
+                finally:
+                    if whole and shared.cuda:  # what the capture ran in the pool, for the next stream
+                        shared.mark(moved=True)
+            if self.table is not before:  # a capture installed: whether its captures restore, learnt
+                shared.restores = bool(shared.restores) or self.table.report.restores
 
     def install(self, table: GraphTable) -> None:
         """Serve calls from `table` (hold `exclusive()`): a first-use capture's new table.
-        Cached plans go: output axes may have been re-read across the sizes."""
+        Cached plans go: output axes may have been re-read across the sizes. (Only this
+        runtime's calls read its table: the shared call lock is not needed.)"""
         self._serve(table)  # its own, empty plans
         self.static_call = None
 
@@ -302,7 +341,7 @@ class Runtime:
         `r` request rows): write the next batch into them and call with them, and no
         input is copied."""
         out = []
-        with self.lock:
+        with self.own:
             static = self.table.static
             tier = static.tier_of(n, r) if static.tiers else None
             for b, spec, arg, real in static.slots(self.table.specs, n, r):
@@ -311,7 +350,7 @@ class Runtime:
                     self.dirty[tier, b] = max(self.dirty.get((tier, b), 0), real)
         out = tuple(out)
         tokens, reqs = self.rows_and_check(out)
-        with self.lock:
+        with self.own:
             self.static_call = _StaticCall(out, tokens, reqs)  # calls with exactly these skip checks and copies
             self.plans.pop(STATIC_PLAN, None)  # learnt again on the first call with them
         return out

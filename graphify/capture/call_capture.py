@@ -40,8 +40,9 @@ log = logging.getLogger("graphify")
 class CallCapture:
     """A session for one call structure; see the module docstring."""
 
-    def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, function=None, tiered: bool = False):
-        session = self.session = CaptureSession(spec, prepared, keys, function=function, tiered=tiered)
+    def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, function=None, tiered: bool = False,
+                 pools=None):
+        session = self.session = CaptureSession(spec, prepared, keys, function=function, tiered=tiered, pools=pools)
         session.specs = tuple(
             attrs.evolve(s, value=weaken(s.value)) if s.axis.kind is Kind.STATIC else s for s in session.specs
         )

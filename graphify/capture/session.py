@@ -81,7 +81,7 @@ class CaptureSession:
     function reaches, shared by the sessions of one callable (first use: its structures)."""
 
     def __init__(self, spec: FunctionSpec, prepared: Prepared, keys: KeySet, *, lockstep=None,
-                 function: FunctionReads | None = None, tiered: bool = False):
+                 function: FunctionReads | None = None, tiered: bool = False, pools=None):
         label, specs, example, backend = spec.label, prepared.specs, prepared.args, prepared.backend
         try:
             device = device_of(specs)
@@ -89,7 +89,9 @@ class CaptureSession:
             raise CaptureError(f"{label}: {exc}") from None
         backend.validate(label, device)
         self.label, self.keys, self.specs, self.example = label, keys, specs, tuple(example)
-        self.pool = spec.pool if spec.pool is not None else Pool(fn_name(spec.fn))
+        # the user's Pool, or the one a first-use callable's structures share (`PoolsByDevice`)
+        self.pool = spec.pool if spec.pool is not None else pools(backend, device) if pools is not None else Pool(
+            fn_name(spec.fn))
         # and torch's process-wide settings the captures run under (the caller's: `GlobalState`)
         self.table_fields = (*_table_fields(spec, prepared), GlobalState.take(label))
         self.reach: tuple[Reach, ...] = ()  # (static objects', function's), as the graphs read them
@@ -158,12 +160,13 @@ class CaptureSession:
                             self.seen.add(mode)
                             _unchanged(self.label, reach, snapshots)
                 finally:  # the runs drew random numbers; the call's replay draws what eager would
-                    rng.restore()
+                    moved = rng.restore()
                     self.keeper.kin.whole = None  # the call's objects' storages: not held past the capture
                 self.function.after(ran, deep)  # what code that ran for the first time reads
                 if self.keeper.recorded:
                     self.keeper.kin.note(written_positions(self.keeper, shallow))
                 _within_limits(self.label, reach)
+            self.keeper.put_back |= moved or bool(self.keeper.since or self.keeper.owned)  # what it put back
             self.keeper.owned = []
             entries = {**self.entries, **new}
             if self.setup.out_axes is None:
@@ -247,7 +250,7 @@ class CaptureSession:
             self.pool, setup.device, library=library, layout=layout, examples=examples,
             reads=Reads(self.function.watching(self.reach[1]) if self.reach else None, tuple(r for r in self.reach[:1] if r),
                         settings),
-            report=CaptureReport(self.seconds, len(self.keeper.restored), self.keeper.peak_bytes),
+            report=CaptureReport(self.seconds, len(self.keeper.restored), self.keeper.peak_bytes, self.keeper.put_back),
             holdings=Holdings(own, self.hold),
         )
         if not setup.grouped:  # released with any process group's teardown

@@ -49,8 +49,9 @@ from graphify.base.errors import (
 )
 from graphify.capture.spec import FunctionSpec
 from graphify.plan.keys import exact_keys
-from graphify.call.runtime import Miss
+from graphify.call.runtime import Miss, SharedCalls
 from graphify.plan.stats import Stats
+from graphify.plan.pool import PoolsByDevice
 from graphify.reads.reach import stateful_in
 from graphify.first_use.room import Room
 from graphify.base.axes import static_objects
@@ -71,8 +72,8 @@ class FirstUse:
     what holds a structure's capture open (`CallCapture`; tests pass a recording one)."""
 
     def __init__(self, spec: FunctionSpec, stats: Stats, open_capture=CallCapture):
-        self.spec, self.stats = spec, stats  # (its structures share one walk of what the function reaches)
-        self.open_capture = functools.partial(open_capture, function=FunctionReads.for_spec(spec))
+        self.spec, self.stats = spec, stats  # (its structures share one walk of what the function reaches, one pool)
+        self.open_capture = functools.partial(open_capture, function=FunctionReads.for_spec(spec), pools=PoolsByDevice.for_spec(spec, SharedCalls))
         self.lock = threading.Lock()
         self.structures: list[CallStructure] = []  # most recently used first
         self.seen = Sightings()  # the previous call, which ran eagerly, and recent first sightings
@@ -233,7 +234,7 @@ class FirstUse:
         spec = self.spec
         keys = spec.keys if not structure.exact else exact_keys(spec.resolution.mode, spec.batching, self.limits.exact_max_tokens)
         capture = self.open_capture(spec, prepared, keys, tiered=structure.exact)  # buffers grow with the sizes met
-        branch = Branch(key, capture, _call_paths.runtime_for(spec, capture.session.table(), keys))
+        branch = Branch(key, capture, _call_paths.runtime_for(spec, capture.session.table(), keys, capture.session.pool.shared))
         structure.branches = {key: branch, **structure.branches}
         return branch
 
@@ -277,8 +278,8 @@ class FirstUse:
         pair = (miss.decision.mode, miss.decision.key)
         if pair in branch.uncapturable:
             return False
-        runtime = branch.runtime
-        with _call_paths.stream_scope(runtime), runtime.exclusive():
+        runtime = branch.runtime  # (a split function's capture runs in the pool: it holds off other structures' calls)
+        with _call_paths.stream_scope(runtime), runtime.capturing(whole=self.spec.split is not None):
             if pair in runtime.table.entries:  # another thread captured it meanwhile
                 return True
             collect, self.collected = not self.collected, True

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 import weakref
 from typing import Any
 
 import attrs
 import torch
 
-__all__ = ["Pool", "PoolReport"]
+from graphify.base.call_layout import fn_name
+
+__all__ = ["Pool", "PoolReport", "PoolsByDevice"]
 
 MiB = 1 << 20
 
@@ -62,12 +66,17 @@ class Pool:
     _backend: Any = attrs.field(default=None, init=False, repr=False)
     _device: torch.device | None = attrs.field(default=None, init=False)
     _graphs: "weakref.WeakKeyDictionary" = attrs.field(factory=weakref.WeakKeyDictionary, init=False, repr=False)
+    # what the runtimes of its graphs share where graphify made it for a callable's structures
+    # (`PoolsByDevice`: `graphify.call.shared_calls.SharedCalls`); None for a user's Pool
+    shared: Any = attrs.field(default=None, init=False, repr=False)
 
     def handle_for(self, backend, device: torch.device, label: str):
         """The backend's pool handle, created on first use; one pool serves one device."""
         if self._handle is None:
             self._handle = backend.new_pool_handle(device)
             self._backend, self._device = backend, device
+            if self.shared is not None:  # its captures' window holds off the calls sharing it
+                self._handle.window = self.shared.window
         elif (self._backend.name, self._device) != (backend.name, device):
             raise ValueError(
                 f"{label}: pool {self.name!r} belongs to backend {self._backend.name!r} on {self._device}, "
@@ -97,3 +106,33 @@ class Pool:
             captured = sum(b for _, b in rows)
             usage = (captured, captured)
         return PoolReport(self.name, self._backend.name, str(self._device), rows, *usage)
+
+
+class PoolsByDevice:
+    """One `Pool` per device for the call structures of one callable captured on first use
+    (torch's CUDA graphs and the simulation), so that its graphs hold the largest structure's
+    memory, not the sum (BERT at 40 request shapes holds 5 structures). Their runtimes share
+    the pool's `shared` (`make_shared(device)`: one lock around copy, replay and hand-out, one stream
+    order), so no replay meets another's in the blocks they share, and calls hand out copies.
+    Not for a callable handing out views (a view of one structure's output stays valid across
+    another structure's call), nor CuPy's pools (a pool per structure, as before)."""
+
+    def __init__(self, name: str, make_shared: Callable[[Any], Any]):
+        self.name, self.make_shared = name, make_shared
+        self._pools: dict = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_spec(cls, spec, make_shared: Callable[[Any], Any]) -> "PoolsByDevice | None":
+        """A first-use callable's pools; None where the user gave a `Pool` or outputs are views."""
+        return cls(fn_name(spec.fn), make_shared) if spec.pool is None and spec.options.outputs == "copy" else None
+
+    def __call__(self, backend, device) -> Pool:
+        if backend.name == "cupy":
+            return Pool(self.name)
+        with self._lock:
+            pool = self._pools.get((backend.name, device))
+            if pool is None:
+                pool = self._pools[(backend.name, device)] = Pool(self.name)
+                pool.shared = self.make_shared(device)
+            return pool

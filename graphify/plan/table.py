@@ -47,6 +47,9 @@ class CaptureReport:
     seconds: float = 0.0
     state_tensors: int = 0
     state_bytes: int = 0
+    # its captures put back state outside the call (tensors, registered types' Python state, the
+    # random generators): captures sharing a call lock hold it (`graphify.call.shared_calls`)
+    restores: bool = False
 
 
 @attrs.define(eq=False)

@@ -1,0 +1,42 @@
+"""keeper_rewind.py (review 4) with outputs="view": structures keep pools of their own, so
+each runtime has its own call lock and a restoring capture holds off none of the other
+structures' calls: the race is still there (as on main). PYTHONPATH=<tree>."""
+import sys, threading, time, warnings
+import torch
+import graphify
+from graphify import Options, graphify as gfy
+from graphify.backends import sim
+
+counter = torch.zeros(1)
+slow = threading.Event()
+
+def widened(x):
+    return torch.relu(x.repeat(1, 64) - 0.5).sum(-1) + x[:, 0]
+
+def fn(x):
+    counter.add_(1)                      # the call's own state, advanced once per call
+    if slow.is_set() and not sim.taping() and x.shape[1] == 32:
+        time.sleep(0.4)                  # B's warm-up (a compile, an autotune) after its write
+    return widened(x)
+
+g = gfy(fn, options=Options(backend="sim", outputs="view"))
+a, b = torch.rand(4, 48), torch.rand(4, 32)
+calls = 0
+for _ in range(4):
+    g(a); calls += 1
+slow.set()
+done = threading.Event()
+t2_calls = [0]
+def loop():
+    while not done.is_set():
+        g(a); t2_calls[0] += 1
+t = threading.Thread(target=loop); t.start()
+time.sleep(0.05)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for _ in range(3):
+        g(b); calls += 1
+done.set(); t.join()
+calls += t2_calls[0]
+graphs = sum(s.graphs for s in g._first_use.structures)
+print(f"{graphify.__file__.split('/')[-3]}: calls={calls} counter={int(counter.item())} lost={calls - int(counter.item())} graphs={graphs}")
