@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch._dynamo
 
-from conftest import requires_cuda
 from traced_graphs import fresh_dynamo, traced  # noqa: F401 (the fixture)
 
 from graphify.compile.layout_policy import GROUPED_CHANNELS_LAST, channels_last_slows
@@ -207,42 +206,6 @@ def test_convolutions_keep_their_stride_padding_and_dilation():
     assert s.geometry[1] == "same" and s.geometry[0] in (1, (1, 1))
 
 
-def test_timing_a_convolution_from_the_traced_graphs_values_runs_it_in_both_layouts(monkeypatch):
-    """The traced graph's values are fake: the timing makes real tensors outside fake mode, runs
-    the convolution with its geometry in both memory formats, and leaves the global generator
-    where it was. On the CPU the policy itself asks for no timing (None)."""
-    from graphify.compile import conv_timing
-    from graphify.compile.shape_policy import convolution_nodes
-
-    torch.manual_seed(0)
-    conv = torch.nn.Conv2d(32, 32, 3, stride=2, padding=1, groups=4)
-    (c,) = convolution_nodes(traced(conv, torch.randn(2, 32, 12, 12)))
-    assert isinstance(c.x, torch._subclasses.FakeTensor) and conv_timing.channels_last_ratio(c) is None
-    ran, real = [], torch.nn.functional.conv2d
-
-    def spy(x, w, *args):
-        out = real(x, w, *args)
-        assert not isinstance(out, torch._subclasses.FakeTensor)
-        ran.append((x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(), tuple(out.shape), args))
-        return out
-
-    monkeypatch.setattr(torch.nn.functional, "conv2d", spy)
-    class Seen(torch.overrides.TorchFunctionMode):  # a warm-up's op guard, say
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
-
-    state, seen = torch.get_rng_state(), []
-    with Seen(), c.x.fake_mode:  # as inside a compile under a warm-up
-        ratio = conv_timing._timed(c)
-    assert seen == []
-    assert torch.equal(torch.get_rng_state(), state)
-    assert ratio > 0 and len(ran) == 2 * (conv_timing.WARM_UPS + conv_timing.REPEATS)
-    assert {r[0] for r in ran} == {True, False} and {r[1] for r in ran} == {(2, 32, 6, 6)}
-    as_given = {tuple(tuple(a) if isinstance(a, (list, tuple)) else a for a in r[2]) for r in ran}
-    assert as_given == {(None, (2, 2), (1, 1), (1, 1), 4)}
-
-
 def test_the_timed_ratio_reaches_the_compile_lines_layout(on_the_cpu_as_on_cuda, monkeypatch):
     """`inductor_layout` weighs with the timing's answer (stood in for: the CPU times nothing)."""
     from torch._inductor import config
@@ -258,38 +221,3 @@ def test_the_timed_ratio_reaches_the_compile_lines_layout(on_the_cpu_as_on_cuda,
         with inductor_layout(gm, inductor):
             assert config.layout_optimization is layout, ratio
     assert config.layout_optimization is True
-
-
-@requires_cuda
-def test_on_cuda_a_grouped_convolution_is_timed_once_not_inside_a_capture_and_a_failure_weighs_nothing():
-    from graphify.compile import conv_timing
-    from graphify.compile.shape_policy import convolution_nodes
-
-    torch.manual_seed(0)
-    block = Block(96, 96, groups=4).cuda().to(torch.bfloat16)
-    gm = traced(block, torch.randn(2, 96, 14, 14, device="cuda", dtype=torch.bfloat16))
-    grouped = [c for c in convolution_nodes(gm) if c.groups > 1]
-    state = torch.cuda.get_rng_state()
-    first = conv_timing.channels_last_ratio(grouped[0])
-    assert first is not None and 0 < first < 100 and torch.equal(torch.cuda.get_rng_state(), state)
-    assert conv_timing.channels_last_ratio(grouped[0]) == first  # kept for the process
-    conv_timing._measured.clear()
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    x = torch.randn(8, device="cuda")
-    with torch.cuda.stream(stream):
-        graph.capture_begin()
-        try:
-            y = x * 2
-            inside = conv_timing.channels_last_ratio(grouped[0])
-        finally:
-            graph.capture_end()
-    graph.replay()
-    torch.testing.assert_close(y, x * 2)
-    assert inside is None and conv_timing._measured == {}
-
-    def out_of_memory(c):
-        raise torch.OutOfMemoryError("CUDA out of memory (a timing's tensors)")
-
-    with pytest.MonkeyPatch.context() as mp:  # a saving only: where timing fails, the constant weighs
-        mp.setattr(conv_timing, "_timed", out_of_memory)
-        assert conv_timing.channels_last_ratio(grouped[0]) is None and conv_timing._measured == {}

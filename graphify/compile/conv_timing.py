@@ -6,9 +6,18 @@ On the H200, in inference, that class is faster channels-last in one model and f
 another: channels-last made RegNetY-016 (24 channels a group) 1.24x slower at B = 1, and
 torchvision's RegNetY-800MF (16 a group) 1.22x faster (`zoo-layout`, `zoo-run2`). No constant
 serves both, so the layout policy times each such convolution of a graph it weighs: cuDNN, the
-graph's shapes, dtype and geometry, both memory formats, once per process (a few milliseconds a
-graph). Where it cannot be timed (another device, a transposed or non-2-D convolution, inside a
+graph's shapes, dtype and geometry, both memory formats, once per process (a tenth of a second
+or so a graph). Where it cannot be timed (another device, a transposed or non-2-D convolution, inside a
 stream capture, which timing would break) the caller's constant stands.
+
+Timed as the compiled graph runs it. Channels-last, the weight arrives channels-first (a
+parameter, a graph input) and inductor's lowering copies it to channels-last before each call's
+convolution, so that arm times the copy too. And the GPU's time, not the host's: a small grouped
+convolution takes microseconds on the GPU and longer to launch from the host, so timed one
+launch at a time both layouts measure the host and tie (RegNetY-016's did, 0.94-1.07, while its
+graph ran 1.25x slower channels-last). Each sample queues its launches behind a spin of the GPU
+(`torch.cuda._sleep`) long enough that they run back to back, as in a replayed graph; a sample
+whose spin ended before the host had queued them is taken again behind a longer one.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ __all__ = ["channels_last_ratio"]
 log = logging.getLogger("graphify")
 
 WARM_UPS, REPEATS = 3, 9
+LAUNCHES = 8  # a device sample: this many launches back to back, behind a spin of the GPU
+_spin = {"cycles": 1_000_000}  # about 0.5 ms at an H200's clock; doubled where the host was slower
+_SPIN_MOST = 64_000_000
 _measured: dict = {}  # key (device, dtype, shapes, groups, geometry, cuDNN's search) -> ratio
 
 
@@ -73,31 +85,40 @@ def _timed(c: Convolution) -> float:
         gen = torch.Generator(device=device).manual_seed(0)
         x = torch.randn(tuple(c.x.shape), dtype=c.x.dtype, device=device, generator=gen)
         w = torch.randn(tuple(c.w.shape), dtype=c.w.dtype, device=device, generator=gen)
-        formats = {f: (x.contiguous(memory_format=f), w.contiguous(memory_format=f))
-                   for f in (torch.contiguous_format, torch.channels_last)}
+        inputs = {f: x.contiguous(memory_format=f) for f in (torch.contiguous_format, torch.channels_last)}
 
-        def run(f):
-            return torch.nn.functional.conv2d(*formats[f], None, stride, padding, dilation, c.groups)
+        def run(f):  # channels-last: the weight copied first, as inductor's graph does each call
+            weight = w if f is torch.contiguous_format else w.contiguous(memory_format=f)
+            return torch.nn.functional.conv2d(inputs[f], weight, None, stride, padding, dilation, c.groups)
 
         for _ in range(WARM_UPS):  # cuDNN's search, where on, and its handle's workspace
-            for f in formats:
+            for f in inputs:
                 run(f)
         clock = _on_the_device if cuda else _on_the_host
-        times: dict = {f: [] for f in formats}
+        times: dict = {f: [] for f in inputs}
         for _ in range(REPEATS):
-            for f in formats:
+            for f in inputs:
                 times[f].append(clock(lambda: run(f)))
     first = statistics.median(times[torch.contiguous_format])
     return statistics.median(times[torch.channels_last]) / first if first > 0 else 1.0
 
 
-def _on_the_device(fn) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+def _on_the_device(fn, launches: int = LAUNCHES) -> float:
+    """GPU ms of one `fn()`: `launches` of them queued behind a spin of the GPU, so they run back
+    to back whatever the host's launch cost; where the spin ran out before the host had queued
+    them (the start event already passed), again behind one twice as long."""
+    while True:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(_spin["cycles"])
+        start.record()
+        for _ in range(launches):
+            fn()
+        end.record()
+        starved = start.query()
+        end.synchronize()
+        if not starved or _spin["cycles"] >= _SPIN_MOST:
+            return start.elapsed_time(end) / launches
+        _spin["cycles"] *= 2
 
 
 def _on_the_host(fn) -> float:
