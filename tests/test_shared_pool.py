@@ -11,12 +11,8 @@ import pytest
 import torch
 
 from conftest import replayed, requires_cuda
+from shared_pool_cases import two_structures_replaying, widened
 from graphify import Options, Pool, graphify
-
-
-def widened(x):
-    """An intermediate 64 times its argument's size, an output a row of numbers."""
-    return torch.relu(x.repeat(1, 64) - 0.5).sum(-1) + x[:, 0]
 
 
 def pools_of(g) -> list:
@@ -208,14 +204,7 @@ def test_two_structures_called_at_once_answer_as_eager(how):
     stream than the last waits for it."""
     import threading
 
-    gen = torch.Generator(device="cuda").manual_seed(9)
-    xs = [torch.rand(256, w, device="cuda", generator=gen) for w in (4096, 2048)]
-    want = [widened(x) for x in xs]
-    g = graphify(widened)
-    for x in xs:
-        for _ in range(3):
-            g(x)
-    torch.cuda.synchronize()
+    g, xs, want = two_structures_replaying(9)
     outs: list = [[], []]
     if how == "one thread, two streams":
         streams = [torch.cuda.Stream(), torch.cuda.Stream()]

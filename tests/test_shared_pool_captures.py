@@ -15,13 +15,9 @@ import pytest
 import torch
 
 from conftest import replayed, requires_cuda
+from shared_pool_cases import two_structures_replaying, widened
 from graphify import Options, graphify
 from graphify.call import shared_calls
-
-
-def widened(x):
-    """An intermediate 64 times its argument's size, an output a row of numbers."""
-    return torch.relu(x.repeat(1, 64) - 0.5).sum(-1) + x[:, 0]
 
 
 def shared_pool(g):
@@ -210,14 +206,7 @@ def test_a_call_inside_a_capture_on_another_stream_neither_waits_nor_moves_the_o
 def test_calls_on_short_lived_streams_answer_as_eager():
     """A CuPy stream per request, destroyed after its call while its work may still run."""
     cp = pytest.importorskip("cupy")
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    xs = [torch.rand(256, w, device="cuda", generator=gen) for w in (4096, 2048)]
-    want = [widened(x) for x in xs]
-    g = graphify(widened)
-    for x in xs:
-        for _ in range(3):
-            g(x)
-    torch.cuda.synchronize()
+    g, xs, want = two_structures_replaying(11)
     outs = []
     for i in range(60):
         s = cp.cuda.Stream(non_blocking=True)
