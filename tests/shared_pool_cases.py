@@ -1,7 +1,10 @@
-"""What the shared-pool tests share: a function whose graphs need a large intermediate, and a
-callable of two structures (two widths) already replaying on CUDA."""
+"""What the shared-pool tests share: a function whose graphs need a large intermediate, a
+callable of two structures (two widths) already replaying on CUDA, the one pool a callable's
+structures share, and a call started in a thread."""
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -25,3 +28,19 @@ def two_structures_replaying(seed: int):
             g(x)
     torch.cuda.synchronize()
     return g, xs, want
+
+
+def shared_pool(g):
+    """The one pool a callable's structures share."""
+    pools = {id(b.capture.session.pool): b.capture.session.pool
+             for s in tuple(g._first_use.structures) for b in tuple(s.branches.values())}
+    assert len(pools) == 1
+    return next(iter(pools.values()))
+
+
+def in_thread(call) -> tuple:
+    """(thread, its results) of `call()` started in a thread."""
+    got = []
+    t = threading.Thread(target=lambda: got.append(call()))
+    t.start()
+    return t, got
