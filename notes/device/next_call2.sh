@@ -6,5 +6,5 @@
 MODELS="timm/regnety_016 torchvision/regnet_y_800mf timm/resnext50_32x4d" TAG=layout3 PER_GPU=2 WORKER_S=400 \
   BUDGET_S=340 MIN_LEFT=100 ZOO_ARGS="--lines reduce_overhead graphify_compile graphify_compile_channels_first" \
   bash benchmarks/zoo_device_run.sh
-MODELS="timm/resnet18 timm/mobilenetv2_100" TAG=run3 \
+MODELS="timm/resnet18 timm/mobilenetv2_100" TAG=run3 ZOO_ARGS="--lines eager reduce_overhead graphify_compile graphify_background" \
   PER_GPU=2 WORKER_S=420 BUDGET_S=215 MIN_LEFT=0 bash benchmarks/zoo_device_run.sh
