@@ -122,13 +122,15 @@ def test_a_capture_sharing_the_outer_pool_inside_its_warm_up_is_not_refused(allo
 def test_warm_ups_route_to_their_pool_only_where_no_graph_of_it_is_live(allocator):
     """A pool's second capture (a graph of it alive) warms up in the default pool: no routing
     made, none held, and the capture goes on the same way (the backend calls both methods)."""
-    routing = pool_routing.for_warm_ups(0, (4, 0), warmups=2, live=1)
+    assert not pool_routing.routes(warmups=2, live=1)
+    routing = pool_routing.NoRouting()
     with routing.warm_ups():
         assert allocator.allocates_to() is None and pool_routing.routed_pools() == ()
     routing.release()
     assert allocator.uses == {} and allocator.routing == []
-    assert isinstance(pool_routing.for_warm_ups(0, (4, 0), warmups=0, live=0), pool_routing.NoRouting)
-    first = pool_routing.for_warm_ups(0, (5, 0), warmups=2, live=0)
+    assert not pool_routing.routes(warmups=0, live=0)
+    assert pool_routing.routes(warmups=2, live=0)
+    first = pool_routing.Routing(0, (5, 0))
     with first.warm_ups():
         assert allocator.allocates_to() == (5, 0)
     first.release()

@@ -24,7 +24,7 @@ import threading
 
 import torch
 
-__all__ = ["Routing", "NoRouting", "for_warm_ups", "outside", "routed_pools"]
+__all__ = ["Routing", "NoRouting", "routes", "outside", "routed_pools"]
 
 _routes = threading.local()  # this thread's routings, innermost last: [(device, pool id), ...]
 
@@ -78,12 +78,12 @@ class NoRouting:
         pass
 
 
-def for_warm_ups(device: int, pool_id, warmups: int, live: int) -> "Routing | NoRouting":
-    """The routing a capture's `warmups` warm-ups take: into its pool only where none of the
+def routes(warmups: int, live: int) -> bool:
+    """Whether a capture's `warmups` warm-ups route into its pool: only where none of the
     pool's `live` graphs replays there. Between its replays a graph's intermediates are free
     blocks of its pool, and a tensor a warm-up keeps (a cache's buffer, a lazily made table)
     could be given one and be overwritten by that graph's next replay."""
-    return Routing(device, pool_id) if warmups > 0 and live == 0 else NoRouting()
+    return warmups > 0 and live == 0
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from torch.utils import _pytree as pytree
 from graphify.base.alias import alias, metadata
 from graphify.base.errors import CaptureError
 from graphify.backends.capture_run import record
-from graphify.backends.pool_routing import NoRouting, for_warm_ups, outside
+from graphify.backends.pool_routing import NoRouting, Routing, outside, routes
 from graphify.backends.keepalive import clear_cublas_workspaces
 from graphify.backends.tensor_writes import eager_runs
 from graphify.backends.interface import Captured, CompiledCode
@@ -118,23 +118,23 @@ class TorchCudaBackend:
     def _warm_and_capture(self, fn, args, pool, warmups, weak_outputs, stream, checks) -> Captured:
         """Warm-ups, then the capture. Where no live graph replays into the pool, the warm-ups
         allocate from it and the capture reuses their blocks: one peak, not a warm-up's cache
-        beside the pool (`pool_routing.for_warm_ups`); they then run inside the capture's window
+        beside the pool (`pool_routing.routes`); they then run inside the capture's window
         and its id, held until the capture holds its own (captures are one at a time, so no
         graph of the pool appears meanwhile). Otherwise they run first, outside the window:
         other graphs' calls sharing the pool go on meanwhile (`graphify.call.shared_calls`)."""
-        device, (guard, keeper) = torch.cuda.current_device(), checks
-        routed = warmups > 0 and pool.live == 0
+        device = torch.cuda.current_device()
+        routed = routes(warmups, pool.live)
         if warmups and not routed:
-            self._warm_ups(fn, args, warmups, stream, device, (guard, keeper), NoRouting())
+            self._warm_ups(fn, args, warmups, stream, device, checks, NoRouting())
         # (`window`: where other graphs' calls share the pool, none replays through the capture,
         # and the capture stream is ordered after the last; then a fresh id where every graph
         # of the last one is gone)
         with torch.cuda.stream(stream), pool.window(), pool.capturing() as pool_id:
             before = self.usage(pool)[0]
-            routing = for_warm_ups(device, pool_id, warmups if routed else 0, pool.live)
+            routing = Routing(device, pool_id) if routed else NoRouting()
             try:
                 if routed:
-                    self._warm_ups(fn, args, warmups, stream, device, (guard, keeper), routing)
+                    self._warm_ups(fn, args, warmups, stream, device, checks, routing)
                 return self._capture(fn, args, pool, pool_id, before, weak_outputs, stream, device)
             finally:
                 routing.release()
