@@ -49,7 +49,8 @@ from graphify.base.errors import (
 )
 from graphify.capture.spec import FunctionSpec
 from graphify.plan.keys import exact_keys
-from graphify.call.runtime import Miss, SharedCalls
+from graphify.call.runtime import Miss
+from graphify.call.shared_calls import SharedCalls
 from graphify.plan.stats import Stats
 from graphify.plan.pool import PoolsByDevice
 from graphify.reads.reach import stateful_in
