@@ -2,7 +2,10 @@
 held by the module, not passed in). Thread T2 calls structure A (graphs) in a loop while T1 opens
 structure B, whose warm-up runs slowly after its write. The state keeper undoes the warm-up's
 write by putting back what the tensor held before it: every write A's replays made meanwhile
-is undone too. Each call adds exactly 1, so the counter must equal the number of calls."""
+is undone too. Each call adds exactly 1, so the counter must equal the number of calls.
+With the argument `view` (review 5's variant): outputs="view", so structures keep pools of their
+own, each runtime has its own call lock and a restoring capture holds off none of the other
+structures' calls: the race is still there (as on main). PYTHONPATH=<tree>."""
 import sys, threading, time, warnings
 import torch
 import graphify
@@ -21,7 +24,7 @@ def fn(x):
         time.sleep(0.4)                  # B's warm-up (a compile, an autotune) after its write
     return widened(x)
 
-g = gfy(fn, options=Options(backend="sim"))
+g = gfy(fn, options=Options(backend="sim", outputs="view" if sys.argv[1:] == ["view"] else "copy"))
 a, b = torch.rand(4, 48), torch.rand(4, 32)
 calls = 0
 for _ in range(4):
