@@ -44,9 +44,8 @@ from graphify.first_use.failures import CaptureFailures
 from graphify.first_use.structure import Branch, CallStructure, branch_of, fitting, take_over_idle
 from graphify.compile.background.jobs import CompileJobs, capture_with
 from graphify.compile.compiled import forget_compiled
-from graphify.base.errors import (
-    CaptureError, GraphifyError, InputMismatchError, PersistentSwapError, StateChangedError, StateReplacedError,
-)
+from graphify.base.errors import (CaptureError, GraphifyError, InputMismatchError, PersistentSwapError, StateChangedError,
+                                   StateReplacedError)
 from graphify.capture.spec import FunctionSpec
 from graphify.plan.keys import exact_keys
 from graphify.call.runtime import Miss
