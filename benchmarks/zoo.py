@@ -59,34 +59,40 @@ VARIANTS = {"graphify_compile_static": {"dynamic": False}, "graphify_compile_aut
 # search where the defaults take its heuristics' first choice
 CUDNN_FIND = "_cudnn_find"
 FIND_LINES = tuple(f"{line}{CUDNN_FIND}" for line in ("reduce_overhead", "graphify", "graphify_compile"))
+# A graphify line handing out its graphs' output buffers (`Options(outputs="view")`, valid until the
+# next call, as reduce-overhead's are) instead of a copy of them (the default): what the copy costs
+VIEW = "_view"
+VIEW_LINES = tuple(f"{line}{VIEW}" for line in ("graphify", "graphify_compile", "graphify_background"))
 # warnings a line gives that are torch's or a library's notices of deprecation, not what a user
 # of the line is told about their model (torch.compile's own `torch.jit.script_method` notice)
 LIBRARY_NOTICES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 STEADY_CALLS = 3  # warm-up, capture (or record), the first replay
 ERROR_BATCHES = 3  # fresh inputs compared with eager's outputs
+KNOWN_LINES = LINES + tuple(VARIANTS) + FIND_LINES + VIEW_LINES
+GRAPHIFY_COMPILE = {"graphify": None, "graphify_compile": True, "graphify_background": "background", **VARIANTS}
 
 
 def wrapped(model, line: str, device: str):
     """The callable a user of `line` calls."""
     from graphify import Options, graphify
 
-    backend = "cuda" if device == "cuda" else "sim"
+    if line not in KNOWN_LINES:
+        raise ValueError(f"unknown line {line!r}; the lines: {KNOWN_LINES}")
+    options = {"backend": "cuda" if device == "cuda" else "sim"}
     if line.endswith(CUDNN_FIND):
         torch.backends.cudnn.benchmark = True  # from here on in this worker (one line a process)
         line = line[: -len(CUDNN_FIND)]
+    if line.endswith(VIEW):
+        options["outputs"] = "view"
+        line = line[: -len(VIEW)]
     if line == "eager":
         return model
     if line == "reduce_overhead":
         return torch.compile(model, mode="reduce-overhead")
-    if line == "graphify":
-        return graphify(model, options=Options(backend=backend))
-    if line == "graphify_compile":
-        return graphify(model, options=Options(backend=backend, compile=True))
-    if line == "graphify_background":
-        return graphify(model, options=Options(backend=backend, compile="background"))
-    if line in VARIANTS:
-        return graphify(model, options=Options(backend=backend, compile=dict(VARIANTS[line])))
-    raise ValueError(f"unknown line {line!r}; the lines: {LINES + tuple(VARIANTS) + FIND_LINES}")
+    compile = GRAPHIFY_COMPILE[line]
+    if compile is not None:
+        options["compile"] = dict(compile) if isinstance(compile, dict) else compile
+    return graphify(model, options=Options(**options))
 
 
 @contextlib.contextmanager
@@ -311,7 +317,7 @@ def merge(tag: str) -> dict:
 def main(argv=None) -> dict | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=None, help="names, libraries or kinds (default: all installed)")
-    parser.add_argument("--lines", nargs="+", default=list(LINES), choices=LINES + tuple(VARIANTS) + FIND_LINES)
+    parser.add_argument("--lines", nargs="+", default=list(LINES), choices=KNOWN_LINES)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--smoke", action="store_true", help="a tiny BERT on the CPU simulation")
     parser.add_argument("--profile", action="store_true",

@@ -8,7 +8,8 @@ Per run (a merged `zoo-<tag>-<device>.json`), against torch.compile's reduce-ove
 - seconds to steady: the compile line's, summed over a model's shapes, at most RO's;
 - first call: the background line's first call at most twice eager's, every shape.
 Printed as a table (each target: how many of the shapes or models meet it in each run, and
-whether all do in all runs) and the misses with every run's figure:
+whether all do in all runs), the misses with every run's figure, and how many shapes met the
+bound where measured but are missing from a run (a run not yet complete):
 `python3 -m benchmarks.zoo_claims run2 run3`."""
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def verdict(runs: dict[str, list[dict]]) -> str:
     tags = list(runs)
     lines = ["| target | bound | " + " | ".join(f"{t}: met / measured" for t in tags) + " | holds in every run |",
              "|---|---|" + "---|" * len(tags) + "---|"]
-    misses = []
+    misses, unmeasured = [], defaultdict(int)
     for name, (what, bound) in TARGETS.items():
         cells, holds = [], True
         keys = set().union(*(figs[t][name] for t in tags))
@@ -90,13 +91,18 @@ def verdict(runs: dict[str, list[dict]]) -> str:
         lines.append(f"| {name} ({what}) | ≤ {bound:g} | " + " | ".join(cells) + f" | {'yes' if holds else 'no'} |")
         for k in sorted(keys, key=str):
             row = [figs[t][name].get(k) for t in tags]
-            if any(v is None or v > bound for v in row):
-                misses.append(f"- {name}: {k}: " + ", ".join(f"{t} {'-' if v is None else format(v, '.3f')}"
-                                                              for t, v in zip(tags, row)))
+            if not any(v is not None and v > bound for v in row):
+                for t, v in zip(tags, row):
+                    unmeasured[(name, t)] += v is None
+                continue
+            misses.append(f"- {name}: {k}: " + ", ".join(f"{t} {'-' if v is None else format(v, '.3f')}"
+                                                          for t, v in zip(tags, row)))
     geo = [geomean(figs[t]["best line"].values()) for t in tags]
     lines.append(f"| best line, geometric mean | ≤ {GEOMEAN_BOUND} | " + " | ".join(f"{g:.3f}" for g in geo)
                  + f" | {'yes' if all(g <= GEOMEAN_BOUND for g in geo) else 'no'} |")
-    return "\n".join(lines) + "\n\nMisses (every run's figure; - where a run lacks it):\n\n" + "\n".join(misses or ["none"]) + "\n"
+    gaps = [f"- {name}: {count} not in {t}" for (name, t), count in unmeasured.items() if count]
+    return ("\n".join(lines) + "\n\nMisses (every run's figure; - where a run lacks it):\n\n" + "\n".join(misses or ["none"])
+            + "\n\nMet where measured, not yet measured in every run:\n\n" + "\n".join(gaps or ["none"]) + "\n")
 
 
 def load(tag: str) -> list[dict]:

@@ -151,6 +151,24 @@ def test_a_cudnn_find_line_benchmarks_convolutions_only_for_its_own_calls(monkey
         zoo.wrapped(model, "eager_but_faster", "cpu")
 
 
+def test_a_view_line_hands_out_the_graphs_buffers_and_the_default_a_copy():
+    """`<line>_view` is `<line>` with `Options(outputs="view")`, reduce-overhead's hand-out: two
+    calls' outputs share the graph's buffer; the default line's are copies of their own."""
+    import torch
+
+    from benchmarks import zoo
+
+    model = torch.nn.Linear(8, 8)
+    for line, shared in (("graphify_view", True), ("graphify", False)):
+        fn = zoo.wrapped(model, line, "cpu")
+        outs = [fn(torch.randn(4, 8)) for _ in range(3)]  # warm-up, capture, replay
+        x = torch.randn(4, 8)
+        got = fn(x)
+        assert (got.data_ptr() == outs[-1].data_ptr()) is shared, line
+        torch.testing.assert_close(got, model(x))
+    assert "graphify_compile_view" in zoo.KNOWN_LINES and "reduce_overhead_view" not in zoo.KNOWN_LINES
+
+
 def test_timing_waits_for_another_process_using_the_gpu_and_using_does_not(tmp_path, monkeypatch):
     """`benchmarks._gpu_share`: a process timing its calls holds the GPU alone; untimed use is shared."""
     import subprocess
