@@ -140,6 +140,9 @@ def test_a_cudnn_find_line_benchmarks_convolutions_only_for_its_own_calls(monkey
 
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     model = torch.nn.Conv2d(3, 4, 3)
+    with pytest.raises(ValueError, match="unknown line"):  # refused before it turns the search on
+        zoo.wrapped(model, "graphify_but_faster_cudnn_find", "cpu")
+    assert torch.backends.cudnn.benchmark is False
     fn = zoo.wrapped(model, "graphify_cudnn_find", "cpu")
     assert torch.backends.cudnn.benchmark is True and type(fn).__name__ != "Conv2d"
     with zoo.cudnn_defaults():
