@@ -43,7 +43,7 @@ class GraphPool:
         self._spoilt = False  # a capture into `id` raised after it began
         self._graphs: "weakref.WeakSet" = weakref.WeakSet()  # the live graphs of `id`
         self._lock = threading.RLock()  # `_gone` may run inside `for_capture` (a collection)
-        # what a capture into it holds, before `capturing()`, where other graphs' calls share the
+        # what a capture into it holds first (`capturing()`), where other graphs' calls share the
         # pool (`graphify.call.shared_calls.SharedCalls.window`: their lock, and the stream order)
         self.window: Callable[[], Any] = contextlib.nullcontext
 
@@ -70,10 +70,11 @@ class GraphPool:
 
     @contextlib.contextmanager
     def capturing(self):
-        """`for_capture()`'s id, held until the capture into it is counted (`holds`): no
-        other thread's drop of that id's last graph in between, which would leave torch a
-        capture into a released id (graphs of several call structures share a pool)."""
-        with self._lock:
+        """`for_capture()`'s id inside the pool's `window`, held until the capture into it is
+        counted (`holds`): no other thread's drop of that id's last graph in between, which
+        would leave torch a capture into a released id (graphs of several call structures
+        share a pool)."""
+        with self.window(), self._lock:
             # a graph of the id kept alive until this capture counts: torch releases a dropped
             # graph's use of its pool in its C++ destructor, before any finalizer of ours runs
             keep = self._any_graph()  # noqa: F841 (held, not read)

@@ -280,7 +280,7 @@ class SimBackend:
                 out = (twin or fn)(*a)
             return out, tape.sources(out)
 
-        with pool.window(), pool.capturing() as pool_id:  # (as torch's: see `graphify.backends.torch_cuda`)
+        with pool.capturing() as pool_id:  # (as torch's: see `graphify.backends.torch_cuda`)
             graph = SimGraph(pool_id)
             outputs, sources = graph.ran(pool, eager_runs, taped, args, keeper=keeper, guard=bool(guard), count=1,
                                          record=not recorded, finish=lambda r: (pytree.tree_map(_clone_out, r[0]), r[1]))
@@ -366,7 +366,7 @@ def _rerun_capture(fn: Callable, args: tuple, *, pool: GraphPool, warmups: int, 
     capture's arguments and copies its results into the captured outputs."""
     if warmups:
         eager_runs(fn, args, keeper=keeper, guard=guard, count=warmups)
-    with pool.window(), pool.capturing() as pool_id:
+    with pool.capturing() as pool_id:
         graph = SimGraph(pool_id)
         outputs = graph.ran(pool, eager_runs, fn, args, keeper=keeper, guard=False if warmups else guard, count=1,
                             record=not warmups, finish=lambda r: pytree.tree_map(_clone_out, r))

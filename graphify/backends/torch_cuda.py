@@ -126,10 +126,10 @@ class TorchCudaBackend:
         routed = routes(warmups, pool.live)
         if warmups and not routed:
             self._warm_ups(fn, args, warmups, stream, device, checks, NoRouting())
-        # (`window`: where other graphs' calls share the pool, none replays through the capture,
-        # and the capture stream is ordered after the last; then a fresh id where every graph
-        # of the last one is gone)
-        with torch.cuda.stream(stream), pool.window(), pool.capturing() as pool_id:
+        # (`capturing`: inside the pool's window, where other graphs' calls share the pool none
+        # replays through the capture and the capture stream is ordered after the last; then a
+        # fresh id where every graph of the last one is gone)
+        with torch.cuda.stream(stream), pool.capturing() as pool_id:
             before = self.usage(pool)[0]
             routing = Routing(device, pool_id) if routed else NoRouting()
             try:
