@@ -281,15 +281,12 @@ class Runtime:
         shared = self.shared
         with shared.captures, self.own:  # (one waiting for another's capture holds off none of its calls)
             before, whole = self.table, whole or shared.restores is not False
-            with shared.lock if whole else contextlib.nullcontext():
+            if not whole:  # only ordered after the last replay; calls go on meanwhile
                 with shared.lock:
                     if shared.cuda:
                         shared.order()
-                try:
-                    yield
-                finally:
-                    if whole and shared.cuda:  # what the capture ran in the pool, for the next stream
-                        shared.mark(moved=True)
+            with shared.window() if whole else contextlib.nullcontext():  # (the pool's window, throughout)
+                yield
             if self.table is not before:  # a capture installed: whether its captures restore, learnt
                 shared.restores = bool(shared.restores) or self.table.report.restores
 
