@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 from ._report import (environment, fresh_compile_caches, kernels, publish, replay_us, run_process, sync, table,
                       worker_arguments)
 from . import _gpu_share as gpu_share
+from ._zoo_merge import merge
 from ._zoo_models import MODELS, TINY, available, by_name
 
 LINES = ("eager", "reduce_overhead", "graphify", "graphify_compile", "graphify_background")
@@ -287,31 +288,6 @@ def costliest(rows: list[dict], top: int = 8) -> str:
             out.append(f"\n{r['model']} B={r['batch']} length={r['length']} {r['line']}:")
             out += [f"- {n} ×{c:.0f} {us:.1f}" for n, c, us in r["top"][:top]]
     return "\n".join(out)
-
-
-def merge(tag: str) -> dict:
-    """One result (`zoo-TAG-<device>`) from the runs tagged `TAG-<model>` on one kind of
-    device: their rows (ratios again) and failures, the environment of the first; the parts'
-    files are removed."""
-    from ._report import RESULTS, write
-
-    parts = sorted(p for p in RESULTS.glob(f"zoo-{tag}-*.json"))
-    if not parts:
-        raise SystemExit(f"no results zoo-{tag}-*.json under {RESULTS}")
-    loaded = [json.loads(p.read_text()) for p in parts]
-    devices = {d["environment"]["device"] for d in loaded}
-    if len(devices) != 1:
-        raise SystemExit(f"the parts come from several devices: {sorted(devices)}")
-    rows = ratios([r for d in loaded for r in d["rows"]])
-    result = {"rows": rows, "failures": [f for d in loaded for f in d["failures"]],
-              "parts": [p.name for p in parts],
-              "cut_short": [p.name for p, d in zip(parts, loaded) if d.get("partial")]}  # lines measured before the end
-    paths = write(f"zoo-{tag}", loaded[0]["environment"], result, with_failures(table(rows, COLUMNS), result["failures"]))
-    for p in parts:
-        if p not in paths:
-            p.unlink()
-            p.with_suffix(".md").unlink(missing_ok=True)
-    return result
 
 
 def main(argv=None) -> dict | None:

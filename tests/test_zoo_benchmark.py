@@ -102,6 +102,38 @@ def test_a_run_cut_short_keeps_the_lines_it_measured(tmp_path, monkeypatch):
     assert merged["cut_short"] == ["zoo-cut-gpu-x.json"] and len(merged["rows"]) == 2
 
 
+def test_merging_again_keeps_what_the_earlier_merge_held_and_a_rerun_replaces_its_rows(tmp_path, monkeypatch):
+    """A run spans calls: the merge of the first call's parts is a part of the next merge. Its
+    parts and its models cut short stay named; a model run again (the lines the call's end cut
+    off) replaces that model's rows, its ratios come from the rows that stand, and a complete
+    rerun is no longer cut short."""
+    from benchmarks import _report, zoo
+
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    env = {"device": "GPU X", "gpu": True, "date": "2026-01-01"}
+
+    def part(model, ms, partial=False, failures=()):
+        rows = [{"model": model, "batch": 1, "length": None, "line": line, "ms": v} for line, v in ms.items()]
+        _report.write(f"zoo-r-{model}", env, {"rows": rows, "failures": list(failures), **({"partial": True} if partial else {})}, "")
+
+    part("a", {"eager": 4.0, "reduce_overhead": 2.0, "graphify": 1.0})
+    part("b", {"eager": 8.0, "reduce_overhead": 4.0}, partial=True, failures=["b: timed out"])
+    first = zoo.main(["--merge", "r"])
+    assert first["parts"] == ["zoo-r-a-gpu-x.json", "zoo-r-b-gpu-x.json"] and first["cut_short"] == ["zoo-r-b-gpu-x.json"]
+    part("c", {"eager": 1.0, "reduce_overhead": 0.5}, partial=True)
+    second = zoo.main(["--merge", "r"])
+    assert second["parts"] == ["zoo-r-a-gpu-x.json", "zoo-r-b-gpu-x.json", "zoo-r-c-gpu-x.json"]
+    assert second["cut_short"] == ["zoo-r-b-gpu-x.json", "zoo-r-c-gpu-x.json"]
+    assert second["failures"] == ["b: timed out"] and len(second["rows"]) == 7
+    part("b", {"reduce_overhead": 5.0, "graphify": 2.5})  # b again, whole this time
+    third = zoo.main(["--merge", "r"])
+    by = {(r["model"], r["line"]): r for r in third["rows"]}
+    assert len(third["rows"]) == 8 and by["b", "reduce_overhead"]["ms"] == 5.0
+    assert by["b", "graphify"]["vs_peer"] == 0.5 and by["b", "graphify"]["vs_eager"] == 2.5 / 8.0
+    assert third["cut_short"] == ["zoo-r-c-gpu-x.json"] and third["parts"] == second["parts"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zoo-r-gpu-x.json", "zoo-r-gpu-x.md"]
+
+
 def test_a_shape_stream_is_seeded_and_of_the_models_kind():
     from benchmarks import zoo_shapes
     from benchmarks._zoo_models import MODELS, TINY
