@@ -37,8 +37,8 @@ import warnings
 import torch
 from torch.utils import _pytree as pytree
 
-from ._report import (environment, fresh_compile_caches, kernels, publish, replay_us, run_process, sync, table,
-                      worker_arguments)
+from ._report import (cuda_spans, environment, fresh_compile_caches, publish, replay_us, run_process, summarise, sync,
+                      table, worker_arguments)
 from . import _gpu_share as gpu_share
 from ._zoo_merge import merge
 from ._zoo_models import MODELS, TINY, available, by_name
@@ -69,6 +69,7 @@ VIEW_LINES = tuple(f"{line}{VIEW}" for line in ("graphify", "graphify_compile", 
 LIBRARY_NOTICES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 STEADY_CALLS = 3  # warm-up, capture (or record), the first replay
 ERROR_BATCHES = 3  # fresh inputs compared with eager's outputs
+PROFILED_CALLS = 5  # --profile: back-to-back calls under torch.profiler
 KNOWN_LINES = LINES + tuple(VARIANTS) + FIND_LINES + VIEW_LINES
 GRAPHIFY_COMPILE = {"graphify": None, "graphify_compile": True, "graphify_background": "background", **VARIANTS}
 
@@ -162,9 +163,17 @@ def measure(model, spec, line: str, batch: int, length, device: str, dtype, prof
            "compile_phases": compile_phases()}
     if profile and device == "cuda":
         with gpu_share.timing():
-            count, gpu_ms, idle_us, top = kernels(lambda: fn(**fixed))
-        row.update(kernels=count, gpu_ms=gpu_ms, idle_us=idle_us, top=top)
+            row.update(profiled(lambda: fn(**fixed)))
     return row
+
+
+def profiled(call) -> dict:
+    """`call`'s kernels a call, GPU ms and idle µs a call, its costliest kernels (`top`), and
+    every kernel it runs (`every_kernel`, names whole, for `benchmarks.zoo_kernels`)."""
+    spans = cuda_spans(call, PROFILED_CALLS)
+    count, gpu_ms, idle_us, top = summarise(spans, PROFILED_CALLS)
+    every = summarise(spans, PROFILED_CALLS, top=None, width=400)[3]
+    return {"kernels": count, "gpu_ms": gpu_ms, "idle_us": idle_us, "top": top, "every_kernel": every}
 
 
 def compile_phases() -> dict:

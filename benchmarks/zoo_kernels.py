@@ -1,0 +1,98 @@
+"""Which kernels one zoo line runs that another does not, from a `--profile` run's rows.
+
+Two lines can tie in kernels a call and still differ by 10% of a call's GPU time: another
+reduction schedule, a convolution cuDNN chose otherwise, a copy. `--profile` keeps each row's
+every kernel (name, count a call, µs a call); this lines two rows' up by kernel, inductor's
+numbered names folded into one (`triton_poi_fused_add_mul_12` and `_13` are one kind:
+the numbers are the order inductor emitted them in), and lists the kinds whose time differs
+most, each with its class (`benchmarks._kernel_classes`).
+
+    python3 -m benchmarks.zoo_kernels zoo-prof-b3 timm/efficientnet_b3 1 reduce_overhead graphify_compile
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+
+from ._kernel_classes import kernel_class
+
+__all__ = ["kind", "by_kind", "difference", "report"]
+
+_NUMBERED = re.compile(r"^(triton_\w+?)_\d+$")
+
+
+def kind(name: str) -> str:
+    """A kernel's name without inductor's running number (other names unchanged)."""
+    m = _NUMBERED.match(name)
+    return m.group(1) if m else name
+
+
+def by_kind(kernels: list) -> dict[str, tuple[float, float]]:
+    """{kind: (count a call, µs a call)} from a row's (name, count, µs) kernels."""
+    out: dict = defaultdict(lambda: [0.0, 0.0])
+    for name, count, us in kernels:
+        out[kind(name)][0] += count
+        out[kind(name)][1] += us
+    return {k: (c, us) for k, (c, us) in out.items()}
+
+
+def difference(a: list, b: list) -> list[tuple[str, float, float, float, float]]:
+    """(kind, count in a, count in b, µs in a, µs in b) for every kind either runs, the
+    largest difference in time first."""
+    ka, kb = by_kind(a), by_kind(b)
+    rows = [(k, ka.get(k, (0, 0))[0], kb.get(k, (0, 0))[0], ka.get(k, (0, 0))[1], kb.get(k, (0, 0))[1])
+            for k in ka.keys() | kb.keys()]
+    return sorted(rows, key=lambda r: (-abs(r[4] - r[3]), r[0]))
+
+
+def _row(rows: list[dict], model: str, batch: int, line: str) -> dict:
+    found = [r for r in rows if r["model"] == model and r["batch"] == batch and r["line"] == line]
+    if not found:
+        raise SystemExit(f"no row for {model} B = {batch} {line}")
+    if not found[-1].get("every_kernel"):
+        raise SystemExit(f"{model} B = {batch} {line} was not profiled (benchmarks.zoo --profile)")
+    return found[-1]
+
+
+def report(rows: list[dict], model: str, batch: int, line_a: str, line_b: str, top: int = 25) -> str:
+    """A table of the `top` kinds whose µs a call differ most between two lines' rows, and
+    the totals per class."""
+    a, b = (_row(rows, model, batch, line)["every_kernel"] for line in (line_a, line_b))
+    diff = difference(a, b)
+    out = [f"{model} B = {batch}: {line_a} (a) against {line_b} (b), a call", "",
+           "| kernel | class | count a | count b | µs a | µs b | b - a µs |", "|---|---|---|---|---|---|---|"]
+    out += [f"| `{k[:90]}` | {kernel_class(k)} | {ca:.0f} | {cb:.0f} | {ua:.1f} | {ub:.1f} | {ub - ua:+.1f} |"
+            for k, ca, cb, ua, ub in diff[:top]]
+    classes: dict = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for k, ca, cb, ua, ub in diff:
+        c = classes[kernel_class(k)]
+        c[0] += ca; c[1] += cb; c[2] += ua; c[3] += ub  # noqa: E702
+    out += ["", "| class | count a | count b | µs a | µs b |", "|---|---|---|---|---|"]
+    out += [f"| {cls} | {ca:.0f} | {cb:.0f} | {ua:.1f} | {ub:.1f} |" for cls, (ca, cb, ua, ub) in sorted(classes.items())]
+    return "\n".join(out)
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("result", help="a result file, or its name under benchmarks/results/ without the device")
+    parser.add_argument("model")
+    parser.add_argument("batch", type=int)
+    parser.add_argument("line_a")
+    parser.add_argument("line_b")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    from ._report import RESULTS
+
+    paths = [p for p in (RESULTS / args.result, *sorted(RESULTS.glob(f"{args.result}-*.json"))) if p.is_file()]
+    if not paths:
+        raise SystemExit(f"no result {args.result!r} under {RESULTS}")
+    text = report(json.loads(paths[0].read_text())["rows"], args.model, args.batch, args.line_a, args.line_b, args.top)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""The zoo's kernel-by-kernel comparison of two profiled lines (`benchmarks.zoo_kernels`), and
+the profile a zoo row keeps (`benchmarks.zoo.profiled`): every kernel, not only the costliest."""
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import zoo, zoo_kernels
+
+
+def test_only_inductors_running_number_is_folded():
+    assert zoo_kernels.kind("triton_poi_fused_add_mul_12") == "triton_poi_fused_add_mul"
+    assert zoo_kernels.kind("triton_red_fused_mean_3") == "triton_red_fused_mean"
+    for kept in ("nvjet_sm90_tst_64x8_64x16_2x4_h_bz_TNT", "void at::native::elementwise_kernel<128, 4>",
+                 "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize64", "triton_poi_fused_add_mul"):
+        assert zoo_kernels.kind(kept) == kept
+
+
+def _rows():
+    ro = [("triton_poi_fused_add_1", 2, 10.0), ("triton_poi_fused_add_2", 1, 4.0), ("sm90_xmma_fprop_nhwc", 3, 60.0)]
+    ours = [("triton_poi_fused_add_7", 3, 15.0), ("sm90_xmma_fprop_nhwc", 3, 61.0),
+            ("triton_red_fused_mean_0", 1, 9.0), ("void at::native::direct_copy_kernel_cuda", 1, 2.0)]
+    line = lambda name, every: {"model": "m", "batch": 1, "line": name, "every_kernel": every}  # noqa: E731
+    return [line("reduce_overhead", ro), line("graphify_compile", ours), {"model": "m", "batch": 8, "line": "x"}]
+
+
+def test_two_lines_kernels_line_up_by_kind_the_largest_difference_first():
+    rows = _rows()
+    diff = zoo_kernels.difference(rows[0]["every_kernel"], rows[1]["every_kernel"])
+    assert diff[0] == ("triton_red_fused_mean", 0, 1, 0.0, 9.0)  # only one line runs it
+    assert ("triton_poi_fused_add", 3, 3, 14.0, 15.0) in diff  # numbered names folded
+    assert [d[0] for d in diff] == ["triton_red_fused_mean", "void at::native::direct_copy_kernel_cuda",
+                                    "sm90_xmma_fprop_nhwc", "triton_poi_fused_add"]
+    text = zoo_kernels.report(rows, "m", 1, "reduce_overhead", "graphify_compile")
+    assert "| triton | 3 | 4 | 14.0 | 24.0 |" in text and "| copy | 0 | 1 | 0.0 | 2.0 |" in text
+    assert "| gemm | 3 | 3 | 60.0 | 61.0 |" in text
+
+
+def test_a_row_not_profiled_or_missing_is_named(tmp_path, monkeypatch):
+    from benchmarks import _report
+
+    with pytest.raises(SystemExit, match="not profiled"):
+        zoo_kernels.report(_rows(), "m", 8, "x", "x")
+    with pytest.raises(SystemExit, match="no row for m B = 2"):
+        zoo_kernels.report(_rows(), "m", 2, "x", "x")
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    (tmp_path / "zoo-p-gpu-x.json").write_text(json.dumps({"rows": _rows()}))
+    assert "triton_red_fused_mean" in zoo_kernels.main(["zoo-p", "m", "1", "reduce_overhead", "graphify_compile"])
+    with pytest.raises(SystemExit, match="no result"):
+        zoo_kernels.main(["zoo-q", "m", "1", "a", "b"])
+
+
+def test_a_profiled_row_keeps_every_kernel_whole_and_the_costliest(monkeypatch):
+    """Spans as torch.profiler gives them on the GPU (start µs, end µs, name), made up here."""
+    names = [f"triton_poi_fused_{i}_{'x' * 100}" for i in range(14)]
+    spans, t = [], 0.0
+    for _ in range(zoo.PROFILED_CALLS):
+        for i, name in enumerate(names):
+            spans.append((t, t + 1.0 + i, name))
+            t += 2.0 + i
+    monkeypatch.setattr(zoo, "cuda_spans", lambda call, steps: spans)
+    got = zoo.profiled(lambda: None)
+    assert got["kernels"] == len(names) and len(got["top"]) == 12 and len(got["every_kernel"]) == len(names)
+    assert {n for n, _, _ in got["every_kernel"]} == set(names)  # whole names: not cut to the table's width
+    assert sum(us for _, _, us in got["every_kernel"]) == pytest.approx(got["gpu_ms"] * 1e3)
+    gaps = len(names) * zoo.PROFILED_CALLS - 1  # 1 µs after every kernel but the last
+    assert got["idle_us"] == pytest.approx(gaps / zoo.PROFILED_CALLS)
+    assert got["top"][0][0] == names[-1][:70]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="profiles CUDA kernels (the zoo's --profile runs on a GPU)")
+def test_a_profiled_zoo_run_on_the_gpu_lines_up_two_lines(tmp_path, monkeypatch):
+    from benchmarks import _report
+
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    result = zoo.main(["--models", "transformers/bert-tiny", "--lines", "reduce_overhead", "graphify", "--batches", "1",
+                       "--profile", "--tag", "prof"])
+    assert result["failures"] == []
+    rows = {r["line"]: r for r in result["rows"] if r["length"] == result["rows"][0]["length"]}
+    for r in rows.values():
+        assert r["kernels"] > 0 and sum(c for _, c, _ in r["every_kernel"]) == pytest.approx(r["kernels"])
+    text = zoo_kernels.report(result["rows"], "transformers/bert-tiny", 1, "reduce_overhead", "graphify")
+    assert "| class |" in text
