@@ -24,16 +24,17 @@ def _unique(items) -> list:
 def joined(named: list[tuple[str, dict]]) -> dict:
     """The parts `named` ((file name, loaded result), in any order) as one result: an earlier
     merge's first (it names its parts), then each part in order, a later row replacing an
-    earlier one of the same model, shape and line. `parts` and `failures` gather every part's;
-    `cut_short` names the parts whose lines a call's end cut off and no complete rerun followed."""
+    earlier one of the same model, shape and line. `parts` gathers every part's, `failures` every
+    part's but those of a line a later part measured; `cut_short` names the parts whose lines a call's end cut off and no complete rerun followed."""
     ordered = sorted(named, key=lambda nd: "parts" not in nd[1])  # stable: earlier merges first
     rows: dict[tuple, dict] = {}
     parts, failures, cut = [], [], []
     for name, d in ordered:
+        measured = {f"{r['line']} on {r['model']}:" for r in d["rows"]}  # how `benchmarks.zoo` names a failure
+        failures = [f for f in failures if not f.startswith(tuple(measured))] + d["failures"]
         for r in d["rows"]:
             rows.pop(_key(r), None)  # re-inserted last: the table lists rows as measured
             rows[_key(r)] = r
-        failures += d["failures"]
         if "parts" in d:
             parts += d["parts"]
             cut += d.get("cut_short", [])

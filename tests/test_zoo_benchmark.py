@@ -105,8 +105,8 @@ def test_a_run_cut_short_keeps_the_lines_it_measured(tmp_path, monkeypatch):
 def test_merging_again_keeps_what_the_earlier_merge_held_and_a_rerun_replaces_its_rows(tmp_path, monkeypatch):
     """A run spans calls: the merge of the first call's parts is a part of the next merge. Its
     parts and its models cut short stay named; a model run again (the lines the call's end cut
-    off) replaces that model's rows, its ratios come from the rows that stand, and a complete
-    rerun is no longer cut short."""
+    off) replaces that model's rows and the failures of the lines it measured, its ratios come
+    from the rows that stand, and a complete rerun is no longer cut short."""
     from benchmarks import _report, zoo
 
     monkeypatch.setattr(_report, "RESULTS", tmp_path)
@@ -117,20 +117,22 @@ def test_merging_again_keeps_what_the_earlier_merge_held_and_a_rerun_replaces_it
         _report.write(f"zoo-r-{model}", env, {"rows": rows, "failures": list(failures), **({"partial": True} if partial else {})}, "")
 
     part("a", {"eager": 4.0, "reduce_overhead": 2.0, "graphify": 1.0})
-    part("b", {"eager": 8.0, "reduce_overhead": 4.0}, partial=True, failures=["b: timed out"])
+    part("b", {"eager": 8.0, "reduce_overhead": 4.0}, partial=True, failures=["graphify on b: timed out after 9 s"])
     first = zoo.main(["--merge", "r"])
     assert first["parts"] == ["zoo-r-a-gpu-x.json", "zoo-r-b-gpu-x.json"] and first["cut_short"] == ["zoo-r-b-gpu-x.json"]
     part("c", {"eager": 1.0, "reduce_overhead": 0.5}, partial=True)
     second = zoo.main(["--merge", "r"])
     assert second["parts"] == ["zoo-r-a-gpu-x.json", "zoo-r-b-gpu-x.json", "zoo-r-c-gpu-x.json"]
     assert second["cut_short"] == ["zoo-r-b-gpu-x.json", "zoo-r-c-gpu-x.json"]
-    assert second["failures"] == ["b: timed out"] and len(second["rows"]) == 7
+    assert second["failures"] == ["graphify on b: timed out after 9 s"] and len(second["rows"]) == 7
+    _report.write("zoo-r-d", env, {"rows": [], "failures": ["graphify on d: exit 1"]}, "")
     part("b", {"reduce_overhead": 5.0, "graphify": 2.5})  # b again, whole this time
     third = zoo.main(["--merge", "r"])
+    assert third["failures"] == ["graphify on d: exit 1"]  # b's line measured since, d's not
     by = {(r["model"], r["line"]): r for r in third["rows"]}
     assert len(third["rows"]) == 8 and by["b", "reduce_overhead"]["ms"] == 5.0
     assert by["b", "graphify"]["vs_peer"] == 0.5 and by["b", "graphify"]["vs_eager"] == 2.5 / 8.0
-    assert third["cut_short"] == ["zoo-r-c-gpu-x.json"] and third["parts"] == second["parts"]
+    assert third["cut_short"] == ["zoo-r-c-gpu-x.json"] and third["parts"] == [*second["parts"], "zoo-r-d-gpu-x.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["zoo-r-gpu-x.json", "zoo-r-gpu-x.md"]
 
 
