@@ -6,7 +6,8 @@ and defaults of executed functions, the methods that ran on each object. Names a
 poor guide (a model's code names `from_pretrained` and `get_config_dict`, which never run in
 a forward); recording the runs is exact, as dynamo's tracing is. `CodeRan.recording()`
 notes each Python code object the current thread starts, with the globals it runs against,
-through `sys.setprofile` (chained to a profiler already set). A capture makes its recorder
+through `sys.setprofile` (chained to a Python profiler already set; a C profiler such as
+cProfile's before Python 3.12 is paused and re-enabled, `_restore_profiler`). A capture makes its recorder
 current (`collecting()`) and the first run of each capture, the one under the op guard,
 records (`recording_now()`): it runs the function as written (a compiled function's eager
 original), so what it calls is seen, and compiled code never runs under the profiler
@@ -85,7 +86,7 @@ class CodeRan:
         try:
             yield self
         finally:
-            sys.setprofile(previous)
+            _restore_profiler(previous)
 
     @contextlib.contextmanager
     def collecting(self):
@@ -96,6 +97,22 @@ class CodeRan:
             yield self
         finally:
             _local.ran = before
+
+
+def _restore_profiler(previous) -> None:
+    """Give the thread back the profiler `sys.getprofile()` returned before recording. A Python
+    function goes back through `sys.setprofile`. cProfile's profiler before Python 3.12 is a C
+    hook that `sys.getprofile()` shows as its `Profile` object, which `sys.setprofile` would
+    install as a Python function and call on every event ("'Profile' object is not callable",
+    which failed the capture and every later call's profiling): it re-installs its own hook
+    with `enable()`, its settings kept. It saw none of the recorded run's calls."""
+    if previous is None or callable(previous):
+        sys.setprofile(previous)
+        return
+    sys.setprofile(None)
+    enable = getattr(previous, "enable", None)
+    if callable(enable):
+        enable()
 
 
 def recording_now():

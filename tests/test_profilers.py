@@ -1,0 +1,105 @@
+"""A capture under a profiler the user runs: graphify records which Python code a capture ran
+through `sys.setprofile` (`graphify.reads.code_ran`), where profilers live too. A Python
+profiler keeps its events and is set again after; cProfile's C hook (before Python 3.12, where
+`sys.getprofile()` shows it as its `Profile` object) is paused and enabled again. Either way
+the call replays graphs with eager's answers, and the profiler goes on profiling."""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import sys
+import warnings
+
+import attrs
+import pytest
+import torch
+
+from graphify import Options, graphify
+from graphify.reads.code_ran import CodeRan
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def after_the_capture(x):
+    return x.sum()
+
+
+def _replayed(fn) -> int:
+    return sum(r.calls for r in fn.stats.by_mode() if r.mode.value != "NONE")
+
+
+def _graphified(backend):
+    name, device = backend
+    torch.manual_seed(5)
+    model = Net().to(device).eval()
+    return model, graphify(model, options=attrs.evolve(Options(), backend=name)), device
+
+
+def _checked_calls(model, fn, device, calls=4):
+    with torch.inference_mode():
+        for _ in range(calls):
+            x = torch.randn(4, 16, device=device)
+            torch.testing.assert_close(fn(x), model(x), rtol=0, atol=0)
+
+
+def test_a_python_profiler_keeps_its_events_and_is_set_again(backend):
+    model, fn, device = _graphified(backend)
+    seen = []
+
+    def profiler(frame, event, arg):
+        if event == "call":
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profiler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a failed capture warns: none may
+            _checked_calls(model, fn, device)
+        assert sys.getprofile() is profiler
+        after_the_capture(torch.ones(2))
+    finally:
+        sys.setprofile(None)
+    assert _replayed(fn) > 0
+    assert "forward" in seen  # the capture's recorded run, passed on
+    assert "after_the_capture" in seen  # a call after the capture: the profiler is set again
+
+
+def test_cprofile_running_around_the_first_calls_neither_fails_the_capture_nor_stops(backend):
+    model, fn, device = _graphified(backend)
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _checked_calls(model, fn, device)
+        after_the_capture(torch.ones(2))
+    finally:
+        prof.disable()
+    assert _replayed(fn) > 0
+    names = {func[2] for func in pstats.Stats(prof).stats}
+    assert "after_the_capture" in names  # profiled after the capture: its hook is back
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="cProfile uses sys.monitoring from Python 3.12, not sys.setprofile")
+def test_a_c_profiler_is_enabled_again_with_its_settings():
+    prof = cProfile.Profile(builtins=False)
+    prof.enable()
+    try:
+        assert sys.getprofile() is prof
+        with CodeRan().recording() as ran:
+            after_the_capture(torch.ones(2))
+        assert sys.getprofile() is prof
+        len([1, 2])  # a builtin: left out, as the profiler was made to
+    finally:
+        prof.disable()
+    assert any(code[0] == "after_the_capture" for code in ran.codes.values())  # (qualified name, names, globals)
+    names = {func[2] for func in pstats.Stats(prof).stats}
+    assert "<built-in method builtins.len>" not in names
