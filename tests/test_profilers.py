@@ -103,3 +103,64 @@ def test_a_c_profiler_is_enabled_again_with_its_settings():
     assert any(code[0] == "after_the_capture" for code in ran.codes.values())  # (qualified name, names, globals)
     names = {func[2] for func in pstats.Stats(prof).stats}
     assert "<built-in method builtins.len>" not in names
+
+
+def test_torch_profiler_with_stacks_keeps_its_hook_and_the_call_replays(backend):
+    """torch.profiler's Python tracer holds the profile hook from C (`TraceContext`), which
+    cannot be set back: the capture's run is seen through the trace hook instead."""
+    model, fn, device = _graphified(backend)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, with_stack=True):
+        hook = sys.getprofile()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _checked_calls(model, fn, device)
+        assert sys.getprofile() is hook and sys.gettrace() is None  # its hook never left
+    assert hook is not None and not callable(hook)
+    assert _replayed(fn) > 0
+
+
+def test_a_python_tracer_beside_a_c_profiler_keeps_its_events(backend):
+    model, fn, device = _graphified(backend)
+    seen = []
+
+    def tracer(frame, event, arg):
+        seen.append(frame.f_code.co_name)
+        return None  # no line events
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True):
+        sys.settrace(tracer)
+        try:
+            _checked_calls(model, fn, device)
+            assert sys.gettrace() is tracer
+            after_the_capture(torch.ones(2))
+        finally:
+            sys.settrace(None)
+    assert _replayed(fn) > 0 and "forward" in seen and "after_the_capture" in seen
+
+
+def test_hooks_set_from_c_in_both_places_run_the_call_eagerly_with_the_cause(backend, monkeypatch):
+    """Neither hook can be set back after recording: the capture is refused, the call runs
+    eagerly with one warning naming the fix, and both hooks are left alone."""
+    from graphify.reads import call_hooks
+
+    class FromC:  # what sys.getprofile() and sys.gettrace() show for a hook set from C: not callable
+        pass
+
+    profiler, tracer = FromC(), FromC()
+    monkeypatch.setattr(call_hooks.sys, "getprofile", lambda: profiler)
+    monkeypatch.setattr(call_hooks.sys, "gettrace", lambda: tracer)
+    model, fn, device = _graphified(backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _checked_calls(model, fn, device, calls=2)
+    monkeypatch.undo()
+    messages = [str(w.message) for w in caught]
+    assert _replayed(fn) == 0
+    assert len(messages) == 1 and "capture outside the profiler or tracer" in messages[0], messages
+    assert sys.getprofile() is None and sys.gettrace() is None
+    with pytest.raises(Exception, match="both hold hooks set from C"):
+        monkeypatch.setattr(call_hooks.sys, "getprofile", lambda: profiler)
+        monkeypatch.setattr(call_hooks.sys, "gettrace", lambda: tracer)
+        with call_hooks.frames_started(lambda frame: None):
+            pass

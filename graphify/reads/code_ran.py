@@ -6,8 +6,8 @@ and defaults of executed functions, the methods that ran on each object. Names a
 poor guide (a model's code names `from_pretrained` and `get_config_dict`, which never run in
 a forward); recording the runs is exact, as dynamo's tracing is. `CodeRan.recording()`
 notes each Python code object the current thread starts, with the globals it runs against,
-through `sys.setprofile` (chained to a Python profiler already set; a C profiler such as
-cProfile's before Python 3.12 is paused and re-enabled, `_restore_profiler`). A capture makes its recorder
+through the thread's profile or trace hook (`graphify.reads.call_hooks`: a profiler or
+tracer the user runs keeps running). A capture makes its recorder
 current (`collecting()`) and the first run of each capture, the one under the op guard,
 records (`recording_now()`): it runs the function as written (a compiled function's eager
 original), so what it calls is seen, and compiled code never runs under the profiler
@@ -23,9 +23,9 @@ the walk read a little more.)
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 
+from graphify.reads.call_hooks import frames_started
 from graphify.reads.code_names import code_names, library_module
 
 __all__ = ["CodeRan", "recording_now"]
@@ -69,24 +69,17 @@ class CodeRan:
 
     @contextlib.contextmanager
     def recording(self):
-        """Note the code every Python call on this thread starts, while inside."""
+        """Note the code every Python call on this thread starts, while inside
+        (`graphify.reads.call_hooks`: the user's profiler and tracer left as they were)."""
         named, note = self.named, self.note
-        previous = sys.getprofile()
-        chained = previous if callable(previous) else None  # a C profiler has its events back afterwards
 
-        def profile(frame, event, arg):
-            if event == "call":
-                code = frame.f_code
-                if id(code) not in named:
-                    note(code, frame.f_globals)
-            if chained is not None:
-                chained(frame, event, arg)
+        def seen(frame):
+            code = frame.f_code
+            if id(code) not in named:
+                note(code, frame.f_globals)
 
-        sys.setprofile(profile)
-        try:
+        with frames_started(seen):
             yield self
-        finally:
-            _restore_profiler(previous)
 
     @contextlib.contextmanager
     def collecting(self):
@@ -97,22 +90,6 @@ class CodeRan:
             yield self
         finally:
             _local.ran = before
-
-
-def _restore_profiler(previous) -> None:
-    """Give the thread back the profiler `sys.getprofile()` returned before recording. A Python
-    function goes back through `sys.setprofile`. cProfile's profiler before Python 3.12 is a C
-    hook that `sys.getprofile()` shows as its `Profile` object, which `sys.setprofile` would
-    install as a Python function and call on every event ("'Profile' object is not callable",
-    which failed the capture and every later call's profiling): it re-installs its own hook
-    with `enable()`, its settings kept. It saw none of the recorded run's calls."""
-    if previous is None or callable(previous):
-        sys.setprofile(previous)
-        return
-    sys.setprofile(None)
-    enable = getattr(previous, "enable", None)
-    if callable(enable):
-        enable()
 
 
 def recording_now():
