@@ -4,6 +4,7 @@
 # main's GPU suite (it holds the shared pool, landed on its branch's CUDA tests, and tests/test_conv_timing.py's
 # CUDA cases).
 #   run(command="bash notes/device/next_call1.sh", timeout_s=560)   (WEIGH=1 for the weighing too; session 81: the suite only)
+# THEN="cmd": cmd after the suite (session 82: THEN="BUDGET_S=170 bash notes/device/next_call_profile.sh", timeout_s=590).
 # Call 2: notes/device/next_call2.sh (zoo-layout3, then run 3). Then notes/device/next_call3.sh (run 3).
 mkdir -p $OUT/logs; export BENCH_RESULTS=/tmp/results PYTHONUNBUFFERED=1; unset PYTHONDONTWRITEBYTECODE
 log() { echo "[$(date +%T)] $*" >> $OUT/logs/steps.txt; }
@@ -14,3 +15,4 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > $OUT/logs/instal
 taskset -c 0-15 timeout 400 python3 -m pytest -q -rs -n 8 -p no:cacheprovider tests --durations=15 \
    --deselect tests/test_distributed.py::test_tensor_parallel_cuda_graphs_with_nccl_equal_the_single_gpu_model > $OUT/logs/pytest.txt 2>&1
 log "suite rc=$? $(tail -1 $OUT/logs/pytest.txt)"; save
+[ -n "$THEN" ] && { bash -c "$THEN"; log "then rc=$?"; }; true

@@ -7,6 +7,6 @@
 # First the profile's own GPU test (tests/test_zoo_kernels.py, in logs/before.txt). About 330 s on one H200.
 #   run(command="bash notes/device/next_call_profile.sh", timeout_s=420)
 BEFORE="python3 -m pytest -q -rs -p no:cacheprovider tests/test_zoo_kernels.py" \
-MODELS="timm/efficientnet_b3 timm/efficientnet_b0" TAG=prof-b3 \
+MODELS=${MODELS:-"timm/efficientnet_b3 timm/efficientnet_b0"} TAG=prof-b3 \
   ZOO_ARGS="--lines reduce_overhead graphify_compile graphify_background --batches 1 --profile" PER_GPU=2 WORKER_S=300 \
-  BUDGET_S=400 MIN_LEFT=100 bash benchmarks/zoo_device_run.sh
+  BUDGET_S=${BUDGET_S:-400} MIN_LEFT=${MIN_LEFT:-100} bash benchmarks/zoo_device_run.sh
