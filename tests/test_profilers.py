@@ -51,6 +51,8 @@ def _checked_calls(model, fn, device, calls=4):
 
 
 def test_a_python_profiler_keeps_its_events_and_is_set_again(backend):
+    """End to end: the first calls under a Python profiler capture and replay, and the
+    profiler is set again after (what the recorded run passes on: the tests below)."""
     model, fn, device = _graphified(backend)
     seen = []
 
@@ -139,28 +141,102 @@ def test_a_python_tracer_beside_a_c_profiler_keeps_its_events(backend):
     assert _replayed(fn) > 0 and "forward" in seen and "after_the_capture" in seen
 
 
-def test_hooks_set_from_c_in_both_places_run_the_call_eagerly_with_the_cause(backend, monkeypatch):
-    """Neither hook can be set back after recording: the capture is refused, the call runs
-    eagerly with one warning naming the fix, and both hooks are left alone."""
+def test_hooks_set_from_c_in_both_places_run_calls_eagerly_while_they_hold_them(backend, monkeypatch):
+    """Neither hook can be chained or set back: the capture is refused, the call runs eagerly
+    with one warning naming the fix, both hooks are left alone, and once they let go the next
+    calls capture and replay."""
     from graphify.reads import call_hooks
 
-    class FromC:  # what sys.getprofile() and sys.gettrace() show for a hook set from C: not callable
+    class FromC:  # what sys.getprofile() and sys.gettrace() show for a hook set from C: not a function
         pass
 
-    profiler, tracer = FromC(), FromC()
-    monkeypatch.setattr(call_hooks.sys, "getprofile", lambda: profiler)
-    monkeypatch.setattr(call_hooks.sys, "gettrace", lambda: tracer)
+    monkeypatch.setattr(call_hooks.sys, "getprofile", lambda: FromC())
+    monkeypatch.setattr(call_hooks.sys, "gettrace", lambda: FromC())
     model, fn, device = _graphified(backend)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _checked_calls(model, fn, device, calls=2)
+        _checked_calls(model, fn, device, calls=3)
     monkeypatch.undo()
     messages = [str(w.message) for w in caught]
     assert _replayed(fn) == 0
-    assert len(messages) == 1 and "capture outside the profiler or tracer" in messages[0], messages
+    assert len(messages) == 1 and "capture before starting the profiler or tracer" in messages[0], messages
     assert sys.getprofile() is None and sys.gettrace() is None
-    with pytest.raises(Exception, match="both hold hooks set from C"):
-        monkeypatch.setattr(call_hooks.sys, "getprofile", lambda: profiler)
-        monkeypatch.setattr(call_hooks.sys, "gettrace", lambda: tracer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _checked_calls(model, fn, device, calls=3)
+    assert _replayed(fn) >= 2  # captured once the hooks were free
+
+
+def f_recorded():
+    return g_recorded() + 1
+
+
+def g_recorded():
+    return 1
+
+
+def _recorded_under(install, uninstall):
+    """What `CodeRan().recording()` and the user's hook (installed by `install`) each saw of
+    a call made inside the recording only."""
+    from graphify.reads.code_ran import CodeRan
+
+    user = []
+    install(user)
+    try:
+        with CodeRan().recording() as ran:
+            f_recorded()
+    finally:
+        uninstall()
+    return {code[0] for code in ran.codes.values()}, user
+
+
+def test_a_python_profiler_is_chained_through_the_recorded_run():
+    def install(user):
+        sys.setprofile(lambda frame, event, arg: user.append(frame.f_code.co_name) if event == "call" else None)
+
+    recorded, user = _recorded_under(install, lambda: sys.setprofile(None))
+    assert {"f_recorded", "g_recorded"} <= recorded and {"f_recorded", "g_recorded"} <= set(user)
+
+
+def test_beside_torch_profilers_stacks_frames_are_seen_through_the_trace_hook_chained():
+    """A tracer that sets itself again on every call (coverage's does, to run from C) keeps
+    its events, and graphify keeps seeing frames after it did."""
+    def install(user):
+        def tracer(frame, event, arg):
+            user.append(frame.f_code.co_name)
+            sys.settrace(tracer)  # as coverage's tracer does
+            return None
+        install.profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True)
+        install.profile.__enter__()
+        sys.settrace(tracer)
+
+    def uninstall():
+        sys.settrace(None)
+        install.profile.__exit__(None, None, None)
+
+    recorded, user = _recorded_under(install, uninstall)
+    assert {"f_recorded", "g_recorded"} <= recorded and {"f_recorded", "g_recorded"} <= set(user)
+
+
+def test_a_callable_hook_from_c_is_never_called_as_a_tracer(monkeypatch):
+    """A line profiler sets the trace hook from C with its object, a decorator and so callable,
+    but no trace function: beside another C hook, recording refuses rather than call it."""
+    from graphify.base.errors import HooksHeldError
+    from graphify.reads import call_hooks
+
+    calls = []
+
+    class Decorator:  # callable, not a function
+        def __call__(self, fn):
+            calls.append(fn)
+            return fn
+
+    class FromC:
+        pass
+
+    monkeypatch.setattr(call_hooks.sys, "getprofile", lambda: FromC())
+    monkeypatch.setattr(call_hooks.sys, "gettrace", lambda: Decorator())
+    with pytest.raises(HooksHeldError, match="both hold hooks set from C"):
         with call_hooks.frames_started(lambda frame: None):
-            pass
+            f_recorded()
+    assert calls == []

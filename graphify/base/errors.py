@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = [
     "REPLACED_ADVICE",
     "GraphifyError", "CaptureError", "InputMismatchError", "PersistentSwapError", "UnsupportedOpError",
-    "DispatchMismatchError", "StateChangedError",
+    "DispatchMismatchError", "StateChangedError", "HooksHeldError",
 ]
 
 
@@ -46,6 +46,13 @@ class StateReplacedError(CaptureError):
     def __init__(self, message: str, replaced: bool = False):
         super().__init__(message)
         self.replaced = replaced
+
+
+class HooksHeldError(CaptureError):
+    """The thread's profile and trace hooks are both held by tools graphify cannot chain or set
+    back (hooks set from C: torch.profiler's stack tracer beside a C tracer), so it cannot
+    record the Python a capture runs. For now: first use runs such calls eagerly, with one
+    warning, and captures once the tools have let go."""
 
 
 class StaleReachError(StateChangedError):

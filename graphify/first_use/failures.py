@@ -7,6 +7,8 @@
   so objects each called once do not cost a failed capture apiece.
 - A tensor replaced on every call (a DynamicCache's torch.cat) is raised, for first use to
   run such calls eagerly from then on.
+- The user's profiler and tracer hold both of Python's call hooks (`HooksHeldError`): this call
+  runs eagerly, with one warning, and a later call captures once they let go.
 - Anything else (an op that reads a device value on the host, ...): that graph is not tried
   again, its calls run eagerly, with one warning per kind of failure; under a compile in the
   background, until that compile is made (its graphs are tried then).
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 
-from graphify.base.errors import CaptureError, StateReplacedError
+from graphify.base.errors import CaptureError, HooksHeldError, StateReplacedError
 
 __all__ = ["CaptureFailures", "MAX_RETRIES"]
 
@@ -46,13 +48,19 @@ class CaptureFailures:
             return
         if replaced:
             raise exc
+        if isinstance(exc, HooksHeldError):  # the user's tools hold both hooks for now: the next call tries again
+            self._warn(exc, "this call runs eagerly, and the next call needing the graph captures it where it can")
+            return
         branch.uncapturable.add(pair)
+        until = (" until the compile in the background is made, whose graphs are tried then" if awaits else "")
+        self._warn(exc, f"this call, and calls needing the same graph, run eagerly{until}; other calls keep their graphs")
+
+    def _warn(self, exc: CaptureError, what_runs: str) -> None:
+        """One warning per kind of failure."""
         what = f"cannot capture: {type(exc).__name__}"
         if what not in self.warned:
             self.warned.add(what)
-            until = (" until the compile in the background is made, whose graphs are tried then" if awaits else "")
-            warnings.warn(f"{exc}\n(this call, and calls needing the same graph, run eagerly{until}; other calls keep "
-                          "their graphs. Options(first_use='strict') raises instead.)", stacklevel=7)
+            warnings.warn(f"{exc}\n({what_runs}. Options(first_use='strict') raises instead.)", stacklevel=8)
 
     def captured(self, family) -> None:
         self.retries.pop(family, None)
