@@ -217,10 +217,10 @@ def kernels(call, steps: int = 5) -> tuple[float, float, float, list[tuple[str, 
     return summarise(cuda_spans(call, steps), steps)
 
 
-def summarise(spans: Sequence[tuple[float, float, str]], steps: int, top: int = 12,
-              width: int = 70) -> tuple[float, float, float, list[tuple[str, float, float]]]:
+def summarise(spans: Sequence[tuple[float, float, str]], steps: int, top: int | None = 12,
+              width: int | None = 70) -> tuple[float, float, float, list[tuple[str, float, float]]]:
     """`kernels`' figures from `cuda_spans`' spans over `steps` calls: the `top` kernels of
-    most time, their names cut to `width` characters."""
+    most time (every kernel: None), their names cut to `width` characters (whole: None)."""
     by = collections.defaultdict(lambda: [0, 0.0])
     for start, end, name in spans:
         by[name][0] += 1

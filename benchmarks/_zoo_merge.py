@@ -21,12 +21,21 @@ def _unique(items) -> list:
     return list(dict.fromkeys(items))
 
 
+def _order(named: tuple[str, dict]) -> tuple:
+    """Earlier merges first (they name their parts), then parts by when their run started
+    (a rerun of a model after its first run, whatever its file is named), then by name."""
+    name, d = named
+    return ("parts" not in d, d.get("environment", {}).get("date") or "", name)
+
+
 def joined(named: list[tuple[str, dict]]) -> dict:
     """The parts `named` ((file name, loaded result), in any order) as one result: an earlier
-    merge's first (it names its parts), then each part in order, a later row replacing an
-    earlier one of the same model, shape and line. `parts` gathers every part's, `failures` every
-    part's but those of a line a later part measured; `cut_short` names the parts whose lines a call's end cut off and no complete rerun followed."""
-    ordered = sorted(named, key=lambda nd: "parts" not in nd[1])  # stable: earlier merges first
+    merge's first (it names its parts), then each part as its run started, a later row
+    replacing an earlier one of the same model, shape and line. `parts` gathers every part's,
+    `failures` every part's but those of a line a later part measured; `cut_short` names the
+    parts whose lines a call's end cut off and no complete part of the same name followed (a
+    model's reruns on the device have its part's name)."""
+    ordered = sorted(named, key=_order)
     rows: dict[tuple, dict] = {}
     parts, failures, cut = [], [], []
     for name, d in ordered:
@@ -48,7 +57,8 @@ def joined(named: list[tuple[str, dict]]) -> dict:
 def merge(tag: str) -> dict:
     """One result (`zoo-TAG-<device>`) from the runs tagged `TAG-<model>` on one kind of
     device (and an earlier merge of that tag): their rows (ratios again), failures and parts,
-    the environment of the first; the parts' files are removed."""
+    the environment of the earliest; the parts' files are removed. The tag is a prefix: a
+    tag of its own for a rerun is `run3b`, not `run3-b` (which `run3` would take in)."""
     from ._report import RESULTS, write
     from .zoo import COLUMNS, ratios, table, with_failures
 
@@ -59,9 +69,10 @@ def merge(tag: str) -> dict:
     devices = {d["environment"]["device"] for d in loaded}
     if len(devices) != 1:
         raise SystemExit(f"the parts come from several devices: {sorted(devices)}")
-    result = joined([(p.name, d) for p, d in zip(paths, loaded)])
+    named = sorted(((p.name, d) for p, d in zip(paths, loaded)), key=_order)
+    result = joined(named)
     result["rows"] = ratios(result["rows"])
-    written = write(f"zoo-{tag}", loaded[0]["environment"], result,
+    written = write(f"zoo-{tag}", named[0][1]["environment"], result,
                     with_failures(table(result["rows"], COLUMNS), result["failures"]))
     for p in paths:
         if p not in written:

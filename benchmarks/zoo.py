@@ -172,7 +172,7 @@ def profiled(call) -> dict:
     every kernel it runs (`every_kernel`, names whole, for `benchmarks.zoo_kernels`)."""
     spans = cuda_spans(call, PROFILED_CALLS)
     count, gpu_ms, idle_us, top = summarise(spans, PROFILED_CALLS)
-    every = summarise(spans, PROFILED_CALLS, top=None, width=400)[3]
+    every = summarise(spans, PROFILED_CALLS, top=None, width=None)[3]
     return {"kernels": count, "gpu_ms": gpu_ms, "idle_us": idle_us, "top": top, "every_kernel": every}
 
 

@@ -48,21 +48,26 @@ def difference(a: list, b: list) -> list[tuple[str, float, float, float, float]]
     return sorted(rows, key=lambda r: (-abs(r[4] - r[3]), r[0]))
 
 
-def _row(rows: list[dict], model: str, batch: int, line: str) -> dict:
-    found = [r for r in rows if r["model"] == model and r["batch"] == batch and r["line"] == line]
+def _row(rows: list[dict], model: str, batch: int, line: str, length=None) -> dict:
+    found = [r for r in rows if r["model"] == model and r["batch"] == batch and r["line"] == line
+             and (length is None or r.get("length") == length)]
     if not found:
-        raise SystemExit(f"no row for {model} B = {batch} {line}")
+        raise SystemExit(f"no row for {model} B = {batch}{'' if length is None else f' length {length}'} {line}")
+    lengths = sorted({r.get("length") for r in found}, key=str)
+    if len(lengths) > 1:
+        raise SystemExit(f"{model} B = {batch} {line} was measured at lengths {lengths}: name one (--length)")
     if not found[-1].get("every_kernel"):
         raise SystemExit(f"{model} B = {batch} {line} was not profiled (benchmarks.zoo --profile)")
     return found[-1]
 
 
-def report(rows: list[dict], model: str, batch: int, line_a: str, line_b: str, top: int = 25) -> str:
-    """A table of the `top` kinds whose µs a call differ most between two lines' rows, and
-    the totals per class."""
-    a, b = (_row(rows, model, batch, line)["every_kernel"] for line in (line_a, line_b))
+def report(rows: list[dict], model: str, batch: int, line_a: str, line_b: str, top: int = 25, length=None) -> str:
+    """A table of the `top` kinds whose µs a call differ most between two lines' rows (at
+    `length`, for a model measured at several), and the totals per class."""
+    a, b = (_row(rows, model, batch, line, length)["every_kernel"] for line in (line_a, line_b))
     diff = difference(a, b)
-    out = [f"{model} B = {batch}: {line_a} (a) against {line_b} (b), a call", "",
+    at = "" if length is None else f" length {length}"
+    out = [f"{model} B = {batch}{at}: {line_a} (a) against {line_b} (b), a call", "",
            "| kernel | class | count a | count b | µs a | µs b | b - a µs |", "|---|---|---|---|---|---|---|"]
     out += [f"| `{k[:90]}` | {kernel_class(k)} | {ca:.0f} | {cb:.0f} | {ua:.1f} | {ub:.1f} | {ub - ua:+.1f} |"
             for k, ca, cb, ua, ub in diff[:top]]
@@ -75,6 +80,24 @@ def report(rows: list[dict], model: str, batch: int, line_a: str, line_b: str, t
     return "\n".join(out)
 
 
+def _rows_of(result: str) -> list[dict]:
+    """The rows of a result file, or of the one result named (`zoo-prof-b3`: its merged file,
+    or its one part)."""
+    from ._report import RESULTS
+
+    path = RESULTS / result
+    if path.is_file():
+        return json.loads(path.read_text())["rows"]
+    loaded = {p.name: json.loads(p.read_text()) for p in sorted(RESULTS.glob(f"{result}-*.json"))}
+    merged = [d for d in loaded.values() if "parts" in d]
+    if len(merged) == 1 or len(loaded) == 1:
+        return (merged or list(loaded.values()))[0]["rows"]
+    if not loaded:
+        raise SystemExit(f"no result {result!r} under {RESULTS}")
+    raise SystemExit(f"{result!r} names {len(loaded)} files ({', '.join(loaded)}): merge them first "
+                     f"(python3 -m benchmarks.zoo --merge {result.removeprefix('zoo-')}) or name one")
+
+
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("result", help="a result file, or its name under benchmarks/results/ without the device")
@@ -83,13 +106,9 @@ def main(argv=None) -> str:
     parser.add_argument("line_a")
     parser.add_argument("line_b")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--length", type=int, default=None, help="the sequence length, for an encoder")
     args = parser.parse_args(argv)
-    from ._report import RESULTS
-
-    paths = [p for p in (RESULTS / args.result, *sorted(RESULTS.glob(f"{args.result}-*.json"))) if p.is_file()]
-    if not paths:
-        raise SystemExit(f"no result {args.result!r} under {RESULTS}")
-    text = report(json.loads(paths[0].read_text())["rows"], args.model, args.batch, args.line_a, args.line_b, args.top)
+    text = report(_rows_of(args.result), args.model, args.batch, args.line_a, args.line_b, args.top, args.length)
     print(text)
     return text
 

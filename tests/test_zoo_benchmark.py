@@ -136,6 +136,21 @@ def test_merging_again_keeps_what_the_earlier_merge_held_and_a_rerun_replaces_it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["zoo-r-gpu-x.json", "zoo-r-gpu-x.md"]
 
 
+def test_a_rerun_replaces_by_when_it_ran_not_by_its_file_name():
+    from benchmarks._zoo_merge import joined
+
+    def part(date, ms, failures=(), partial=False):
+        rows = [{"model": "m", "batch": 1, "length": None, "line": line, "ms": v} for line, v in ms.items()]
+        return {"environment": {"date": date}, "rows": rows, "failures": list(failures),
+                **({"partial": True} if partial else {})}
+
+    first = part("2026-01-02T10:00", {"eager": 4.0}, ["graphify_background on m: timed out"], partial=True)
+    rerun = part("2026-01-02T11:00", {"eager": 4.1, "graphify_background": 1.0})
+    merged = joined([("zoo-r-m-bg-x.json", rerun), ("zoo-r-m-x.json", first)])  # the rerun's name sorts first
+    assert [r["ms"] for r in merged["rows"]] == [4.1, 1.0] and merged["failures"] == []
+    assert merged["cut_short"] == ["zoo-r-m-x.json"] and merged["parts"] == ["zoo-r-m-x.json", "zoo-r-m-bg-x.json"]
+
+
 def test_a_shape_stream_is_seeded_and_of_the_models_kind():
     from benchmarks import zoo_shapes
     from benchmarks._zoo_models import MODELS, TINY

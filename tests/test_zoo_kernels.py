@@ -51,9 +51,28 @@ def test_a_row_not_profiled_or_missing_is_named(tmp_path, monkeypatch):
         zoo_kernels.main(["zoo-q", "m", "1", "a", "b"])
 
 
+def test_a_model_measured_at_several_lengths_needs_the_length_named(tmp_path, monkeypatch):
+    from benchmarks import _report
+
+    rows = [{"model": "bert", "batch": 1, "length": n, "line": line, "every_kernel": [(f"k{n}", 1, float(n))]}
+            for n in (32, 128) for line in ("a", "b")]
+    with pytest.raises(SystemExit, match=r"lengths \[128, 32\]: name one"):
+        zoo_kernels.report(rows, "bert", 1, "a", "b")
+    assert "`k128`" in zoo_kernels.report(rows, "bert", 1, "a", "b", length=128)
+    assert "`k32`" not in zoo_kernels.report(rows, "bert", 1, "a", "b", length=128)
+    monkeypatch.setattr(_report, "RESULTS", tmp_path)
+    for name, d in (("zoo-p-bert-x.json", {"rows": rows[:2]}), ("zoo-p-x.json", {"rows": rows, "parts": []})):
+        (tmp_path / name).write_text(json.dumps(d))
+    assert "`k32`" in zoo_kernels.main(["zoo-p", "bert", "1", "a", "b", "--length", "32"])  # the merged file's rows
+    (tmp_path / "zoo-p-x.json").unlink()
+    (tmp_path / "zoo-p-gpt-x.json").write_text(json.dumps({"rows": []}))
+    with pytest.raises(SystemExit, match="merge them first"):
+        zoo_kernels.main(["zoo-p", "bert", "1", "a", "b"])
+
+
 def test_a_profiled_row_keeps_every_kernel_whole_and_the_costliest(monkeypatch):
     """Spans as torch.profiler gives them on the GPU (start µs, end µs, name), made up here."""
-    names = [f"triton_poi_fused_{i}_{'x' * 100}" for i in range(14)]
+    names = [f"triton_poi_fused_{i}_{'x' * 500}" for i in range(14)]
     spans, t = [], 0.0
     for _ in range(zoo.PROFILED_CALLS):
         for i, name in enumerate(names):
@@ -80,5 +99,6 @@ def test_a_profiled_zoo_run_on_the_gpu_lines_up_two_lines(tmp_path, monkeypatch)
     rows = {r["line"]: r for r in result["rows"] if r["length"] == result["rows"][0]["length"]}
     for r in rows.values():
         assert r["kernels"] > 0 and sum(c for _, c, _ in r["every_kernel"]) == pytest.approx(r["kernels"])
-    text = zoo_kernels.report(result["rows"], "transformers/bert-tiny", 1, "reduce_overhead", "graphify")
+    text = zoo_kernels.report(result["rows"], "transformers/bert-tiny", 1, "reduce_overhead", "graphify",
+                              length=result["rows"][0]["length"])
     assert "| class |" in text
