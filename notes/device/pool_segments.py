@@ -1,9 +1,11 @@
 """Where a line's graph-pool segments come from (H200 diagnostic). The compile line's pool holds
 116-120 MiB at B = 1 on nearly every zoo model (ResNet-18 to DenseNet), the background line's
-54-56 (zoo run 3). Suspects: inductor tuning a kernel's configs at its first run, each timing behind
-an L2-sized buffer (`InductorBenchmarker`, 50-60 MB on an H200), inside warm-ups routed to the
-graph's pool (`graphify.backends.pool_routing`); or the eager guard run's blocks beside the compiled
-run's. With torch's allocator history on, each new segment is listed with its pool, size and the
+54-56 (zoo run 3), about 60 MiB more whatever the model. Suspects: the first capture's warm-ups,
+routed to the graph's pool (`graphify.backends.pool_routing`), run the eager original (the guard
+run) and then the compiled code, whose first call compiles and may tune kernels, so blocks of two
+different allocation patterns (and whatever the first compiled run makes: cuDNN workspaces,
+tuning buffers, though Triton's `do_bench` flushes with 256 MB, which would show as more) end up
+in one pool. With torch's allocator history on, each new segment is listed with its pool, size and the
 frames of the allocation that made it, as JSON lines:
 `PYTHONPATH=. timeout 150 python3 notes/device/pool_segments.py timm/resnet50 timm/efficientnet_b3 > segments.jsonl`."""
 
