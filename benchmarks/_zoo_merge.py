@@ -59,8 +59,8 @@ def merge(tag: str) -> dict:
     device (and an earlier merge of that tag): their rows (ratios again), failures and parts,
     the environment of the earliest; the parts' files are removed. The tag is a prefix: a
     tag of its own for a rerun is `run3b`, not `run3-b` (which `run3` would take in)."""
-    from ._report import RESULTS, write
-    from .zoo import COLUMNS, ratios, table, with_failures
+    from ._report import RESULTS, table, write
+    from .zoo import COLUMNS, ratios, with_failures
 
     paths = sorted(RESULTS.glob(f"zoo-{tag}-*.json"))
     if not paths:
@@ -69,10 +69,10 @@ def merge(tag: str) -> dict:
     devices = {d["environment"]["device"] for d in loaded}
     if len(devices) != 1:
         raise SystemExit(f"the parts come from several devices: {sorted(devices)}")
-    named = sorted(((p.name, d) for p, d in zip(paths, loaded)), key=_order)
+    named = [(p.name, d) for p, d in zip(paths, loaded)]
     result = joined(named)
     result["rows"] = ratios(result["rows"])
-    written = write(f"zoo-{tag}", named[0][1]["environment"], result,
+    written = write(f"zoo-{tag}", min(named, key=_order)[1]["environment"], result,
                     with_failures(table(result["rows"], COLUMNS), result["failures"]))
     for p in paths:
         if p not in written:
