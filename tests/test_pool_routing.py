@@ -289,3 +289,96 @@ def test_a_tensor_a_warm_up_keeps_is_never_in_memory_another_graph_of_the_pool_r
     torch.cuda.synchronize()
     for n, t in model.kept.items():
         assert torch.equal(t, kept[n]), f"the tensor kept for batch {n} was overwritten by a replay"
+
+
+class Benchmarker:
+    """inductor's benchmarker as its callers use it: `benchmark` ends in `benchmark_gpu`, where
+    its buffers are made; each notes where the allocator routes at that moment."""
+
+    def __init__(self, allocator):
+        self.allocator, self.seen = allocator, []
+
+    def benchmark(self, fn, **kwargs):
+        self.seen.append(("benchmark", self.allocator.allocates_to()))
+        return self.benchmark_gpu(fn, **kwargs)
+
+    def benchmark_gpu(self, fn, **kwargs):
+        self.seen.append(("benchmark_gpu", self.allocator.allocates_to()))
+        return fn()
+
+
+def test_kernel_tuning_inside_a_warm_up_allocates_outside_the_graph_pool(allocator):
+    """The compile line's first warm-up tunes Triton kernels; the benchmarker's flush buffer
+    and argument clones must not become segments of the graph's pool for its whole life."""
+    from graphify.compile.tuning_memory import tune_outside_pools
+
+    bench = Benchmarker(allocator)
+    tune_outside_pools(bench)
+    tune_outside_pools(bench)  # idempotent: wrapped once
+    assert not getattr(bench.benchmark_gpu.__wrapped__, "graphify_outside", False)
+    routing = pool_routing.Routing(0, (1, 0))
+    with routing.warm_ups():
+        assert bench.benchmark(allocator.allocates_to) is None  # the timed kernel's own memory too
+        assert allocator.allocates_to() == (1, 0)  # the warm-up goes on routing to its pool
+        assert pool_routing.routed_pools() == ((0, (1, 0)),)
+    routing.release()
+    assert bench.seen == [("benchmark", None), ("benchmark_gpu", None)]
+    assert allocator.uses == {(1, 0): 0} and allocator.routing == []
+
+
+def test_a_compile_inside_a_warm_up_allocates_outside_the_graph_pool_and_inductors_tuning_is_wrapped(allocator):
+    from torch._inductor.runtime import benchmarking
+
+    from graphify.compile.compiled import KeptCompiles
+
+    kept = KeptCompiles()
+    assert benchmarking.benchmarker.benchmark_gpu.graphify_outside  # made an inductor backend: tuning wrapped
+    seen = []
+
+    def inner(gm, example_inputs):  # what inductor's compile allocates (frozen constants, max-autotune's inputs)
+        seen.append(allocator.allocates_to())
+        return gm.forward
+
+    kept.inner = inner
+    gm = torch.fx.symbolic_trace(lambda x: x * 2 + 1)
+    routing = pool_routing.Routing(0, (1, 0))
+    with routing.warm_ups():
+        compiled = kept(gm, [torch.randn(3)])
+        assert allocator.allocates_to() == (1, 0)
+    routing.release()
+    x = torch.randn(5)
+    assert seen == [None] and torch.equal(compiled(x), x * 2 + 1)
+
+
+def pool_bytes(pool_id) -> int:
+    return sum(s["total_size"] for s in torch.cuda.memory._snapshot()["segments"]
+               if tuple(s.get("segment_pool_id", ())) == tuple(pool_id))
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_inductors_kernel_timing_in_a_warm_up_leaves_no_segment_in_the_graph_pool():
+    """On the GPU, against torch's allocator: inductor's own benchmarker, called inside a routed
+    warm-up, puts its L2-sized flush buffer in the pool unless wrapped (the control), and
+    nothing there once wrapped."""
+    from torch._inductor.runtime import benchmarking
+
+    from graphify.compile.tuning_memory import tune_outside_pools
+
+    tune_outside_pools()
+    bench = benchmarking.benchmarker
+    x = torch.randn(1 << 20, device="cuda")
+    grown = {}
+    for name, method in (("unwrapped", type(bench).benchmark_gpu.__get__(bench)), ("wrapped", bench.benchmark_gpu)):
+        pool_id = torch.cuda.graph_pool_handle()
+        routing = pool_routing.Routing(torch.cuda.current_device(), pool_id)
+        try:
+            with routing.warm_ups():
+                assert method(lambda: x * 2) > 0
+            torch.cuda.synchronize()
+            grown[name] = pool_bytes(pool_id)
+        finally:
+            routing.release()
+    torch.cuda.empty_cache()
+    assert grown["unwrapped"] >= 16 * MiB, grown  # the control: the flush buffer lands in a routed pool
+    assert grown["wrapped"] == 0, grown

@@ -22,6 +22,7 @@ from graphify.compile import rewrites
 from graphify.compile.aot import AotLoads
 from graphify.compile.code_claims import claim, reset_code
 from graphify.compile.layout_policy import inductor_layout
+from graphify.compile.tuning_memory import outside, tune_outside_pools
 from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, per_shape_from_the_start, wants_static
 from graphify.base.split_contract import as_split
 
@@ -54,12 +55,14 @@ class KeptCompiles:
     linears through a Triton GEMV); `counts` says how many places each changed. With
     `specialise`, a graph that compiles faster per shape (`graphify.compile.shape_policy`) is
     refused with `Specialise` before anything is built. Inductor compiles with channels-last
-    off where it would slow the graph (`graphify.compile.layout_policy`)."""
+    off where it would slow the graph (`graphify.compile.layout_policy`); compiling and tuning
+allocate outside a warm-up's routing to a graph's pool (`graphify.compile.tuning_memory`)."""
 
     def __init__(self, backend="inductor", mode=None, options=None, dynamic=None, rewrites: tuple = (),
                  specialise: bool = False):
         if backend == "inductor":
             self.inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+            tune_outside_pools()  # the compiled code's first run tunes kernels: not into a graph's pool
         else:
             self.inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
         self.rewrites = tuple(rewrites)
@@ -76,7 +79,7 @@ class KeptCompiles:
             raise Specialise(f"{len(self.outputs)} graphs compiled before this one")
         for name, count in rewrites.rewrite(gm, self.rewrites).items():
             self.counts[name] += count
-        with inductor_layout(gm, self.inner):
+        with inductor_layout(gm, self.inner), outside():  # a compile's memory is no warm-up's
             compiled = self.inner(gm, example_inputs)
         self.outputs.append(compiled)
         return compiled
