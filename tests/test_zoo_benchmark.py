@@ -269,3 +269,45 @@ def test_every_variant_line_names_settings_inductor_has():
         if "mode" in settings:
             assert settings["mode"] in torch._inductor.list_mode_options(), (line, settings["mode"])
     assert zoo.VARIANTS["graphify_compile_channels_first"]["options"] == {"layout_optimization": False}
+
+
+def test_a_background_lines_compile_holds_the_gpu_share_while_its_worker_runs(monkeypatch):
+    """The background line's worker process runs the compiled code on the GPU (inductor times
+    kernel configs there): waiting for it is GPU use, so another process's timed calls never
+    run beside it; only the line's own timed calls hold the GPU alone."""
+    import contextlib
+
+    import torch
+
+    from benchmarks import _zoo_models, zoo
+
+    held = {"using": 0, "timing": 0}
+    waits = []
+
+    def holding(kind):
+        @contextlib.contextmanager
+        def hold():
+            held[kind] += 1
+            try:
+                yield
+            finally:
+                held[kind] -= 1
+        return hold
+
+    spec = _zoo_models.TINY
+    model = spec.build().eval()
+
+    class Background:
+        def __call__(self, **x):
+            return model(**x)
+
+        def wait_compiles(self, timeout):
+            waits.append(dict(held))
+
+    monkeypatch.setattr(zoo.gpu_share, "using", holding("using"))
+    monkeypatch.setattr(zoo.gpu_share, "timing", holding("timing"))
+    monkeypatch.setattr(zoo, "wrapped", lambda model, line, device: Background())
+    with torch.inference_mode():
+        row = zoo.measure(model, spec, "graphify_background", 2, 8, "cpu", torch.float32)
+    assert waits == [{"using": 1, "timing": 0}]
+    assert row["max_err"] == 0 and row["ms"] > 0
