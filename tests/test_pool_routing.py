@@ -350,6 +350,18 @@ def test_a_compile_inside_a_warm_up_allocates_outside_the_graph_pool_and_inducto
     assert seen == [None] and torch.equal(compiled(x), x * 2 + 1)
 
 
+def test_compiled_code_loaded_from_a_file_has_its_kernel_tuning_wrapped_before_it_runs(monkeypatch):
+    """The background line's caller loads the worker's saved code, whose first run may tune kernels
+    inside a warm-up: the benchmarker is wrapped before anything is loaded."""
+    from graphify.compile import aot
+
+    calls = []
+    monkeypatch.setattr(aot, "tune_outside_pools", lambda: calls.append("wrapped"))
+    with pytest.raises(Exception):  # not a saved function (pickle's error on torch 2.11 and 2.13)
+        aot.load("unused", b"not a saved function")
+    assert calls == ["wrapped"]
+
+
 def pool_bytes(pool_id) -> int:
     return sum(s["total_size"] for s in torch.cuda.memory._snapshot()["segments"]
                if tuple(s.get("segment_pool_id", ())) == tuple(pool_id))

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from graphify.compile import rewrites
+from graphify.compile.tuning_memory import tune_outside_pools
 from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, per_shape_from_the_start, wants_static
 from graphify.compile.layout_policy import inductor_layout
 from graphify.compile.aot_identity import (UNVERIFIABLE, VALUE_GUARDS, class_changes, class_namespaces, identity,
@@ -165,6 +166,7 @@ def load(path: str, data: bytes | None = None) -> Callable:
         with open(path, "rb") as f:
             data = f.read()
     rewrites.registered()  # the ops rewrites put in (graphify::one_row_linear), which saved code may call
+    tune_outside_pools()  # its first run here may tune kernels: not into a graph's pool
     f_globals = dict(TRAMPOLINE_GLOBALS)
     for _ in range(3):
         try:
