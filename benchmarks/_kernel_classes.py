@@ -1,4 +1,4 @@
-"""A decode step's GPU time by kernel class (GEMM, attention, Triton, copy, elementwise, other):
+"""A decode step's GPU time by kernel class (GEMM, attention, convolution, Triton, copy, elementwise, other):
 where a token's time goes, and against which bytes its bandwidth is measured (GEMMs read the
 weights, attention reads the KV cache)."""
 
@@ -12,11 +12,12 @@ RULES = (
     ("gemm", r"^triton_tem_.*_(?:mm|addmm|bmm|baddbmm)(?:_|$)"),
     ("triton", r"^triton_"),
     ("attention", r"flash|fmha|sdpa|attention|attn|^_combine_kernel$"),
+    ("conv", r"conv|fprop|dgrad|wgrad"),
     ("gemm", r"gemm|gemv|nvjet|xmma|splitkreduce|cutlass|cublas|^ampere_|^sm\d+_"),
     ("copy", r"memcpy|memset|copy"),
     ("elementwise", r"at::native::|at_cuda_detail::"),
 )
-CLASSES = ("gemm", "attention", "triton", "copy", "elementwise", "other")
+CLASSES = ("gemm", "attention", "conv", "triton", "copy", "elementwise", "other")
 _COMPILED = tuple((cls, re.compile(pattern, re.IGNORECASE)) for cls, pattern in RULES)
 
 
@@ -33,6 +34,9 @@ def kernel_class(name: str) -> str:
       (`fmha_cutlassF_...`, `AttentionKernel`) carry `cutlass` in their names; cuDNN's
       `cudnn_generated_fort_native_sdpa_...`; this repo's paged attention (`_attention_kernel`)
       and its split-KV `_combine_kernel`.
+    - conv, before gemm: cuDNN's convolutions (`conv2d_c1_k1_nhwc`, its depthwise
+      `convolve_common_engine_float_NHWC`, the implicit GEMMs `sm90_xmma_fprop_implicit_gemm_...`
+      and `implicit_convolve_sgemm`), the CNNs' share of a call.
     - gemm: cuBLAS/cuBLASLt on Hopper (`nvjet_sm90_...`, `sm90_xmma_gemm_...`, the split-K
       `cublasLt::splitKreduce_kernel`), its matrix-vector kernels (`gemv2T_kernel_val`,
       `gemvx::kernel`), CUTLASS's (`cutlass_80_tensorop_...gemm`), Ampere's (`ampere_bf16_s16816gemm_...`,

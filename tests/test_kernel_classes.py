@@ -28,6 +28,10 @@ PROFILED = [
     ("triton_poi_fused_add_cat_mul_slice_split_with_sizes_sub_view_2", "triton"),
     ("_attention_kernel", "attention"),  # models/_triton_attention.py's
     ("_combine_kernel", "attention"),  # its split-KV combine
+    ("conv2d_c1_k1_nhwc", "conv"),  # cuDNN's, from the zoo's EfficientNet-B3 profile (H200)
+    ("void convolve_common_engine_float_NHWC<__nv_bfloat16, __nv_bfloat16, 128, 5, 5, 3, 3, 3, t", "conv"),
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", "conv"),
+    ("triton_poi_fused_convolution_mean_silu", "triton"),  # inductor's epilogue, named after the convolution it follows
     ("Memcpy DtoD (Device -> Device)", "copy"),
     ("memcpy32_post", "copy"),
     ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_vectorized<at::nativ", "copy"),
@@ -133,8 +137,8 @@ def test_a_tokens_classes_are_the_long_call_less_the_one_token_call():
     extra += [(500 + i, 501 + i, norm) for i in range(20)]
     spans = {"long": one + extra, "one": one}
     got = classes_per_token(spans["long"], spans["one"], new=11, weight_bytes=4e6, kv_bytes=1e6)
-    assert got["class_kernels_per_token"] == {"gemm": 1, "attention": 1, "triton": 2, "copy": 0, "elementwise": 0, "other": 0}
-    assert got["class_us_per_token"] == {"gemm": 20, "attention": 5, "triton": 2, "copy": 0, "elementwise": 0, "other": 0}
+    assert got["class_kernels_per_token"] == {"gemm": 1, "attention": 1, "conv": 0, "triton": 2, "copy": 0, "elementwise": 0, "other": 0}
+    assert got["class_us_per_token"] == {"gemm": 20, "attention": 5, "conv": 0, "triton": 2, "copy": 0, "elementwise": 0, "other": 0}
     _, long_ms, _, _ = summarise(spans["long"], 1)
     _, one_ms, _, _ = summarise(spans["one"], 1)
     assert sum(got["class_us_per_token"].values()) == pytest.approx((long_ms - one_ms) * 1e3 / 10)  # the token's GPU µs

@@ -34,7 +34,7 @@ def test_two_lines_kernels_line_up_by_kind_the_largest_difference_first():
                                     "sm90_xmma_fprop_nhwc", "triton_poi_fused_add"]
     text = zoo_kernels.report(rows, "m", 1, "reduce_overhead", "graphify_compile")
     assert "| triton | 3 | 4 | 14.0 | 24.0 |" in text and "| copy | 0 | 1 | 0.0 | 2.0 |" in text
-    assert "| gemm | 3 | 3 | 60.0 | 61.0 |" in text
+    assert "| conv | 3 | 3 | 60.0 | 61.0 |" in text  # cuDNN's implicit-GEMM convolution
 
 
 def test_a_row_not_profiled_or_missing_is_named(tmp_path, monkeypatch):
