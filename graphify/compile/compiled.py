@@ -22,9 +22,10 @@ from graphify.compile import rewrites
 from graphify.compile.aot import AotLoads
 from graphify.compile.code_claims import claim, reset_code
 from graphify.compile.layout_policy import inductor_layout
-from graphify.compile.tuning_memory import outside, tune_outside_pools
+from graphify.compile.tuning_memory import tune_outside_pools
 from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, per_shape_from_the_start, wants_static
 from graphify.base.split_contract import as_split
+from graphify.backends.pool_routing import outside
 
 __all__ = ["compile_for_captures", "compile_settings", "compiles_in_background", "KeptCompiles", "DYNAMO_CONFIG", "shared_backend",
            "forget_compiled"]
@@ -56,7 +57,7 @@ class KeptCompiles:
     `specialise`, a graph that compiles faster per shape (`graphify.compile.shape_policy`) is
     refused with `Specialise` before anything is built. Inductor compiles with channels-last
     off where it would slow the graph (`graphify.compile.layout_policy`); compiling and tuning
-allocate outside a warm-up's routing to a graph's pool (`graphify.compile.tuning_memory`)."""
+    allocate outside a warm-up's routing to a graph's pool (`graphify.compile.tuning_memory`)."""
 
     def __init__(self, backend="inductor", mode=None, options=None, dynamic=None, rewrites: tuple = (),
                  specialise: bool = False):

@@ -8,7 +8,8 @@ segments stayed in the pool for the graph's whole life: the compile line's pool 
 at B = 1 on ResNet-50 against the plain line's 56 (`notes/device/pool_segments.py`, H200).
 What a compile itself allocates (max-autotune's example inputs, frozen constants) is no
 warm-up's either. Both run outside the routing: their memory goes to the default pool, where
-the caching allocator can reuse or give it back.
+the caching allocator reuses it, and gives it back when an allocation would otherwise fail or
+on `torch.cuda.empty_cache()`; a live graph's pool keeps its segments whatever happens.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import functools
 
 from graphify.backends.pool_routing import outside
 
-__all__ = ["tune_outside_pools", "outside"]
+__all__ = ["tune_outside_pools"]
 
 # The benchmarker's entry points: `benchmark` (what Triton's autotuner and max-autotune call)
 # and `benchmark_gpu` (where the buffers are made; `benchmark` ends there on torch 2.11 and 2.13).
