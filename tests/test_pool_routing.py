@@ -6,6 +6,7 @@ CUDA: a warm-up's memory is the pool's, not a cache beside it, and a graphified 
 called inside another's warm-up captures into its own pool, both equal to eager."""
 
 import gc
+import types
 
 import pytest
 import torch
@@ -362,11 +363,6 @@ def test_compiled_code_loaded_from_a_file_has_its_kernel_tuning_wrapped_before_i
     assert calls == ["wrapped"]
 
 
-def pool_bytes(pool_id) -> int:
-    return sum(s["total_size"] for s in torch.cuda.memory._snapshot()["segments"]
-               if tuple(s.get("segment_pool_id", ())) == tuple(pool_id))
-
-
 @pytest.mark.cuda
 @requires_cuda
 def test_inductors_kernel_timing_in_a_warm_up_leaves_no_segment_in_the_graph_pool():
@@ -375,6 +371,7 @@ def test_inductors_kernel_timing_in_a_warm_up_leaves_no_segment_in_the_graph_poo
     nothing there once wrapped."""
     from torch._inductor.runtime import benchmarking
 
+    from graphify.backends.torch_cuda import TorchCudaBackend
     from graphify.compile.tuning_memory import tune_outside_pools
 
     tune_outside_pools()
@@ -388,7 +385,7 @@ def test_inductors_kernel_timing_in_a_warm_up_leaves_no_segment_in_the_graph_poo
             with routing.warm_ups():
                 assert method(lambda: x * 2) > 0
             torch.cuda.synchronize()
-            grown[name] = pool_bytes(pool_id)
+            grown[name] = TorchCudaBackend().usage(types.SimpleNamespace(id=pool_id))[0]  # the pool's reserved bytes
         finally:
             routing.release()
     torch.cuda.empty_cache()
