@@ -5,7 +5,7 @@ the compile line's first warm-up is the compiled code's first run. That run tune
 kernels with several configs: inductor's benchmarker allocates an L2-sized buffer it clears
 between timings (60 MiB on an H200) and clones of the kernel's arguments. Freed after, their
 segments stayed in the pool for the graph's whole life: the compile line's pool was 118 MiB
-at B = 1 on ResNet-50 against the plain line's 56 (`notes/device/pool_segments.py`, H200).
+at B = 1 on ResNet-50 against the plain line's 56 (`benchmarks.pool_origins`, H200).
 What a compile itself allocates (max-autotune's example inputs, frozen constants) is no
 warm-up's either. Both run outside the routing: their memory goes to the default pool, where
 the caching allocator reuses it, and gives it back when an allocation would otherwise fail or
