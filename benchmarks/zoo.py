@@ -14,7 +14,8 @@ first call's seconds, the seconds from the first call until the line runs as it 
 on (reduce-overhead and graphify: the third call, after a warm-up and a capture; the background
 line: once its compiled graphs replay), ms per call (CUDA events, warm-up, median), the largest
 difference from eager's outputs over fresh inputs (eager in the same process, the same
-weights), the device memory the line reserved beyond eager's, calls replayed, and the warnings
+weights) and from the fp32 model's (the same bf16 weights in fp32 arithmetic, TF32 off: which of
+two lines that differ from eager by a rounding step is nearer the exact answer), the device memory the line reserved beyond eager's, calls replayed, and the warnings
 it gave. Random weights, eval, bf16 (fp32 on the CPU), `torch.inference_mode()`.
 
 On a machine without a GPU: `--smoke` runs a tiny BERT on the simulation backend (not GPU timings).
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import statistics
@@ -122,11 +124,34 @@ def largest_difference(got, want) -> float:
     return max((a.float() - b.float()).abs().max().item() for a, b in pairs)
 
 
-def measure(model, spec, line: str, batch: int, length, device: str, dtype, profile: bool = False) -> dict:
-    """One row: the line's first calls, steady time, error and memory for one input shape."""
+def shape_inputs(spec, batch: int, length, device: str, dtype) -> tuple[dict, list[dict]]:
+    """The timed call's inputs and the fresh ones outputs are compared on, seeded by the shape."""
     gen = torch.Generator().manual_seed(batch * 1000 + (length or 0))
     fixed = spec.inputs(batch, length, device, dtype, gen)
-    fresh = [spec.inputs(batch, length, device, dtype, gen) for _ in range(ERROR_BATCHES)]
+    return fixed, [spec.inputs(batch, length, device, dtype, gen) for _ in range(ERROR_BATCHES)]
+
+
+def exact_outputs(model, inputs: list[dict]) -> list:
+    """The outputs of an fp32 copy of `model` (its weights' values kept, so the exact answer for
+    the same weights) on `inputs`, their floating tensors in fp32, with TF32 off for matmuls and
+    convolutions. The copy is dropped before returning; `model` is left as it was."""
+    exact = copy.deepcopy(model).float()
+    was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with cudnn_defaults(), gpu_share.using():
+            return [exact(**{k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
+                             for k, v in x.items()}) for x in inputs]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
+        del exact
+
+
+def measure(model, spec, line: str, batch: int, length, device: str, dtype, profile: bool = False,
+            exact: "list | None" = None) -> dict:
+    """One row: the line's first calls, steady time, error (against eager, and against `exact`,
+    the fp32 model's outputs on the fresh inputs, where given) and memory for one input shape."""
+    fixed, fresh = shape_inputs(spec, batch, length, device, dtype)
     with cudnn_defaults(), gpu_share.using():
         want = [model(**x) for x in fresh]
         sync()
@@ -152,7 +177,7 @@ def measure(model, spec, line: str, batch: int, length, device: str, dtype, prof
                 sync()
         ready = time.perf_counter() - start
         with gpu_share.using():
-            error = max(largest_difference(fn(**x), w) for x, w in zip(fresh, want))
+            error, error_exact = errors(fn, fresh, want, exact)
         seen = [str(w.message) for w in caught if not issubclass(w.category, LIBRARY_NOTICES)]
     with gpu_share.timing():
         ms = steady_ms(lambda: fn(**fixed), device)
@@ -160,13 +185,27 @@ def measure(model, spec, line: str, batch: int, length, device: str, dtype, prof
     replayed = _replayed(fn)
     graphs_mib = pool_mib(fn)
     row = {"model": spec.name, "library": spec.library, "kind": spec.kind, "line": line, "batch": batch,
-           "length": length, "first_s": calls[0], "ready_s": ready, "ms": ms, "max_err": error, "mib": mib,
+           "length": length, "first_s": calls[0], "ready_s": ready, "ms": ms, "max_err": error,
+           "max_err_exact": error_exact, "mib": mib,
            "pool_mib": graphs_mib, "replayed": replayed, "warnings": sorted(set(w[:300] for w in seen)),
            "compile_phases": compile_phases()}
     if profile and device == "cuda":
         with gpu_share.timing():
             row.update(profiled(lambda: fn(**fixed)))
     return row
+
+
+def errors(fn, fresh: list[dict], want: list, exact: "list | None") -> tuple[float, "float | None"]:
+    """`fn`'s largest difference from eager's outputs `want`, and from `exact` (None without it),
+    over the fresh inputs: each output compared before the next call (reduce-overhead's outputs
+    are its graph's buffers, overwritten by the next replay)."""
+    error, error_exact = 0.0, (0.0 if exact is not None else None)
+    for i, x in enumerate(fresh):
+        got = fn(**x)
+        error = max(error, largest_difference(got, want[i]))
+        if exact is not None:
+            error_exact = max(error_exact, largest_difference(got, exact[i]))
+    return error, error_exact
 
 
 def profiled(call) -> dict:
@@ -235,9 +274,13 @@ def worker(job: dict, out: str) -> None:
     """In a process of its own, cold caches: one model and line, every batch and length."""
     spec, model, device, dtype = cold_model(job["model"])
     with torch.inference_mode():
-        for batch in job["batches"]:
-            for length in spec.lengths:
-                emit(measure(model, spec, job["line"], batch, length, device, dtype, job.get("profile", False)), out)
+        shapes = [(batch, length) for batch in job["batches"] for length in spec.lengths]
+        exact = {s: exact_outputs(model, shape_inputs(spec, *s, device, dtype)[1]) for s in shapes}
+        if device == "cuda":  # the fp32 copy's blocks given back: the line's memory is measured from here
+            torch.cuda.empty_cache()
+        for batch, length in shapes:
+            emit(measure(model, spec, job["line"], batch, length, device, dtype, job.get("profile", False),
+                         exact[batch, length]), out)
 
 
 def in_process(module: str, job: dict, what: str, timeout: int, failures: list) -> list[dict]:
@@ -283,7 +326,8 @@ def ratios(rows: list[dict]) -> list[dict]:
 
 COLUMNS = [("model", "model", "s"), ("batch", "B", "d"), ("length", "length", "d"), ("line", "line", "s"),
            ("ms", "ms/call", ".3f"), ("vs_eager", "÷ eager", ".2f"), ("vs_peer", "÷ reduce-overhead", ".2f"),
-           ("max_err", "max err vs eager", ".3g"), ("first_s", "first call s", ".2f"),
+           ("max_err", "max err vs eager", ".3g"),
+           ("max_err_exact", "max err vs fp32", ".3g"), ("first_s", "first call s", ".2f"),
            ("ready_s", "s to steady", ".1f"), ("mib", "MiB beyond eager", ".0f"), ("pool_mib", "of it graph pools", ".0f"),
            ("replayed", "replayed", "d")]
 

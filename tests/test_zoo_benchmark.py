@@ -47,6 +47,8 @@ def test_the_smoke_run_measures_every_line_and_shape_equal_to_eager(tmp_path, mo
         # the simulation replays the kernels eager ran; 8 tokens are padded to 16 (an encoder's
         # sequence, `graphify.base.length_padding`): the same values to rounding
         assert ours["max_err"] <= (0 if n == 16 else 1e-5)
+        # on the CPU the model is fp32: its fp32 copy is eager itself, so eager's error from it is none
+        assert rows["eager", n]["max_err_exact"] == 0 and ours["max_err_exact"] <= (0 if n == 16 else 1e-5)
         assert ours["replayed"] > 0 and ours["ms"] > 0 and ours["vs_eager"] is not None
         assert ours["pool_mib"] is not None and ours["pool_mib"] >= 0 and rows["eager", n]["pool_mib"] is None
         assert not any("cannot capture" in w for w in ours["warnings"]), ours["warnings"]
@@ -311,3 +313,71 @@ def test_a_background_lines_compile_holds_the_gpu_share_while_its_worker_runs(mo
         row = zoo.measure(model, spec, "graphify_background", 2, 8, "cpu", torch.float32)
     assert waits == [{"using": 1, "timing": 0}]
     assert row["max_err"] == 0 and row["ms"] > 0
+
+
+class _Mix(__import__("torch").nn.Module):
+    """A bf16 model of a linear, a batch norm and a convolution, called with keyword tensors."""
+
+    def __init__(self):
+        import torch
+
+        super().__init__()
+        self.lin, self.norm, self.conv = torch.nn.Linear(32, 32), torch.nn.BatchNorm1d(4), torch.nn.Conv1d(4, 4, 3)
+
+    def forward(self, x, scale):
+        return {"out": self.conv(self.norm(self.lin(x))) * scale, "steps": scale.round().long()}
+
+
+def test_the_exact_outputs_are_an_fp32_copys_and_the_model_is_left_as_it_was():
+    """`exact_outputs`: the fp32 answer for the same bf16 weights (floating inputs in fp32,
+    integer ones as given, TF32 settings put back), nearer it than bf16 eager is; the model keeps
+    its dtype and values."""
+    import copy
+
+    import torch
+
+    from benchmarks import zoo
+
+    torch.manual_seed(0)
+    model = _Mix().eval().to(torch.bfloat16)
+    model.norm.running_mean.normal_()
+    before = copy.deepcopy(model.state_dict())
+    inputs = [{"x": torch.randn(2, 4, 32).to(torch.bfloat16), "scale": torch.rand(1).to(torch.bfloat16) * 3}
+              for _ in range(2)]
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with torch.inference_mode():
+        exact = zoo.exact_outputs(model, inputs)
+        by_hand = copy.deepcopy(model).float()
+        for got, x in zip(exact, inputs):
+            assert got["out"].dtype == torch.float32
+            want = by_hand(x["x"].float(), x["scale"].float())
+            torch.testing.assert_close(got["out"], want["out"], rtol=0, atol=0)
+            assert torch.equal(got["steps"], want["steps"])
+            eager = model(**x)["out"].float()
+            assert 0 < (eager - got["out"]).abs().max() < 0.1  # bf16 rounding, not another answer
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == tf32
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_errors_compare_each_output_before_the_next_call_overwrites_it():
+    """reduce-overhead hands out its graph's buffers, which the next replay overwrites: the
+    errors are taken call by call, from eager's outputs and from the exact ones alike."""
+    import torch
+
+    from benchmarks import zoo
+
+    buffer = torch.empty(3)
+
+    def fn(x):  # one buffer for every call's output, as a graph's
+        return buffer.copy_(x * 2)
+
+    fresh = [{"x": torch.randn(3)} for _ in range(3)]
+    want = [x["x"] * 2 for x in fresh]
+    assert zoo.errors(fn, fresh, want, None) == (0.0, None)
+    exact = [w + 0.25 for w in want]
+    error, error_exact = zoo.errors(fn, fresh, want, exact)
+    assert error == 0.0 and error_exact == pytest.approx(0.25)
+    outputs = [fn(**x) for x in fresh]  # collected first, every one is the last call's
+    assert max(zoo.largest_difference(o, w) for o, w in zip(outputs, want)) > 0

@@ -64,3 +64,26 @@ def test_the_geometric_mean_and_errors_against_the_peers_own():
     assert math.isclose(zoo_claims.geomean(figs["best line"].values()), 0.8)
     assert figs["outputs"] == {("m/x", 1, None): 1.5, ("m/x", 8, None): 1.0}
     assert "| best line, geometric mean | ≤ 0.85 | 0.800 | yes |" in zoo_claims.verdict({"r": rows})
+
+
+def test_errors_from_the_fp32_model_are_checked_where_every_line_has_them():
+    """The outputs target against the fp32 model's outputs: our worst line's error over RO's,
+    where our lines and RO carry it; a run from before the column measures none and claims nothing."""
+    def with_exact(r, exact):
+        return {**r, "max_err_exact": exact}
+
+    rows = [with_exact(row("m/x", 1, "reduce_overhead", 1.0, err=0.02), 0.04),
+            with_exact(row("m/x", 1, "graphify_compile", 1.0, err=0.03), 0.03),
+            with_exact(row("m/x", 1, "graphify_background", 1.0, err=0.02), 0.05),
+            with_exact(row("m/x", 8, "reduce_overhead", 1.0, err=0.02), 0.04),
+            with_exact(row("m/x", 8, "graphify_compile", 1.0, err=0.03), 0.04),
+            row("m/x", 8, "graphify_background", 1.0, err=0.02)]  # one line without it: not measured
+    figs = zoo_claims.figures(rows)
+    assert figs["outputs vs fp32"] == {("m/x", 1, None): 1.25}
+    assert figs["outputs"] == {("m/x", 1, None): 1.5, ("m/x", 8, None): 1.5}
+    old = [row("m/x", 1, "reduce_overhead", 1.0, err=0.02), row("m/x", 1, "graphify_compile", 1.0, err=0.02)]
+    text = zoo_claims.verdict({"old": old, "new": rows})
+    table = {line.split(" (")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert table["outputs vs fp32"].endswith("| 0 / 0 | 0 / 1 | no |")
+    assert "- outputs vs fp32: ('m/x', 1, None): old -, new 1.250" in text
+    assert zoo_claims.verdict({"old": old}).splitlines()[3].endswith("| 0 / 0 | no |")  # nothing measured holds nothing
