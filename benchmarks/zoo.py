@@ -16,7 +16,8 @@ line: once its compiled graphs replay), ms per call (CUDA events, warm-up, media
 difference from eager's outputs over fresh inputs (eager in the same process, the same
 weights) and from the fp32 model's (the same bf16 weights in fp32 arithmetic, TF32 off: which of
 two lines that differ from eager by a rounding step is nearer the exact answer), the device
-memory the line reserved beyond eager's, calls replayed, and the warnings it gave. Random weights, eval, bf16 (fp32 on the CPU), `torch.inference_mode()`.
+memory the line reserved beyond eager's, calls replayed, and the warnings it gave. Random
+weights, eval, bf16 (fp32 on the CPU), `torch.inference_mode()`.
 
 On a machine without a GPU: `--smoke` runs a tiny BERT on the simulation backend (not GPU timings).
 
