@@ -6,7 +6,7 @@
 #   run(command="bash notes/device/next_call_branch.sh", carry=["_wip_static"], timeout_s=590)
 # Then: python3 -m benchmarks.zoo --merge firststatic; compare its compile line with zoo-static's and run 3's.
 cp -r benchmarks _wip_static/ && cd _wip_static || exit 3
-python3 -c "import graphify.compile.compiled as c; assert hasattr(c, '_FIRST_SHAPE_CALLS'), c.__file__" || exit 3
+python3 -c "import graphify.compile.shape_policy as p; assert hasattr(p, 'call_signature'), p.__file__" || exit 3
 MODELS=${MODELS:-"transformers/llama-1b-shape transformers/gpt2 transformers/bert-base"} TAG=firststatic \
   ZOO_ARGS="--lines reduce_overhead graphify_compile" PER_GPU=2 WORKER_S=420 BUDGET_S=${BUDGET_S:-560} \
   MIN_LEFT=${MIN_LEFT:-100} bash benchmarks/zoo_device_run.sh
