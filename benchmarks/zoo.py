@@ -148,11 +148,12 @@ def exact_outputs(model, inputs: list[dict]) -> list:
         del exact
 
 
-def measure(model, spec, line: str, batch: int, length, device: str, dtype, profile: bool = False,
-            exact: "list | None" = None) -> dict:
+def measure(model, spec, line: str, batch: int, length, device: str, inputs: tuple[dict, list[dict]],
+            profile: bool = False, exact: "list | None" = None) -> dict:
     """One row: the line's first calls, steady time, error (against eager, and against `exact`,
-    the fp32 model's outputs on the fresh inputs, where given) and memory for one input shape."""
-    fixed, fresh = shape_inputs(spec, batch, length, device, dtype)
+    the fp32 model's outputs on the fresh inputs, where given) and memory for one input shape;
+    `inputs`: the timed call's and the fresh ones (`shape_inputs`)."""
+    fixed, fresh = inputs
     with cudnn_defaults(), gpu_share.using():
         want = [model(**x) for x in fresh]
         sync()
@@ -276,12 +277,13 @@ def worker(job: dict, out: str) -> None:
     spec, model, device, dtype = cold_model(job["model"])
     with torch.inference_mode():
         shapes = [(batch, length) for batch in job["batches"] for length in spec.lengths]
-        exact = {s: exact_outputs(model, shape_inputs(spec, *s, device, dtype)[1]) for s in shapes}
+        inputs = {s: shape_inputs(spec, *s, device, dtype) for s in shapes}
+        exact = {s: exact_outputs(model, inputs[s][1]) for s in shapes}  # on the very inputs measure compares
         if device == "cuda":  # the fp32 copy's blocks given back: the line's memory is measured from here
             torch.cuda.empty_cache()
         for batch, length in shapes:
-            emit(measure(model, spec, job["line"], batch, length, device, dtype, job.get("profile", False),
-                         exact[batch, length]), out)
+            emit(measure(model, spec, job["line"], batch, length, device, inputs[batch, length],
+                         job.get("profile", False), exact[batch, length]), out)
 
 
 def in_process(module: str, job: dict, what: str, timeout: int, failures: list) -> list[dict]:

@@ -310,7 +310,8 @@ def test_a_background_lines_compile_holds_the_gpu_share_while_its_worker_runs(mo
     monkeypatch.setattr(zoo.gpu_share, "timing", holding("timing"))
     monkeypatch.setattr(zoo, "wrapped", lambda model, line, device: Background())
     with torch.inference_mode():
-        row = zoo.measure(model, spec, "graphify_background", 2, 8, "cpu", torch.float32)
+        inputs = zoo.shape_inputs(spec, 2, 8, "cpu", torch.float32)
+        row = zoo.measure(model, spec, "graphify_background", 2, 8, "cpu", inputs)
     assert waits == [{"using": 1, "timing": 0}]
     assert row["max_err"] == 0 and row["ms"] > 0
 
