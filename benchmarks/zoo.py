@@ -135,7 +135,7 @@ def shape_inputs(spec, batch: int, length, device: str, dtype) -> tuple[dict, li
 def exact_outputs(model, inputs: list[dict]) -> list:
     """The outputs of an fp32 copy of `model` (its weights' values kept, so the exact answer for
     the same weights) on `inputs`, their floating tensors in fp32, with TF32 off for matmuls and
-    convolutions. The copy is dropped before returning; `model` is left as it was."""
+    convolutions. The copy lives only in this call; `model` is left as it was."""
     exact = copy.deepcopy(model).float()
     was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -145,7 +145,6 @@ def exact_outputs(model, inputs: list[dict]) -> list:
                              for k, v in x.items()}) for x in inputs]
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
-        del exact
 
 
 def measure(model, spec, line: str, batch: int, length, device: str, inputs: tuple[dict, list[dict]],
