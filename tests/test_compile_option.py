@@ -31,9 +31,14 @@ class Counting:
 
     def __init__(self):
         self.shapes = []
+        self.symbolic = []  # per compile: whether the traced graph holds a symbolic size
 
     def __call__(self, gm, example_inputs):
+        from torch.fx.experimental.symbolic_shapes import free_symbols
+
         self.shapes.append(tuple(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)))
+        values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        self.symbolic.append(any(bool(free_symbols(v)) for v in values if isinstance(v, torch.Tensor)))
         return gm.forward
 
 
@@ -144,10 +149,10 @@ def test_a_compile_that_fails_runs_eagerly_with_a_warning_naming_it_or_raises_wh
                 assert replays(g) == 0
 
 
-def test_the_compile_has_dynamic_shapes_so_new_batches_and_lengths_reuse_it(backend):
+def test_the_compile_has_dynamic_shapes_from_the_second_shape_so_new_batches_and_lengths_reuse_it(backend):
     """A generate()-like loop: new batch sizes and, per call, a new cache object of another
-    length. Dynamo compiles batch 1 and larger batches apart (it specialises sizes 0 and 1),
-    nothing more."""
+    length. The first shape compiles static; from the second on the compile is dynamic, batch
+    1 and larger batches apart (dynamo specialises sizes 0 and 1), nothing more."""
     counting = Counting()
 
     class Cache:  # what a transformers StaticCache is to graphify: a static object holding tensors
@@ -165,8 +170,41 @@ def test_the_compile_has_dynamic_shapes_so_new_batches_and_lengths_reuse_it(back
                 for _ in range(2):
                     x = torch.randn(n, 16, device=backend[1])
                     assert torch.allclose(g(x, cache), step(x, cache), atol=1e-4)
-    assert len(counting.shapes) == 2
+    assert counting.symbolic == [False, True, True]
     assert calls_by_mode(g) == counted(none=1, full=3 * 4 * 2 - 1)  # only the very first call eager
+
+
+def test_a_function_called_at_one_shape_compiles_once_static(backend):
+    """Under `dynamic="auto"` a function called at one shape gets one compile of that shape, as
+    torch.compile's own default gives it (no symbolic sizes: static kernels, a faster trace)."""
+    counting = Counting()
+    w1, w2 = (torch.randn(16, 16, device=backend[1]) for _ in range(2))
+    g = graphify(mlp, axes=AXES, options=Options(backend=backend[0], compile={"backend": counting}))
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.randn(4, 16, device=backend[1])
+            assert torch.allclose(g(x, w1, w2), mlp(x, w1, w2), atol=1e-4)
+    assert counting.symbolic == [False] and counting.shapes[0][0] == (4, 16)
+    assert calls_by_mode(g) == counted(none=1, full=5)
+
+
+def test_the_first_shapes_compile_is_left_for_a_dynamic_one_only_by_another_shape():
+    """`compile_for_captures` under `dynamic="auto"`: the first shape's static compile serves
+    until a second shape (or any recompile of its frame); a compile for a worker
+    (`"background"`) and a CNN's (per shape from the start) never take that path."""
+    from graphify.compile.compiled import compile_for_captures
+
+    counting = Counting()
+    fn = compile_for_captures("mlp", lambda x: torch.relu(x) * 2, {"backend": counting})
+    assert len(fn.first_shape) == 1
+    for n in (3, 3, 5, 7, 9):
+        x = torch.randn(n, 4)
+        assert torch.equal(fn(x), torch.relu(x) * 2)
+    assert counting.symbolic == [False, True] and fn.first_shape == []
+    background = compile_for_captures("mlp", lambda x: x + 1, {"backend": counting, "background": True})
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    assert background.first_shape == [] and compile_for_captures("cnn", cnn, {"backend": counting}).first_shape == []
+    assert compile_for_captures("mlp", lambda x: x - 1, {"backend": counting, "dynamic": True}).first_shape == []
 
 
 def test_a_split_function_is_compiled_whole_for_full_graphs_and_kept_in_pieces_for_piecewise(backend):
@@ -284,8 +322,8 @@ def test_a_compile_with_dynamic_shapes_traces_the_function_once(backend, monkeyp
         calls.append(len(example_inputs))
         return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward))(gm, example_inputs)
 
-    model = Scaled().to(backend[1])
-    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting}))
+    model = Scaled().to(backend[1])  # dynamic from the first shape (under "auto" the first compiles static)
+    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting, "dynamic": True}))
     for n in (4, 4, 4, 6):  # captured at 4 (one compile), then 6 reuses it (dynamic shapes)
         x = torch.randn(n, 16, device=backend[1])
         with torch.no_grad():
@@ -414,3 +452,28 @@ def test_a_rewrite_no_adapter_declares_is_named_when_the_compile_is_set_up():
     assert compile_settings({"gemv": True, "mode": "max-autotune"})["rewrites"] == ("fold_gqa", "gemv")
     with pytest.raises(ValueError, match=r"\['gmv'\], which is neither a torch.compile keyword nor a graph rewrite"):
         compile_settings({"gmv": True})
+
+
+def test_a_second_shape_goes_dynamic_before_anything_of_the_call_ran():
+    """The first shape's compile gives way only where the call enters (compiled as it starts):
+    a frame resumed after a graph break compiles static again, so a write made before the break
+    is made once a call, never again by the call started over dynamically."""
+    from graphify.compile.compiled import compile_for_captures
+
+    counting, count = Counting(), torch.zeros(())
+
+    def step(x):
+        count.add_(1)
+        torch._dynamo.graph_break()
+        return x * 2 + count
+
+    fn = compile_for_captures("step", step, {"backend": counting})
+    for i, n in enumerate((3, 3, 5, 5, 7, 9)):
+        x = torch.randn(n)
+        assert torch.equal(fn(x), x * 2 + (i + 1)) and count.item() == i + 1
+    # the entry's graph reads no size, so never asks for a recompile. The resumed frame: static
+    # at 3, static again at 5 (its call had run the entry's graph); from the next call on the
+    # dynamic compile: the entry's graph again (no size to make a symbol), and one resumed
+    # frame for 5, 7 and 9
+    assert counting.symbolic == [False, False, False, False, True] and fn.first_shape == []
+    assert counting.shapes == [((),), ((3,), ()), ((5,), ()), ((),), ((5,), ())]

@@ -17,6 +17,17 @@ convolution ("only a few conv": a ViT's one patch embedding among 600 nodes), wh
 per shape would buy nothing. Counted on dynamo's graph, which has fewer nodes than the ATen
 graph inductor counts, so a borderline graph is still compiled per shape.
 
+Any other function under `dynamic="auto"` compiles its first shape static, as torch.compile's
+own default does: a function called at one shape (a classifier, an encoder served at one
+length, a decoder's prefill at one length) gets the static shape's kernels and trace, where a
+dynamic trace took 2-4x as long (a Llama-1B shape, CPU) and its kernels ran the sequence length
+as a symbol. The first compile's backend refuses to compile a frame it compiled before
+(`Generalise`, raised before anything is built): from the second shape on, the function
+compiles with dynamic shapes, one compile for the sizes to come (dynamo's own default makes
+each changed dimension dynamic in turn, a compile each). A compile in a worker
+(`Options(compile="background")`) stays dynamic from the start: one compile the worker makes
+serves every later shape.
+
 A module whose leaf modules are convolutions often enough (one in `LEAVES_PER_CONVOLUTION`
 or more: a CNN, never a ViT) is compiled per shape from the start, without the dynamic trace
 the backend would refuse: that trace was 1.5-2 s of ResNet-50's first compile on the H200
@@ -32,7 +43,8 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["AUTO", "Specialise", "wants_static", "asked_to_specialise", "per_shape_from_the_start", "convolution_nodes", "Convolution"]
+__all__ = ["AUTO", "Specialise", "Generalise", "wants_static", "asked_to_specialise", "asked_to_generalise",
+           "per_shape_from_the_start", "convolution_nodes", "Convolution"]
 
 AUTO = "auto"  # `Options(compile={"dynamic": ...})`'s default: dynamic, per shape where convolutions need it
 NODES_PER_CONVOLUTION = 300  # inductor's `decide_layout_opt`: at or above, no channels-last layout at any shape
@@ -49,6 +61,11 @@ _CONVOLUTIONS = frozenset({torch.conv1d, torch.conv2d, torch.conv3d, torch.convo
 
 class Specialise(Exception):
     """Raised by a dynamic compile's backend: this graph compiles per shape instead."""
+
+
+class Generalise(Exception):
+    """Raised by a first shape's static compile asked to compile a frame again: the function
+    compiles with dynamic shapes from here on."""
 
 
 def _value(node):
@@ -115,15 +132,25 @@ def wants_static(gm: torch.fx.GraphModule) -> bool:
     return symbolic and len(gm.graph.nodes) < NODES_PER_CONVOLUTION * len(convolutions)
 
 
-def asked_to_specialise(exc: BaseException) -> bool:
-    """Whether `exc` (dynamo wraps a backend's error) is, or was caused by, `Specialise`."""
+def _raised(exc: BaseException, kind: type) -> bool:
+    """Whether `exc` (dynamo wraps a backend's error) is, or was caused by, a `kind`."""
     seen = 0
     while exc is not None and seen < 16:
-        if isinstance(exc, Specialise):
+        if isinstance(exc, kind):
             return True
         exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
         seen += 1
     return False
+
+
+def asked_to_specialise(exc: BaseException) -> bool:
+    """Whether `exc` is, or was caused by, `Specialise`."""
+    return _raised(exc, Specialise)
+
+
+def asked_to_generalise(exc: BaseException) -> bool:
+    """Whether `exc` is, or was caused by, `Generalise`."""
+    return _raised(exc, Generalise)
 
 
 def per_shape_from_the_start(fn) -> bool:
