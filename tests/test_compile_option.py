@@ -149,10 +149,11 @@ def test_a_compile_that_fails_runs_eagerly_with_a_warning_naming_it_or_raises_wh
                 assert replays(g) == 0
 
 
-def test_the_compile_has_dynamic_shapes_from_the_second_shape_so_new_batches_and_lengths_reuse_it(backend):
+def test_the_compile_has_dynamic_shapes_so_new_batches_and_lengths_reuse_it(backend):
     """A generate()-like loop: new batch sizes and, per call, a new cache object of another
-    length. The first shape compiles static; from the second on the compile is dynamic, batch
-    1 and larger batches apart (dynamo specialises sizes 0 and 1), nothing more."""
+    length. A call carrying an object that holds tensors (the cache) compiles dynamically from
+    the first call, batch 1 and larger batches apart (dynamo specialises sizes 0 and 1),
+    nothing more."""
     counting = Counting()
 
     class Cache:  # what a transformers StaticCache is to graphify: a static object holding tensors
@@ -170,7 +171,7 @@ def test_the_compile_has_dynamic_shapes_from_the_second_shape_so_new_batches_and
                 for _ in range(2):
                     x = torch.randn(n, 16, device=backend[1])
                     assert torch.allclose(g(x, cache), step(x, cache), atol=1e-4)
-    assert counting.symbolic == [False, True, True]
+    assert counting.symbolic == [True, True]
     assert calls_by_mode(g) == counted(none=1, full=3 * 4 * 2 - 1)  # only the very first call eager
 
 
@@ -477,3 +478,21 @@ def test_a_second_shape_goes_dynamic_before_anything_of_the_call_ran():
     # frame for 5, 7 and 9
     assert counting.symbolic == [False, False, False, False, True] and fn.first_shape == []
     assert counting.shapes == [((),), ((3,), ()), ((5,), ()), ((),), ((5,), ())]
+
+
+class _Holder:
+    def __init__(self):
+        self.t = torch.ones(2)
+
+
+@pytest.mark.parametrize(("args", "kwargs", "plain"), [
+    ((torch.ones(2), 3, None), {"mask": torch.ones(2), "use_cache": True, "dtype": torch.float16}, True),
+    (((torch.ones(1), [torch.ones(1), {"a": 2.0}]),), {}, True),
+    ((torch.ones(2),), {"past_key_values": _Holder()}, False),
+    (([_Holder()],), {}, False),
+    ((), {"fn": len}, False),
+])
+def test_a_plain_call_holds_tensors_and_plain_values_only(args, kwargs, plain):
+    from graphify.compile.shape_policy import plain_call
+
+    assert plain_call(args, kwargs) is plain

@@ -25,7 +25,7 @@ from graphify.compile.code_claims import claim, reset_code
 from graphify.compile.layout_policy import inductor_layout
 from graphify.compile.tuning_memory import tune_outside_pools
 from graphify.compile.shape_policy import (AUTO, Generalise, Specialise, asked_to_generalise, asked_to_specialise,
-                                           per_shape_from_the_start, wants_static)
+                                           per_shape_from_the_start, plain_call, wants_static)
 from graphify.base.split_contract import as_split
 from graphify.backends.pool_routing import outside
 
@@ -220,6 +220,8 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
         with torch._dynamo.config.patch(**config):
             if static:
                 return static[0](*args, **kwargs)
+            if firsts and not state and not plain_call(args, kwargs):
+                firsts.clear()  # it carries objects that hold state (a cache): a loop's, dynamic from the start
             if firsts:
                 calls = _FIRST_SHAPE_CALLS.__dict__.setdefault("stack", [])
                 calls.append(state)

@@ -24,9 +24,11 @@ dynamic trace took 2-4x as long (a Llama-1B shape, CPU) and its kernels ran the 
 as a symbol. The first compile's backend refuses to compile a frame it compiled before
 (`Generalise`, raised before anything is built): from the second shape on, the function
 compiles with dynamic shapes, one compile for the sizes to come (dynamo's own default makes
-each changed dimension dynamic in turn, a compile each). A compile in a worker
-(`Options(compile="background")`) stays dynamic from the start: one compile the worker makes
-serves every later shape.
+each changed dimension dynamic in turn, a compile each). A call that carries an object
+holding state (a transformers cache: `generate()`'s decode steps, whose cache is a new object
+of another length each `generate()`) is a loop's, compiled dynamically from the start. So is
+a compile in a worker (`Options(compile="background")`): one compile the worker makes serves
+every later shape.
 
 A module whose leaf modules are convolutions often enough (one in `LEAVES_PER_CONVOLUTION`
 or more: a CNN, never a ViT) is compiled per shape from the start, without the dynamic trace
@@ -44,7 +46,7 @@ from typing import NamedTuple
 import torch
 
 __all__ = ["AUTO", "Specialise", "Generalise", "wants_static", "asked_to_specialise", "asked_to_generalise",
-           "per_shape_from_the_start", "convolution_nodes", "Convolution"]
+           "per_shape_from_the_start", "plain_call", "convolution_nodes", "Convolution"]
 
 AUTO = "auto"  # `Options(compile={"dynamic": ...})`'s default: dynamic, per shape where convolutions need it
 NODES_PER_CONVOLUTION = 300  # inductor's `decide_layout_opt`: at or above, no channels-last layout at any shape
@@ -166,3 +168,22 @@ def per_shape_from_the_start(fn) -> bool:
             leaves += 1
             convolutions += isinstance(m, _CONVOLUTION_MODULES)
     return convolutions > 0 and leaves <= LEAVES_PER_CONVOLUTION * convolutions
+
+
+_PLAIN = (torch.Tensor, int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device)
+
+
+def plain_call(args: tuple, kwargs: dict) -> bool:
+    """Whether a call's arguments are tensors and plain values only (numbers, strings, None,
+    dtypes, devices, and tuples, lists and dicts of them): no object that holds state, such as
+    a cache a loop replaces with one of another size. Pure."""
+    def plain(value, depth: int = 0) -> bool:
+        if isinstance(value, _PLAIN):
+            return True
+        if depth < 4 and isinstance(value, (tuple, list)):
+            return all(plain(v, depth + 1) for v in value)
+        if depth < 4 and isinstance(value, dict):
+            return all(plain(v, depth + 1) for v in value.values())
+        return False
+
+    return plain(args) and plain(kwargs)
