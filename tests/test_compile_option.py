@@ -456,28 +456,60 @@ def test_a_rewrite_no_adapter_declares_is_named_when_the_compile_is_set_up():
 
 
 def test_a_second_shape_goes_dynamic_before_anything_of_the_call_ran():
-    """The first shape's compile gives way only where the call enters (compiled as it starts):
-    a frame resumed after a graph break compiles static again, so a write made before the break
-    is made once a call, never again by the call started over dynamically."""
+    """Which compile a call goes to is decided on its arguments before it runs, so no call is
+    stopped part-way and started again: Python work before a graph break, a write in the
+    graph before it, and a `torch._dynamo.reset()` between calls each happen once a call."""
     from graphify.compile.compiled import compile_for_captures
 
-    counting, count = Counting(), torch.zeros(())
+    counting, count, log = Counting(), torch.zeros(()), []
+
+    @torch._dynamo.disable
+    def note(n):  # Python only, before any graph of the call: the entry frame breaks here
+        log.append(n)
 
     def step(x):
+        note(x.shape[0])
         count.add_(1)
         torch._dynamo.graph_break()
         return x * 2 + count
 
     fn = compile_for_captures("step", step, {"backend": counting})
-    for i, n in enumerate((3, 3, 5, 5, 7, 9)):
+    sizes = (3, 3, 5, 5, 7, 3)
+    for i, n in enumerate(sizes):
+        if i == 4:
+            torch._dynamo.reset()
         x = torch.randn(n)
         assert torch.equal(fn(x), x * 2 + (i + 1)) and count.item() == i + 1
-    # the entry's graph reads no size, so never asks for a recompile. The resumed frame: static
-    # at 3, static again at 5 (its call had run the entry's graph); from the next call on the
-    # dynamic compile: the entry's graph again (no size to make a symbol), and one resumed
-    # frame for 5, 7 and 9
-    assert counting.symbolic == [False, False, False, False, True] and fn.first_shape == []
-    assert counting.shapes == [((),), ((3,), ()), ((5,), ()), ((),), ((5,), ())]
+    assert log == list(sizes) and fn.first_shape == []
+    # static at 3: the graph of the write, then the resumed frame's; from 5 the dynamic compile,
+    # its resumed frame's size a symbol (again after the reset)
+    assert counting.shapes[:2] == [((),), ((3,), ())] and counting.symbolic[:2] == [False, False]
+    assert counting.symbolic.count(True) == 2 and len(counting.shapes) <= 8  # 3 graphs a compile at most
+
+
+def test_two_models_of_one_class_each_keep_their_own_first_shape():
+    """Two graphified modules of one class share dynamo's code (and its cache entries); each
+    goes to its dynamic compile at its own second shape, its writes made once a call."""
+    from graphify.compile.compiled import compile_for_captures
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(()))
+
+        def forward(self, x):
+            self.count.add_(1)
+            torch._dynamo.graph_break()
+            return x * 2 + self.count
+
+    counting = Counting()
+    a, b = Step(), Step()
+    fa, fb = (compile_for_captures(name, m, {"backend": counting}) for name, m in (("a", a), ("b", b)))
+    for i, (fn, m, n) in enumerate([(fa, a, 3), (fb, b, 3), (fb, b, 5), (fa, a, 3), (fb, b, 7), (fa, a, 5)]):
+        before = m.count.item()
+        x = torch.randn(n)
+        assert torch.equal(fn(x), x * 2 + before + 1) and m.count.item() == before + 1
+    assert a.count.item() == 3 and b.count.item() == 3 and fa.first_shape == [] and fb.first_shape == []
 
 
 class _Holder:
@@ -485,14 +517,24 @@ class _Holder:
         self.t = torch.ones(2)
 
 
-@pytest.mark.parametrize(("args", "kwargs", "plain"), [
-    ((torch.ones(2), 3, None), {"mask": torch.ones(2), "use_cache": True, "dtype": torch.float16}, True),
-    (((torch.ones(1), [torch.ones(1), {"a": 2.0}]),), {}, True),
-    ((torch.ones(2),), {"past_key_values": _Holder()}, False),
-    (([_Holder()],), {}, False),
-    ((), {"fn": len}, False),
-])
-def test_a_plain_call_holds_tensors_and_plain_values_only(args, kwargs, plain):
-    from graphify.compile.shape_policy import plain_call
+def test_a_calls_signature_holds_its_tensors_shapes_and_plain_values_and_nothing_else():
+    """`call_signature`: equal for calls a static compile serves alike, different for another
+    shape, stride, dtype or plain value, None for a call carrying any other object (a cache)."""
+    from graphify.compile.shape_policy import call_signature
 
-    assert plain_call(args, kwargs) is plain
+    def sig(*args, **kwargs):
+        return call_signature(args, kwargs)
+
+    base = sig(torch.ones(2, 3), 3, None, mask=torch.ones(3), use_cache=True, dtype=torch.float16)
+    assert base is not None
+    assert base == sig(torch.zeros(2, 3), 3, None, mask=torch.randn(3), use_cache=True, dtype=torch.float16)
+    for other in (sig(torch.ones(4, 3), 3, None, mask=torch.ones(3), use_cache=True, dtype=torch.float16),
+                  sig(torch.ones(3, 2).t(), 3, None, mask=torch.ones(3), use_cache=True, dtype=torch.float16),
+                  sig(torch.ones(2, 3, dtype=torch.float64), 3, None, mask=torch.ones(3), use_cache=True,
+                      dtype=torch.float16),
+                  sig(torch.ones(2, 3), 4, None, mask=torch.ones(3), use_cache=True, dtype=torch.float16),
+                  sig(torch.ones(2, 3), 3, None, mask=torch.ones(3), use_cache=False, dtype=torch.float16)):
+        assert other is not None and other != base
+    assert sig((torch.ones(1), [torch.ones(1), {"a": 2.0}])) is not None
+    assert sig(torch.ones(2), past_key_values=_Holder()) is None
+    assert sig([_Holder()]) is None and sig(fn=len) is None

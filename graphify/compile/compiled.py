@@ -10,7 +10,6 @@ so as long as its graphs.
 from __future__ import annotations
 
 import functools
-import threading
 import types
 import weakref
 from collections.abc import Callable
@@ -24,8 +23,8 @@ from graphify.compile.aot import AotLoads
 from graphify.compile.code_claims import claim, reset_code
 from graphify.compile.layout_policy import inductor_layout
 from graphify.compile.tuning_memory import tune_outside_pools
-from graphify.compile.shape_policy import (AUTO, Generalise, Specialise, asked_to_generalise, asked_to_specialise,
-                                           per_shape_from_the_start, plain_call, wants_static)
+from graphify.compile.shape_policy import (AUTO, Specialise, asked_to_specialise, call_signature, per_shape_from_the_start,
+                                           wants_static)
 from graphify.base.split_contract import as_split
 from graphify.backends.pool_routing import outside
 
@@ -57,13 +56,12 @@ class KeptCompiles:
     query's grouped-query attention from the unexpanded keys and values, `gemv` runs one-row
     linears through a Triton GEMV); `counts` says how many places each changed. With
     `specialise`, a graph that compiles faster per shape (`graphify.compile.shape_policy`) is
-    refused with `Specialise` before anything is built; with `first_shape`, a frame compiled
-    before (a second shape) is refused with `Generalise`. Inductor compiles with channels-last
+    refused with `Specialise` before anything is built. Inductor compiles with channels-last
     off where it would slow the graph (`graphify.compile.layout_policy`); compiling and tuning
     allocate outside a warm-up's routing to a graph's pool (`graphify.compile.tuning_memory`)."""
 
     def __init__(self, backend="inductor", mode=None, options=None, dynamic=None, rewrites: tuple = (),
-                 specialise: bool = False, first_shape: bool = False):
+                 specialise: bool = False):
         if backend == "inductor":
             self.inner = torch._TorchCompileInductorWrapper(mode, options, dynamic)
             tune_outside_pools()  # the compiled code's first run tunes kernels: not into a graph's pool
@@ -73,7 +71,6 @@ class KeptCompiles:
         self.counts: dict[str, int] = dict.fromkeys(self.rewrites, 0)
         self.outputs: list[Callable] = []
         self.specialise = specialise
-        self.first_shape = first_shape
 
     @property
     def __name__(self) -> str:  # dynamo names the backend after it
@@ -82,32 +79,12 @@ class KeptCompiles:
     def __call__(self, gm, example_inputs):
         if self.specialise and wants_static(gm):
             raise Specialise(f"{len(self.outputs)} graphs compiled before this one")
-        if self.first_shape:
-            self._first_compile_of_its_frame()
         for name, count in rewrites.rewrite(gm, self.rewrites).items():
             self.counts[name] += count
         with inductor_layout(gm, self.inner), outside():  # a compile's memory is no warm-up's
             compiled = self.inner(gm, example_inputs)
         self.outputs.append(compiled)
         return compiled
-
-    def _first_compile_of_its_frame(self) -> None:
-        """Refuse (`Generalise`) a recompile of the frame the calling function's first compile
-        was for: the frame a call enters, compiled as it starts, before anything of the call
-        ran (so the call can start again, compiled dynamically). Another frame compiled again
-        (resumed after a graph break, called inside: part of the call ran) compiles static
-        once more, and the function's next call compiles dynamically."""
-        calls = getattr(_FIRST_SHAPE_CALLS, "stack", None)
-        frame = getattr(torch._guards.CompileContext.current_compile_id(), "frame_id", None)
-        if not calls or frame is None:
-            return
-        frames = calls[-1].setdefault("frames", [])
-        if frames and frame == frames[0]:
-            raise Generalise(f"frame {frame} compiled for another shape before")
-        if frame in frames:
-            calls[-1]["dynamic_next"] = True
-        else:
-            frames.append(frame)
 
     def reset(self) -> None:
         if hasattr(self.inner, "reset"):
@@ -138,14 +115,14 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     rewrites.ready(switched)  # Triton and the GEMV imported here and now, not inside the call that takes compiled graphs in (0.15 s, H200)
     made = (how.pop("backend"), how.pop("mode"), how.pop("options"))
 
-    def compiled_with(dynamic, first_shape: bool = False) -> Callable:  # holds its backend, so the backend's outputs
+    def compiled_with(dynamic) -> Callable:  # holds its backend, so the backend's outputs
         auto = dynamic == AUTO
-        backend = shared_backend(*made, True if auto else dynamic, switched, specialise=auto, first_shape=first_shape)
+        backend = shared_backend(*made, True if auto else dynamic, switched, specialise=auto)
         return torch.compile(fn, backend=backend, dynamic=True if auto else dynamic, **how)
 
     per_shape = (lambda: compiled_with(False)) if dynamic == AUTO else None
     cnn = per_shape is not None and per_shape_from_the_start(fn)
-    first = compiled_with(False, first_shape=True) if dynamic == AUTO and not background and not cnn else None
+    first = per_shape() if per_shape is not None and not background and not cnn else None
     configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn), per_shape, first)
     if cnn:  # no dynamic trace to refuse first
         configured.per_shape.append(per_shape())
@@ -168,11 +145,6 @@ def compile_settings(how: "bool | str | dict") -> dict:
     return {**settings, **{k: True for k in ("fullgraph", "disable") if getattr(parsed, k)}}
 
 
-# The first-shape compiles in progress on this thread, innermost last: each the state of one
-# compiled function (`_with_dynamo_config`), whose first compile's frame its backend records
-_FIRST_SHAPE_CALLS = threading.local()
-
-
 # Live backends by what makes them: dynamo guards every compiled entry of a code object on its
 # backend's identity (BACKEND_MATCH), so a backend per graphified model would compile a class's
 # forward once per model, and past dynamo's recompile limit (8) run the rest eagerly. Models
@@ -181,19 +153,18 @@ _BACKENDS: "weakref.WeakValueDictionary[tuple, KeptCompiles]" = weakref.WeakValu
 
 
 def shared_backend(backend="inductor", mode=None, options=None, dynamic=None, switched: tuple = (),
-                   specialise: bool = False, first_shape: bool = False) -> KeptCompiles:
+                   specialise: bool = False) -> KeptCompiles:
     """The live `KeptCompiles` made with these arguments, or a new one (unshared where an
     argument cannot be compared)."""
-    made = (backend, mode, options, dynamic, switched, specialise, first_shape)
     try:
         key = (backend, mode, tuple(sorted(options.items())) if isinstance(options, dict) else options, dynamic,
-               tuple(switched), specialise, first_shape)
+               tuple(switched), specialise)
         hash(key)
     except TypeError:  # an unhashable option value: a backend of its own
-        return KeptCompiles(*made)
+        return KeptCompiles(backend, mode, options, dynamic, switched, specialise)
     found = _BACKENDS.get(key)
     if found is None:
-        found = _BACKENDS[key] = KeptCompiles(*made)
+        found = _BACKENDS[key] = KeptCompiles(backend, mode, options, dynamic, switched, specialise)
     return found
 
 
@@ -201,14 +172,14 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
                         per_shape: "Callable[[], Callable] | None" = None, first: "Callable | None" = None) -> Callable:
     """`compiled`, called with dynamo's `config` in force (it applies when a call compiles),
     or through a compiled function loaded from the worker (`loads`, its `aot_loads`) whose
-    guards pass. With `first` (the first shape's static compile), calls go to it until its
-    backend refuses a second shape (`Generalise`), then to `compiled`. Where `compiled`'s
-    backend refuses a graph as one to compile per shape (`graphify.compile.shape_policy`),
-    `per_shape()` makes the static compile every later call goes to. Keeps what marks it as
-    torch.compile'd (`_torchdynamo_orig_callable`): captures find its eager original through it."""
+    guards pass. With `first` (a static compile), calls whose arguments match the first call's
+    (`call_signature`) go to it, and from the first call that differs every call goes to
+    `compiled` (`graphify.compile.shape_policy`). Where `compiled`'s backend refuses a graph as
+    one to compile per shape, `per_shape()` makes the static compile every later call goes to.
+    Keeps what marks it as torch.compile'd (`_torchdynamo_orig_callable`): captures find its
+    eager original through it."""
     static: list[Callable] = []
-    firsts: list[Callable] = [first] if first is not None else []
-    state: dict = {}  # the first compile's frame (`KeptCompiles._first_compile_of_its_frame`)
+    firsts: list = [first] if first is not None else []  # the static compile, then the first call's signature
 
     @functools.wraps(compiled)
     def configured(*args, **kwargs):
@@ -220,21 +191,8 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
         with torch._dynamo.config.patch(**config):
             if static:
                 return static[0](*args, **kwargs)
-            if firsts and not state and not plain_call(args, kwargs):
-                firsts.clear()  # it carries objects that hold state (a cache): a loop's, dynamic from the start
-            if firsts:
-                calls = _FIRST_SHAPE_CALLS.__dict__.setdefault("stack", [])
-                calls.append(state)
-                try:
-                    return firsts[0](*args, **kwargs)
-                except Exception as exc:
-                    if not asked_to_generalise(exc):
-                        raise
-                finally:
-                    calls.pop()
-                    if state.get("dynamic_next"):
-                        firsts.clear()
-                firsts.clear()  # dynamic from this call on
+            if firsts and _first_shape(firsts, call_signature(args, kwargs)):
+                return firsts[0](*args, **kwargs)
             try:
                 return compiled(*args, **kwargs)
             except Exception as exc:
@@ -245,8 +203,19 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
 
     configured.aot_loads = loads
     configured.per_shape = static  # holds the static compile once made (tests read it)
-    configured.first_shape = firsts  # holds the first shape's compile until a second shape (tests read it)
+    configured.first_shape = firsts  # the first shape's compile and signature, until another shape (tests read it)
     return configured
+
+
+def _first_shape(firsts: list, signature) -> bool:
+    """Whether a call of this `signature` goes to the first shape's static compile (`firsts`:
+    the compile, then the first call's signature); emptied for good by a call of another
+    signature, or by a first call that carries an object holding state (signature None)."""
+    if signature is not None and (len(firsts) == 1 or firsts[1] == signature):
+        firsts[1:] = [signature]
+        return True
+    firsts.clear()  # dynamic from this call on
+    return False
 
 
 @functools.cache

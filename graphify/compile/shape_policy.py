@@ -21,14 +21,14 @@ Any other function under `dynamic="auto"` compiles its first shape static, as to
 own default does: a function called at one shape (a classifier, an encoder served at one
 length, a decoder's prefill at one length) gets the static shape's kernels and trace, where a
 dynamic trace took 2-4x as long (a Llama-1B shape, CPU) and its kernels ran the sequence length
-as a symbol. The first compile's backend refuses to compile a frame it compiled before
-(`Generalise`, raised before anything is built): from the second shape on, the function
-compiles with dynamic shapes, one compile for the sizes to come (dynamo's own default makes
-each changed dimension dynamic in turn, a compile each). A call that carries an object
-holding state (a transformers cache: `generate()`'s decode steps, whose cache is a new object
-of another length each `generate()`) is a loop's, compiled dynamically from the start. So is
-a compile in a worker (`Options(compile="background")`): one compile the worker makes serves
-every later shape.
+as a symbol. A call whose arguments differ from the first call's (`call_signature`: their
+shapes, dtypes and plain values) goes to the dynamic compile, from then on: one compile for
+the sizes to come (dynamo's own default makes each changed dimension dynamic in turn, a
+compile each). Decided before the call, on its arguments, so no call is stopped part-way. A
+call that carries an object holding state (a transformers cache: `generate()`'s steps, whose
+cache is a new object of another length each `generate()`) is a loop's, compiled dynamically
+from the start. So is a compile in a worker (`Options(compile="background")`): one compile the
+worker makes serves every later shape.
 
 A module whose leaf modules are convolutions often enough (one in `LEAVES_PER_CONVOLUTION`
 or more: a CNN, never a ViT) is compiled per shape from the start, without the dynamic trace
@@ -45,8 +45,8 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["AUTO", "Specialise", "Generalise", "wants_static", "asked_to_specialise", "asked_to_generalise",
-           "per_shape_from_the_start", "plain_call", "convolution_nodes", "Convolution"]
+__all__ = ["AUTO", "Specialise", "wants_static", "asked_to_specialise", "per_shape_from_the_start", "call_signature",
+           "convolution_nodes", "Convolution"]
 
 AUTO = "auto"  # `Options(compile={"dynamic": ...})`'s default: dynamic, per shape where convolutions need it
 NODES_PER_CONVOLUTION = 300  # inductor's `decide_layout_opt`: at or above, no channels-last layout at any shape
@@ -63,11 +63,6 @@ _CONVOLUTIONS = frozenset({torch.conv1d, torch.conv2d, torch.conv3d, torch.convo
 
 class Specialise(Exception):
     """Raised by a dynamic compile's backend: this graph compiles per shape instead."""
-
-
-class Generalise(Exception):
-    """Raised by a first shape's static compile asked to compile a frame again: the function
-    compiles with dynamic shapes from here on."""
 
 
 def _value(node):
@@ -134,25 +129,15 @@ def wants_static(gm: torch.fx.GraphModule) -> bool:
     return symbolic and len(gm.graph.nodes) < NODES_PER_CONVOLUTION * len(convolutions)
 
 
-def _raised(exc: BaseException, kind: type) -> bool:
-    """Whether `exc` (dynamo wraps a backend's error) is, or was caused by, a `kind`."""
+def asked_to_specialise(exc: BaseException) -> bool:
+    """Whether `exc` (dynamo wraps a backend's error) is, or was caused by, `Specialise`."""
     seen = 0
     while exc is not None and seen < 16:
-        if isinstance(exc, kind):
+        if isinstance(exc, Specialise):
             return True
         exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
         seen += 1
     return False
-
-
-def asked_to_specialise(exc: BaseException) -> bool:
-    """Whether `exc` is, or was caused by, `Specialise`."""
-    return _raised(exc, Specialise)
-
-
-def asked_to_generalise(exc: BaseException) -> bool:
-    """Whether `exc` is, or was caused by, `Generalise`."""
-    return _raised(exc, Generalise)
 
 
 def per_shape_from_the_start(fn) -> bool:
@@ -170,20 +155,32 @@ def per_shape_from_the_start(fn) -> bool:
     return convolutions > 0 and leaves <= LEAVES_PER_CONVOLUTION * convolutions
 
 
-_PLAIN = (torch.Tensor, int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device)
+_PLAIN = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device)
+_OPAQUE = object()  # an argument that is neither a tensor nor a plain value
 
 
-def plain_call(args: tuple, kwargs: dict) -> bool:
-    """Whether a call's arguments are tensors and plain values only (numbers, strings, None,
-    dtypes, devices, and tuples, lists and dicts of them): no object that holds state, such as
-    a cache a loop replaces with one of another size. Pure."""
-    def plain(value, depth: int = 0) -> bool:
+def call_signature(args: tuple, kwargs: dict):
+    """What a static compile specialises on in a call's arguments: each tensor's shape, strides,
+    dtype and device, each plain value (numbers, strings, None, dtypes, devices), and the
+    structure of the tuples, lists and dicts holding them. None where an argument is anything
+    else: an object that holds state, such as a cache a loop replaces with one of another
+    size. Pure."""
+    def of(value, depth: int = 0):
+        if isinstance(value, torch.Tensor):
+            return ("tensor", tuple(value.shape), value.stride(), value.dtype, value.device)
         if isinstance(value, _PLAIN):
-            return True
+            return (type(value), value)
         if depth < 4 and isinstance(value, (tuple, list)):
-            return all(plain(v, depth + 1) for v in value)
+            return (type(value), tuple(of(v, depth + 1) for v in value))
         if depth < 4 and isinstance(value, dict):
-            return all(plain(v, depth + 1) for v in value.values())
-        return False
+            return (type(value), tuple((k, of(v, depth + 1)) for k, v in value.items()))
+        return _OPAQUE
 
-    return plain(args) and plain(kwargs)
+    signature = (of(args), of(kwargs))
+    return None if _holds(signature, _OPAQUE) else signature
+
+
+def _holds(signature, item) -> bool:
+    if signature is item:
+        return True
+    return isinstance(signature, tuple) and any(_holds(s, item) for s in signature)
