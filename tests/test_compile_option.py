@@ -487,6 +487,25 @@ def test_a_second_shape_goes_dynamic_before_anything_of_the_call_ran():
     assert counting.symbolic.count(True) == 2 and len(counting.shapes) <= 8  # 3 graphs a compile at most
 
 
+def test_python_work_before_a_functions_first_graph_runs_once_a_call():
+    """A function whose first graph comes after a graph break: a new shape's compile is chosen
+    before the call, so the Python work before the break is never done twice."""
+    from graphify.compile.compiled import compile_for_captures
+
+    appended = []
+
+    def python_first(x):  # no graph before the break: the first graph dynamo builds is after it
+        appended.append(1)
+        torch._dynamo.graph_break()
+        return x * 2
+
+    fn = compile_for_captures("python_first", python_first, {"backend": Counting()})
+    for n in (3, 5, 7):
+        x = torch.randn(n)
+        assert torch.equal(fn(x), x * 2)
+    assert appended == [1, 1, 1]
+
+
 def test_two_models_of_one_class_each_keep_their_own_first_shape():
     """Two graphified modules of one class share dynamo's code (and its cache entries); each
     goes to its dynamic compile at its own second shape, its writes made once a call."""
@@ -508,7 +527,7 @@ def test_two_models_of_one_class_each_keep_their_own_first_shape():
     for i, (fn, m, n) in enumerate([(fa, a, 3), (fb, b, 3), (fb, b, 5), (fa, a, 3), (fb, b, 7), (fa, a, 5)]):
         before = m.count.item()
         x = torch.randn(n)
-        assert torch.equal(fn(x), x * 2 + before + 1) and m.count.item() == before + 1
+        assert torch.equal(fn(x), x * 2 + (before + 1)) and m.count.item() == before + 1
     assert a.count.item() == 3 and b.count.item() == 3 and fa.first_shape == [] and fb.first_shape == []
 
 
