@@ -31,9 +31,14 @@ class Counting:
 
     def __init__(self):
         self.shapes = []
+        self.symbolic = []  # per compile: whether the traced graph holds a symbolic size
 
     def __call__(self, gm, example_inputs):
+        from torch.fx.experimental.symbolic_shapes import free_symbols
+
         self.shapes.append(tuple(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)))
+        values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        self.symbolic.append(any(bool(free_symbols(v)) for v in values if isinstance(v, torch.Tensor)))
         return gm.forward
 
 
@@ -146,7 +151,8 @@ def test_a_compile_that_fails_runs_eagerly_with_a_warning_naming_it_or_raises_wh
 
 def test_the_compile_has_dynamic_shapes_so_new_batches_and_lengths_reuse_it(backend):
     """A generate()-like loop: new batch sizes and, per call, a new cache object of another
-    length. Dynamo compiles batch 1 and larger batches apart (it specialises sizes 0 and 1),
+    length. A call carrying an object that holds tensors (the cache) compiles dynamically from
+    the first call, batch 1 and larger batches apart (dynamo specialises sizes 0 and 1),
     nothing more."""
     counting = Counting()
 
@@ -165,8 +171,41 @@ def test_the_compile_has_dynamic_shapes_so_new_batches_and_lengths_reuse_it(back
                 for _ in range(2):
                     x = torch.randn(n, 16, device=backend[1])
                     assert torch.allclose(g(x, cache), step(x, cache), atol=1e-4)
-    assert len(counting.shapes) == 2
+    assert counting.symbolic == [True, True]
     assert calls_by_mode(g) == counted(none=1, full=3 * 4 * 2 - 1)  # only the very first call eager
+
+
+def test_a_function_called_at_one_shape_compiles_once_static(backend):
+    """Under `dynamic="auto"` a function called at one shape gets one compile of that shape, as
+    torch.compile's own default gives it (no symbolic sizes: static kernels, a faster trace)."""
+    counting = Counting()
+    w1, w2 = (torch.randn(16, 16, device=backend[1]) for _ in range(2))
+    g = graphify(mlp, axes=AXES, options=Options(backend=backend[0], compile={"backend": counting}))
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.randn(4, 16, device=backend[1])
+            assert torch.allclose(g(x, w1, w2), mlp(x, w1, w2), atol=1e-4)
+    assert counting.symbolic == [False] and counting.shapes[0][0] == (4, 16)
+    assert calls_by_mode(g) == counted(none=1, full=5)
+
+
+def test_the_first_shapes_compile_is_left_for_a_dynamic_one_only_by_another_shape():
+    """`compile_for_captures` under `dynamic="auto"`: the first shape's static compile serves
+    until a second shape (or any recompile of its frame); a compile for a worker
+    (`"background"`) and a CNN's (per shape from the start) never take that path."""
+    from graphify.compile.compiled import compile_for_captures
+
+    counting = Counting()
+    fn = compile_for_captures("mlp", lambda x: torch.relu(x) * 2, {"backend": counting})
+    assert len(fn.first_shape) == 1
+    for n in (3, 3, 5, 7, 9):
+        x = torch.randn(n, 4)
+        assert torch.equal(fn(x), torch.relu(x) * 2)
+    assert counting.symbolic == [False, True] and fn.first_shape == []
+    background = compile_for_captures("mlp", lambda x: x + 1, {"backend": counting, "background": True})
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    assert background.first_shape == [] and compile_for_captures("cnn", cnn, {"backend": counting}).first_shape == []
+    assert compile_for_captures("mlp", lambda x: x - 1, {"backend": counting, "dynamic": True}).first_shape == []
 
 
 def test_a_split_function_is_compiled_whole_for_full_graphs_and_kept_in_pieces_for_piecewise(backend):
@@ -284,8 +323,8 @@ def test_a_compile_with_dynamic_shapes_traces_the_function_once(backend, monkeyp
         calls.append(len(example_inputs))
         return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward))(gm, example_inputs)
 
-    model = Scaled().to(backend[1])
-    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting}))
+    model = Scaled().to(backend[1])  # dynamic from the first shape (under "auto" the first compiles static)
+    g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting, "dynamic": True}))
     for n in (4, 4, 4, 6):  # captured at 4 (one compile), then 6 reuses it (dynamic shapes)
         x = torch.randn(n, 16, device=backend[1])
         with torch.no_grad():
@@ -414,3 +453,107 @@ def test_a_rewrite_no_adapter_declares_is_named_when_the_compile_is_set_up():
     assert compile_settings({"gemv": True, "mode": "max-autotune"})["rewrites"] == ("fold_gqa", "gemv")
     with pytest.raises(ValueError, match=r"\['gmv'\], which is neither a torch.compile keyword nor a graph rewrite"):
         compile_settings({"gmv": True})
+
+
+def test_a_second_shape_goes_dynamic_before_anything_of_the_call_ran():
+    """Which compile a call goes to is decided on its arguments before it runs, so no call is
+    stopped part-way and started again: Python work before a graph break, a write in the
+    graph before it, and a `torch._dynamo.reset()` between calls each happen once a call."""
+    from graphify.compile.compiled import compile_for_captures
+
+    counting, count, log = Counting(), torch.zeros(()), []
+
+    @torch._dynamo.disable
+    def note(n):  # Python only, before any graph of the call: the entry frame breaks here
+        log.append(n)
+
+    def step(x):
+        note(x.shape[0])
+        count.add_(1)
+        torch._dynamo.graph_break()
+        return x * 2 + count
+
+    fn = compile_for_captures("step", step, {"backend": counting})
+    sizes = (3, 3, 5, 5, 7, 3)
+    for i, n in enumerate(sizes):
+        if i == 4:
+            torch._dynamo.reset()
+        x = torch.randn(n)
+        assert torch.equal(fn(x), x * 2 + (i + 1)) and count.item() == i + 1
+    assert log == list(sizes) and fn.first_shape == []
+    # static at 3: the graph of the write, then the resumed frame's; from 5 the dynamic compile,
+    # its resumed frame's size a symbol (again after the reset)
+    assert counting.shapes[:2] == [((),), ((3,), ())] and counting.symbolic[:2] == [False, False]
+    assert counting.symbolic.count(True) == 2 and len(counting.shapes) <= 8  # 3 graphs a compile at most
+
+
+def test_python_work_before_a_functions_first_graph_runs_once_a_call():
+    """A function whose first graph comes after a graph break: a new shape's compile is chosen
+    before the call, so the Python work before the break is never done twice."""
+    from graphify.compile.compiled import compile_for_captures
+
+    appended = []
+
+    def python_first(x):  # no graph before the break: the first graph dynamo builds is after it
+        appended.append(1)
+        torch._dynamo.graph_break()
+        return x * 2
+
+    fn = compile_for_captures("python_first", python_first, {"backend": Counting()})
+    for n in (3, 5, 7):
+        x = torch.randn(n)
+        assert torch.equal(fn(x), x * 2)
+    assert appended == [1, 1, 1]
+
+
+def test_two_models_of_one_class_each_keep_their_own_first_shape():
+    """Two graphified modules of one class share dynamo's code (and its cache entries); each
+    goes to its dynamic compile at its own second shape, its writes made once a call."""
+    from graphify.compile.compiled import compile_for_captures
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(()))
+
+        def forward(self, x):
+            self.count.add_(1)
+            torch._dynamo.graph_break()
+            return x * 2 + self.count
+
+    counting = Counting()
+    a, b = Step(), Step()
+    fa, fb = (compile_for_captures(name, m, {"backend": counting}) for name, m in (("a", a), ("b", b)))
+    for i, (fn, m, n) in enumerate([(fa, a, 3), (fb, b, 3), (fb, b, 5), (fa, a, 3), (fb, b, 7), (fa, a, 5)]):
+        before = m.count.item()
+        x = torch.randn(n)
+        assert torch.equal(fn(x), x * 2 + (before + 1)) and m.count.item() == before + 1
+    assert a.count.item() == 3 and b.count.item() == 3 and fa.first_shape == [] and fb.first_shape == []
+
+
+class _Holder:
+    def __init__(self):
+        self.t = torch.ones(2)
+
+
+def test_a_calls_signature_holds_its_tensors_shapes_and_plain_values_and_nothing_else():
+    """`call_signature`: equal for calls a static compile serves alike, different for another
+    shape, stride, dtype or plain value, None for a call carrying any other object (a cache)."""
+    from graphify.compile.shape_policy import call_signature
+
+    def sig(*args, **kwargs):
+        return call_signature(args, kwargs)
+
+    base = sig(torch.ones(2, 3), 3, None, mask=torch.ones(3), use_cache=True, dtype=torch.float16)
+    assert base is not None
+    assert base == sig(torch.zeros(2, 3), 3, None, mask=torch.randn(3), use_cache=True, dtype=torch.float16)
+    for other in (sig(torch.ones(4, 3), 3, None, mask=torch.ones(3), use_cache=True, dtype=torch.float16),
+                  sig(torch.ones(3, 2).t(), 3, None, mask=torch.ones(3), use_cache=True, dtype=torch.float16),
+                  sig(torch.ones(2, 3, dtype=torch.float64), 3, None, mask=torch.ones(3), use_cache=True,
+                      dtype=torch.float16),
+                  sig(torch.ones(2, 3), 4, None, mask=torch.ones(3), use_cache=True, dtype=torch.float16),
+                  sig(torch.ones(2, 3), 3, None, mask=torch.ones(3), use_cache=False, dtype=torch.float16)):
+        assert other is not None and other != base
+    assert sig((torch.ones(1), [torch.ones(1), {"a": 2.0}])) is not None
+    assert sig(torch.ones(2), past_key_values=_Holder()) is None
+    assert sig([_Holder()]) is None and sig(fn=len) is None

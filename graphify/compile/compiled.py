@@ -23,7 +23,8 @@ from graphify.compile.aot import AotLoads
 from graphify.compile.code_claims import claim, reset_code
 from graphify.compile.layout_policy import inductor_layout
 from graphify.compile.tuning_memory import tune_outside_pools
-from graphify.compile.shape_policy import AUTO, Specialise, asked_to_specialise, per_shape_from_the_start, wants_static
+from graphify.compile.shape_policy import (AUTO, Specialise, asked_to_specialise, call_signature, per_shape_from_the_start,
+                                           wants_static)
 from graphify.base.split_contract import as_split
 from graphify.backends.pool_routing import outside
 
@@ -106,7 +107,8 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     # sizes and cache lengths all the time, and dynamo's default (static first, dynamic on a
     # change, 0/1 specialised) compiled 5 times over 10 chat-like calls where this compiles
     # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
-    if compiles_in_background(how):
+    background = compiles_in_background(how)
+    if background:
         _aot.preimport()  # what the swap's load needs, imported here and now (0.8 s on a CPU), not inside the swap
     how = compile_settings(how)
     dynamic, switched = how.pop("dynamic"), how.pop("rewrites")
@@ -119,8 +121,10 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
         return torch.compile(fn, backend=backend, dynamic=True if auto else dynamic, **how)
 
     per_shape = (lambda: compiled_with(False)) if dynamic == AUTO else None
-    configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn), per_shape)
-    if per_shape is not None and per_shape_from_the_start(fn):  # a CNN: no dynamic trace to refuse first
+    cnn = per_shape is not None and per_shape_from_the_start(fn)
+    first = per_shape() if per_shape is not None and not background and not cnn else None
+    configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn), per_shape, first)
+    if cnn:  # no dynamic trace to refuse first
         configured.per_shape.append(per_shape())
     return configured
 
@@ -165,14 +169,17 @@ def shared_backend(backend="inductor", mode=None, options=None, dynamic=None, sw
 
 
 def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
-                        per_shape: "Callable[[], Callable] | None" = None) -> Callable:
+                        per_shape: "Callable[[], Callable] | None" = None, first: "Callable | None" = None) -> Callable:
     """`compiled`, called with dynamo's `config` in force (it applies when a call compiles),
     or through a compiled function loaded from the worker (`loads`, its `aot_loads`) whose
-    guards pass. Where `compiled`'s backend refuses a graph as one to compile per shape
-    (`graphify.compile.shape_policy`), `per_shape()` makes the static compile every later
-    call goes to. Keeps what marks it as torch.compile'd (`_torchdynamo_orig_callable`):
-    captures find its eager original through it."""
+    guards pass. With `first` (a static compile), calls whose arguments match the first call's
+    (`call_signature`) go to it, and from the first call that differs every call goes to
+    `compiled` (`graphify.compile.shape_policy`). Where `compiled`'s backend refuses a graph as
+    one to compile per shape, `per_shape()` makes the static compile every later call goes to.
+    Keeps what marks it as torch.compile'd (`_torchdynamo_orig_callable`): captures find its
+    eager original through it."""
     static: list[Callable] = []
+    firsts: list = [first] if first is not None else []  # the static compile, then the first call's signature
 
     @functools.wraps(compiled)
     def configured(*args, **kwargs):
@@ -184,6 +191,8 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
         with torch._dynamo.config.patch(**config):
             if static:
                 return static[0](*args, **kwargs)
+            if firsts and _first_shape(firsts, call_signature(args, kwargs)):
+                return firsts[0](*args, **kwargs)
             try:
                 return compiled(*args, **kwargs)
             except Exception as exc:
@@ -194,7 +203,19 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
 
     configured.aot_loads = loads
     configured.per_shape = static  # holds the static compile once made (tests read it)
+    configured.first_shape = firsts  # the first shape's compile and signature, until another shape (tests read it)
     return configured
+
+
+def _first_shape(firsts: list, signature) -> bool:
+    """Whether a call of this `signature` goes to the first shape's static compile (`firsts`:
+    the compile, then the first call's signature); emptied for good by a call of another
+    signature, or by a first call that carries an object holding state (signature None)."""
+    if signature is not None and (len(firsts) == 1 or firsts[1] == signature):
+        firsts[1:] = [signature]
+        return True
+    firsts.clear()  # dynamic from this call on
+    return False
 
 
 @functools.cache

@@ -17,6 +17,19 @@ convolution ("only a few conv": a ViT's one patch embedding among 600 nodes), wh
 per shape would buy nothing. Counted on dynamo's graph, which has fewer nodes than the ATen
 graph inductor counts, so a borderline graph is still compiled per shape.
 
+Any other function under `dynamic="auto"` compiles its first shape static, as torch.compile's
+own default does: a function called at one shape (a classifier, an encoder served at one
+length, a decoder's prefill at one length) gets the static shape's kernels and trace, where a
+dynamic trace took 2-4x as long (a Llama-1B shape, CPU) and its kernels ran the sequence length
+as a symbol. A call whose arguments differ from the first call's (`call_signature`: their
+shapes, dtypes and plain values) goes to the dynamic compile, from then on: one compile for
+the sizes to come (dynamo's own default makes each changed dimension dynamic in turn, a
+compile each). Decided before the call, on its arguments, so no call is stopped part-way. A
+call that carries an object holding state (a transformers cache: `generate()`'s steps, whose
+cache is a new object of another length each `generate()`) is a loop's, compiled dynamically
+from the start. So is a compile in a worker (`Options(compile="background")`): one compile the
+worker makes serves every later shape.
+
 A module whose leaf modules are convolutions often enough (one in `LEAVES_PER_CONVOLUTION`
 or more: a CNN, never a ViT) is compiled per shape from the start, without the dynamic trace
 the backend would refuse: that trace was 1.5-2 s of ResNet-50's first compile on the H200
@@ -32,7 +45,8 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["AUTO", "Specialise", "wants_static", "asked_to_specialise", "per_shape_from_the_start", "convolution_nodes", "Convolution"]
+__all__ = ["AUTO", "Specialise", "wants_static", "asked_to_specialise", "per_shape_from_the_start", "call_signature",
+           "convolution_nodes", "Convolution"]
 
 AUTO = "auto"  # `Options(compile={"dynamic": ...})`'s default: dynamic, per shape where convolutions need it
 NODES_PER_CONVOLUTION = 300  # inductor's `decide_layout_opt`: at or above, no channels-last layout at any shape
@@ -139,3 +153,34 @@ def per_shape_from_the_start(fn) -> bool:
             leaves += 1
             convolutions += isinstance(m, _CONVOLUTION_MODULES)
     return convolutions > 0 and leaves <= LEAVES_PER_CONVOLUTION * convolutions
+
+
+_PLAIN = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device)
+_OPAQUE = object()  # an argument that is neither a tensor nor a plain value
+
+
+def call_signature(args: tuple, kwargs: dict):
+    """What a static compile specialises on in a call's arguments: each tensor's shape, strides,
+    dtype and device, each plain value (numbers, strings, None, dtypes, devices), and the
+    structure of the tuples, lists and dicts holding them. None where an argument is anything
+    else: an object that holds state, such as a cache a loop replaces with one of another
+    size. Pure."""
+    def of(value, depth: int = 0):
+        if isinstance(value, torch.Tensor):
+            return ("tensor", tuple(value.shape), value.stride(), value.dtype, value.device)
+        if isinstance(value, _PLAIN):
+            return (type(value), value)
+        if depth < 4 and isinstance(value, (tuple, list)):
+            return (type(value), tuple(of(v, depth + 1) for v in value))
+        if depth < 4 and isinstance(value, dict):
+            return (type(value), tuple((k, of(v, depth + 1)) for k, v in value.items()))
+        return _OPAQUE
+
+    signature = (of(args), of(kwargs))
+    return None if _holds(signature, _OPAQUE) else signature
+
+
+def _holds(signature, item) -> bool:
+    if signature is item:
+        return True
+    return isinstance(signature, tuple) and any(_holds(s, item) for s in signature)
