@@ -39,10 +39,11 @@ class CompileOptions:
     - `whole`: a background compile comes back saved whole (default where torch can).
     - `deadline_s`: a background compile running longer stops the worker (default 1200).
     - `backend`, `mode`, `options`, `fullgraph`, `disable`: torch.compile's own keywords.
-    - `dynamic`: torch.compile's, or "auto" (default): dynamic shapes, except that a function
-      whose traced call holds 2-D or 3-D convolutions (enough of them for inductor to lay them
-      out: a CNN, not a ViT) is compiled per captured shape, where inductor's layouts for them
-      need static shapes (`graphify.compile.shape_policy`).
+    - `dynamic`: torch.compile's, or "auto" (default): the first shape static, dynamic shapes
+      from the first call at another shape (from the start for a call carrying a cache, and in
+      a background worker); a function whose traced call holds 2-D or 3-D convolutions (enough
+      of them for inductor to lay them out: a CNN, not a ViT) is compiled per captured shape,
+      where inductor's layouts for them need static shapes (`graphify.compile.shape_policy`).
     - `rewrites`: graph rewrites switched on or off by name (in the dict as top-level keys).
     """
 

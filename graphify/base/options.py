@@ -122,14 +122,16 @@ class Options:
       runs (its warm-up and capture), never on replays, and the log says so, as jax's side
       effects happen when it traces. Tensors the closure holds are still checked.
     - `compile`: record inductor's kernels instead of eager ones: True (or a dict of
-      `torch.compile` keywords) compiles the function, with dynamic shapes unless the dict
-      says otherwise (a function whose traced call holds 2-D or 3-D convolutions, as a CNN does,
-      compiles per captured shape instead, where inductor's layouts for them need static shapes:
-      `graphify.compile.shape_policy`), for the calls that capture graphs; calls that run without a graph
-      (transformers' prefill, sizes not captured) run it as written, so they never compile.
-      The first capture pays the compile (Python floats such as `eps` are specialised, so
-      dynamo traces the model once, not twice), and
-      a batch of 1 after larger ones (or the reverse) one more; other shapes reuse it.
+      `torch.compile` keywords) compiles the function, its first shape static and with dynamic
+      shapes from its first call at another (a call carrying a cache, as `generate()`'s steps
+      do, dynamic from the start), unless the dict says otherwise (a function whose traced call
+      holds 2-D or 3-D convolutions, as a CNN does, compiles per captured shape instead, where
+      inductor's layouts for them need static shapes: `graphify.compile.shape_policy`), for the
+      calls that capture graphs; calls that run without a graph (transformers' prefill, sizes
+      not captured) run it as written, so they never compile. The first capture pays the
+      compile (Python floats such as `eps` are specialised, so dynamo traces the model once,
+      not twice), a second shape one more (dynamic), and a batch of 1 after larger ones (or the
+      reverse) one more; other shapes reuse it.
       `graphify(torch.compile(fn))` instead compiles every call, eager ones included.
       What the compile made lives as long as the graphified function, whose graphs launch
       it (`torch._dynamo.reset()` does not free it). "background" (or `"background": True`

@@ -4,6 +4,11 @@
 # (transforms/ and models/ inside it, as the editable install maps them), tests/ and pyproject.toml.
 # Carry it (`run(carry=["_wip_pool"])`) and run pytest from inside it: `cd _wip_pool && python3 -m pytest ...`
 # imports the branch's graphify, the tree's root stays main's.
+# The copy has no built C helper (graphify/reads/_dictwatch, built by the device's `pip install -e .` into main's
+# tree only): without it every call checks its watched dicts in Python, a host floor of about 1.2 ms a call that
+# made a branch look 1.1-2.2x reduce-overhead on gpt2 and bert-base. On the device, after the install:
+#   cp graphify/reads/_dictwatch*.so _wip_pool/graphify/reads/ && (cd _wip_pool && python3 -c \
+#     "import graphify.reads.dict_marks as d; assert d.HELPER, d.__file__")
 set -euo pipefail
 branch=$1; out=$2; root=$(git rev-parse --show-toplevel); tmp=$(mktemp -d)
 git -C "$root" worktree add -q "$tmp" main --detach
