@@ -197,15 +197,16 @@ def test_the_first_shapes_compile_is_left_for_a_dynamic_one_only_by_another_shap
 
     counting = Counting()
     fn = compile_for_captures("mlp", lambda x: torch.relu(x) * 2, {"backend": counting})
-    assert len(fn.first_shape) == 1
+    assert fn.first_shape.signature is None and not fn.first_shape.dynamic
     for n in (3, 3, 5, 7, 9):
         x = torch.randn(n, 4)
         assert torch.equal(fn(x), torch.relu(x) * 2)
-    assert counting.symbolic == [False, True] and fn.first_shape == []
+        assert fn.first_shape.dynamic == (n != 3)
+    assert counting.symbolic == [False, True]
     background = compile_for_captures("mlp", lambda x: x + 1, {"backend": counting, "background": True})
     cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
-    assert background.first_shape == [] and compile_for_captures("cnn", cnn, {"backend": counting}).first_shape == []
-    assert compile_for_captures("mlp", lambda x: x - 1, {"backend": counting, "dynamic": True}).first_shape == []
+    assert background.first_shape is None and compile_for_captures("cnn", cnn, {"backend": counting}).first_shape is None
+    assert compile_for_captures("mlp", lambda x: x - 1, {"backend": counting, "dynamic": True}).first_shape is None
 
 
 def test_a_split_function_is_compiled_whole_for_full_graphs_and_kept_in_pieces_for_piecewise(backend):
@@ -480,7 +481,7 @@ def test_a_second_shape_goes_dynamic_before_anything_of_the_call_ran():
             torch._dynamo.reset()
         x = torch.randn(n)
         assert torch.equal(fn(x), x * 2 + (i + 1)) and count.item() == i + 1
-    assert log == list(sizes) and fn.first_shape == []
+    assert log == list(sizes) and fn.first_shape.dynamic
     # static at 3: the graph of the write, then the resumed frame's; from 5 the dynamic compile,
     # its resumed frame's size a symbol (again after the reset)
     assert counting.shapes[:2] == [((),), ((3,), ())] and counting.symbolic[:2] == [False, False]
@@ -506,9 +507,10 @@ def test_python_work_before_a_functions_first_graph_runs_once_a_call():
     assert appended == [1, 1, 1]
 
 
-def test_two_models_of_one_class_each_keep_their_own_first_shape():
-    """Two graphified modules of one class share dynamo's code (and its cache entries); each
-    goes to its dynamic compile at its own second shape, its writes made once a call."""
+def test_two_models_of_one_class_share_their_codes_first_shape_and_write_once_a_call():
+    """Two graphified modules of one class share dynamo's code (and its cache entries), and so
+    the first shape of that code: b's first call, at another shape than a's, goes to the dynamic
+    compile; each call's writes are made once."""
     from graphify.compile.compiled import compile_for_captures
 
     class Step(torch.nn.Module):
@@ -528,12 +530,33 @@ def test_two_models_of_one_class_each_keep_their_own_first_shape():
         before = m.count.item()
         x = torch.randn(n)
         assert torch.equal(fn(x), x * 2 + (before + 1)) and m.count.item() == before + 1
-    assert a.count.item() == 3 and b.count.item() == 3 and fa.first_shape == [] and fb.first_shape == []
+    assert a.count.item() == 3 and b.count.item() == 3 and fa.first_shape is fb.first_shape and fa.first_shape.dynamic
 
 
 class _Holder:
     def __init__(self):
         self.t = torch.ones(2)
+
+
+def test_the_first_shape_is_shared_by_one_codes_functions_under_one_backend_and_no_further():
+    """`first_shape`: a class's modules and their bound `forward`s share one record under one
+    backend; another backend, another class, a closure or a partial each have their own."""
+    import functools
+
+    from graphify.compile.shape_policy import first_shape
+
+    one, other = Counting(), Counting()  # backends: any object a weak key holds
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(3, 3)
+    shared = first_shape(a, one)
+    assert first_shape(b, one) is shared and first_shape(b.forward, one) is shared
+    assert first_shape(a, other) is not shared and first_shape(torch.nn.ReLU(), one) is not shared
+    scale = 2.0
+    closure = lambda x: x * scale  # noqa: E731
+    assert first_shape(closure, one) is not first_shape(closure, one)
+    part = functools.partial(torch.add, other=1)
+    assert first_shape(part, one) is not first_shape(part, one)
+    assert shared.static("s") and shared.static("s") and not shared.static("t") and not shared.static("s")
+    assert first_shape(b, one).dynamic and not first_shape(a, other).dynamic
 
 
 def test_a_calls_signature_holds_its_tensors_shapes_and_plain_values_and_nothing_else():

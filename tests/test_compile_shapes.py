@@ -216,7 +216,25 @@ def test_a_model_without_2d_convolutions_compiles_its_first_shape_static_then_on
                 torch.testing.assert_close(g(x), eager(x), rtol=1e-4, atol=1e-5)
     first, dynamic = counting.shapes()  # batch 2 as traced, then a symbol that 5 and 3 share
     assert first[0] == "2" and not dynamic[0].isdigit()
-    assert not g._first_use.spec.compiled.per_shape and not g._first_use.spec.compiled.first_shape
+    assert not g._first_use.spec.compiled.per_shape and g._first_use.spec.compiled.first_shape.dynamic
+
+
+def test_a_model_graphified_again_at_another_shape_goes_dynamic_once_and_reuses_that_compile(backend):
+    """The first shape is the code's, as dynamo's cache entries are: a model graphified anew for
+    each shape (as the zoo does, a wrapper per shape) compiles static once, dynamic once at its
+    second shape, and every later wrapper reuses the dynamic compile; a first shape kept per
+    wrapper compiled each new wrapper's shape static again."""
+    counting = Counting()
+    model, eager = twins(Sequence, backend[1])
+    with torch.no_grad():
+        for n in (2, 5, 3, 7):
+            g = graphify(model, options=Options(backend=backend[0], compile={"backend": counting}))
+            for _ in range(3):
+                x = torch.randn(n, 4, 6, device=backend[1])
+                torch.testing.assert_close(g(x), eager(x), rtol=1e-4, atol=1e-5)
+            assert g._first_use.spec.compiled.first_shape.dynamic == (n != 2)
+    first, dynamic = counting.shapes()  # batch 2 as traced, then one symbol for 5, 3 and 7
+    assert first[0] == "2" and not dynamic[0].isdigit()
 
 
 def test_a_vit_shaped_model_keeps_one_dynamic_compile_after_its_first_shape_and_eagers_answer(backend):

@@ -23,8 +23,8 @@ from graphify.compile.aot import AotLoads
 from graphify.compile.code_claims import claim, reset_code
 from graphify.compile.layout_policy import inductor_layout
 from graphify.compile.tuning_memory import tune_outside_pools
-from graphify.compile.shape_policy import (AUTO, Specialise, asked_to_specialise, call_signature, per_shape_from_the_start,
-                                           wants_static)
+from graphify.compile.shape_policy import (AUTO, FirstShape, Specialise, asked_to_specialise, call_signature, first_shape,
+                                           per_shape_from_the_start, wants_static)
 from graphify.base.split_contract import as_split
 from graphify.backends.pool_routing import outside
 
@@ -92,9 +92,10 @@ class KeptCompiles:
 
 
 def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> Callable:
-    """`torch.compile(fn, dynamic=True, **how)`, compiled lazily on the first capture that
-    calls it, through `KeptCompiles`; per shape (`dynamic=False`) from the first graph
-    `graphify.compile.shape_policy` refuses, under `dynamic="auto"` (the default). For a split function, the function it was split from,
+    """`torch.compile(fn, **how)`, compiled lazily on the first capture that calls it, through
+    `KeptCompiles`. Under `dynamic="auto"` (the default): the first shape static, dynamic from a
+    call of another shape, and per shape (`dynamic=False`) from the first graph
+    `graphify.compile.shape_policy` refuses. For a split function, the function it was split from,
     compiled whole: FULL graphs record it (inductor fuses across the split ops), PIECEWISE
     graphs keep the pieces."""
     split = as_split(fn)
@@ -103,10 +104,11 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     if getattr(fn, "_torchdynamo_orig_callable", None) is not None:
         raise ValueError(f"{label}: the function is torch.compile'd already; pass the function itself with "
                          "Options(compile=True), or keep torch.compile(fn) without the option")
-    # Dynamic shapes from the first compile: a transformers generate() loop meets new batch
-    # sizes and cache lengths all the time, and dynamo's default (static first, dynamic on a
-    # change, 0/1 specialised) compiled 5 times over 10 chat-like calls where this compiles
-    # twice (batch 1, and larger batches): CPU count, tests/test_compile_option.py.
+    # The first shape static, then dynamic in one compile (`shape_policy`): a generate() loop,
+    # which carries a cache, is dynamic from the start, as it meets new batch sizes and cache
+    # lengths all the time; dynamo's own default (dynamic one changed dimension at a time, 0/1
+    # specialised) compiled 5 times over 10 chat-like calls where this compiles twice (batch 1,
+    # and larger batches): CPU count, tests/test_compile_option.py.
     background = compiles_in_background(how)
     if background:
         _aot.preimport()  # what the swap's load needs, imported here and now (0.8 s on a CPU), not inside the swap
@@ -123,7 +125,9 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     per_shape = (lambda: compiled_with(False)) if dynamic == AUTO else None
     cnn = per_shape is not None and per_shape_from_the_start(fn)
     first = per_shape() if per_shape is not None and not background and not cnn else None
-    configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn), per_shape, first)
+    shape = first_shape(fn, shared_backend(*made, False, switched)) if first is not None else None
+    configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn), per_shape,
+                                     (first, shape) if first is not None else None)
     if cnn:  # no dynamic trace to refuse first
         configured.per_shape.append(per_shape())
     return configured
@@ -169,17 +173,17 @@ def shared_backend(backend="inductor", mode=None, options=None, dynamic=None, sw
 
 
 def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
-                        per_shape: "Callable[[], Callable] | None" = None, first: "Callable | None" = None) -> Callable:
+                        per_shape: "Callable[[], Callable] | None" = None,
+                        first: "tuple[Callable, FirstShape] | None" = None) -> Callable:
     """`compiled`, called with dynamo's `config` in force (it applies when a call compiles),
     or through a compiled function loaded from the worker (`loads`, its `aot_loads`) whose
-    guards pass. With `first` (a static compile), calls whose arguments match the first call's
-    (`call_signature`) go to it, and from the first call that differs every call goes to
-    `compiled` (`graphify.compile.shape_policy`). Where `compiled`'s backend refuses a graph as
+    guards pass. With `first` (a static compile and the `FirstShape` of its code), calls whose
+    arguments match the first call's (`call_signature`) go to it, and from the first call that
+    differs every call goes to `compiled` (`graphify.compile.shape_policy`). Where `compiled`'s backend refuses a graph as
     one to compile per shape, `per_shape()` makes the static compile every later call goes to.
     Keeps what marks it as torch.compile'd (`_torchdynamo_orig_callable`): captures find its
     eager original through it."""
     static: list[Callable] = []
-    firsts: list = [first] if first is not None else []  # the static compile, then the first call's signature
 
     @functools.wraps(compiled)
     def configured(*args, **kwargs):
@@ -191,8 +195,8 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
         with torch._dynamo.config.patch(**config):
             if static:
                 return static[0](*args, **kwargs)
-            if firsts and _first_shape(firsts, call_signature(args, kwargs)):
-                return firsts[0](*args, **kwargs)
+            if first is not None and first[1].static(call_signature(args, kwargs)):
+                return first[0](*args, **kwargs)
             try:
                 return compiled(*args, **kwargs)
             except Exception as exc:
@@ -203,19 +207,8 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
 
     configured.aot_loads = loads
     configured.per_shape = static  # holds the static compile once made (tests read it)
-    configured.first_shape = firsts  # the first shape's compile and signature, until another shape (tests read it)
+    configured.first_shape = first[1] if first is not None else None  # tests read it
     return configured
-
-
-def _first_shape(firsts: list, signature) -> bool:
-    """Whether a call of this `signature` goes to the first shape's static compile (`firsts`:
-    the compile, then the first call's signature); emptied for good by a call of another
-    signature, or by a first call that carries an object holding state (signature None)."""
-    if signature is not None and (len(firsts) == 1 or firsts[1] == signature):
-        firsts[1:] = [signature]
-        return True
-    firsts.clear()  # dynamic from this call on
-    return False
 
 
 @functools.cache
