@@ -55,6 +55,9 @@ VARIANTS = {"graphify_compile_static": {"dynamic": False}, "graphify_compile_aut
             "graphify_compile_autotune": {"mode": "max-autotune-no-cudagraphs"},
             "graphify_background_autotune": {"background": True, "mode": "max-autotune-no-cudagraphs"},
             "graphify_background_coordinate": {"background": True, "options": {"coordinate_descent_tuning": True}},
+            # a static compile per captured shape, made in the worker: the static kernels (the Llama-1B
+            # shape's rotary kernel half the time of the symbolic length's) at no wait to the caller
+            "graphify_background_static": {"background": True, "dynamic": False},
             # inductor's channels-last layout off: at fixed shapes its heuristic turns it on for grouped
             # convolutions (RegNetY), which the peer's dynamic graph after a second batch size never does
             "graphify_compile_channels_first": {"options": {"layout_optimization": False}}}

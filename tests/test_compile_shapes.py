@@ -293,6 +293,38 @@ def test_the_background_worker_compiles_a_model_of_convolutions_per_shape(line):
         _background.reset()
 
 
+@pytest.mark.parametrize("line", [
+    pytest.param(("sim", "cpu", "aot_eager"), id="sim-cpu"),
+    pytest.param(("cuda", "cuda", "inductor"), id="cuda", marks=[pytest.mark.cuda, requires_cuda]),
+])
+def test_a_background_compile_asked_to_be_static_sends_each_shape_a_job_of_its_own(line):
+    """`{"background": True, "dynamic": False}` on a model without convolutions: the worker
+    compiles the first shape static, and another shape gets its own static compile (not the
+    first one's, whose guards it would fail); every call answers as eager does."""
+    from graphify.compile import aot as _aot
+    from graphify.compile.background import line as _background
+
+    backend, device, compiler = line
+    _background.reset()
+    try:
+        model, eager = twins(Sequence, device)
+        model.forward = graphify(model.forward, options=Options(backend=backend, compile={
+            "background": True, "dynamic": False, "backend": compiler, "whole": _aot.saves(compiler)}))
+        jobs = model.forward._first_use.jobs
+        assert jobs.per_shape()
+        with torch.no_grad():
+            for n in (2, 5, 2, 5):
+                for _ in range(3):
+                    x = torch.randn(n, 4, 6, device=device)
+                    torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-5)
+                assert model.forward.wait_compiles(240)
+        tickets = {id(t): t for t in jobs.tickets.values()}.values()
+        assert len(tickets) == 2 and all(t.state == "ready" for t in tickets), [t.error for t in tickets]
+        assert calls_by_mode(model.forward)[Mode.FULL] >= 4
+    finally:
+        _background.reset()
+
+
 def test_a_model_compiled_per_shape_follows_a_replaced_submodule(backend):
     """After a change the watch sees, the per-shape compile traces the model as it is now."""
     counting = Counting()

@@ -194,8 +194,11 @@ class CompileJobs:
 
     def per_shape(self) -> bool:
         """Whether this function is known to compile per shape (`graphify.compile.shape_policy`):
-        the worker said so of a job, or this process's own compile found it."""
+        asked to (`"dynamic": False`), the worker said so of a job, or this process's own compile
+        found it."""
         compiled = self.spec.compiled
+        if compile_settings(self.spec.options.compile)["dynamic"] is False:
+            return True
         return bool(getattr(compiled, "per_shape", None)) or any(
             (t.guards or {}).get("per_shape", False) for t in tuple(self.tickets.values()))
 
