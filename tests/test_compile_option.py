@@ -533,14 +533,70 @@ def test_two_models_of_one_class_share_their_codes_first_shape_and_write_once_a_
     assert a.count.item() == 3 and b.count.item() == 3 and fa.first_shape is fb.first_shape and fa.first_shape.dynamic
 
 
+def test_a_transformers_model_graphified_anew_per_shape_compiles_static_once_then_one_dynamic():
+    """transformers wraps every model's `forward` in one closure's code, so the first shape is
+    kept per model class, not per code: a BERT graphified anew for each batch compiles its
+    first batch static and one dynamic compile for every other (a record per wrapper compiled
+    each batch static, an entry each on that one code, until dynamo's limit ran them eagerly)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    counting = Counting()
+    with torch.no_grad():
+        for n in range(2, 12):
+            g = graphify(model, options=Options(backend="sim", compile={"backend": counting}))
+            for _ in range(3):
+                ids = torch.randint(0, 64, (n, 8))
+                torch.testing.assert_close(g(input_ids=ids)[0], model(input_ids=ids)[0])
+    assert counting.symbolic == [False, True]
+
+
+def test_a_static_compile_made_again_for_the_same_arguments_leaves_the_rest_to_the_dynamic_one():
+    """What the arguments' signature does not see can change the static compile's guards: a
+    tensor the function reads changing size, another model of the class with other parameter
+    shapes. The second compile of the static one sends every later call to the dynamic compile,
+    not a static compile per change (one each, up to dynamo's recompile limit, then eagerly)."""
+    from graphify.compile.compiled import compile_for_captures
+
+    counting, table = Counting(), [torch.randn(2, 4)]
+    fn = compile_for_captures("lookup", lambda x: x @ table[0].T, {"backend": counting})
+    for k in range(2, 12):
+        table[0] = torch.randn(k, 4)
+        x = torch.randn(3, 4)
+        assert torch.equal(fn(x), x @ table[0].T)
+    assert len(counting.symbolic) <= 3 and fn.first_shape.dynamic
+
+    class Head(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.proj = torch.nn.Linear(16, width)
+
+        def forward(self, x):
+            return self.proj(x).relu()
+
+    counting = Counting()
+    heads = [Head(width) for width in range(1, 9)]
+    fns = [compile_for_captures(f"head{i}", h, {"backend": counting}) for i, h in enumerate(heads)]
+    for batch in (4, 6):
+        for f, h in zip(fns, heads):
+            x = torch.randn(batch, 16)
+            torch.testing.assert_close(f(x), h(x))
+    # one compile a model, as a dynamic compile from the start made (parameters' shapes stay static),
+    # and two static ones: not a static and a dynamic compile a model
+    assert len(counting.symbolic) <= len(heads) + 2 and counting.symbolic[:2] == [False, False]
+
+
 class _Holder:
     def __init__(self):
         self.t = torch.ones(2)
 
 
-def test_the_first_shape_is_shared_by_one_codes_functions_under_one_backend_and_no_further():
+def test_the_first_shape_is_shared_by_one_classs_modules_under_one_backend_and_no_further():
     """`first_shape`: a class's modules and their bound `forward`s share one record under one
-    backend; another backend, another class, a closure or a partial each have their own."""
+    backend, closures or not (transformers wraps every model's `forward` in one closure's code);
+    another backend, another class, a closure or a partial each have their own."""
     import functools
 
     from graphify.compile.shape_policy import first_shape

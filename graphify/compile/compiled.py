@@ -125,9 +125,10 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     per_shape = (lambda: compiled_with(False)) if dynamic == AUTO else None
     cnn = per_shape is not None and per_shape_from_the_start(fn)
     first = per_shape() if per_shape is not None and not background and not cnn else None
-    shape = first_shape(fn, shared_backend(*made, False, switched)) if first is not None else None
-    configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn), per_shape,
-                                     (first, shape) if first is not None else None)
+    if first is not None:
+        static = shared_backend(*made, False, switched)  # the one `first` holds
+        first = (first, first_shape(fn, static), static)
+    configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn), per_shape, first)
     if cnn:  # no dynamic trace to refuse first
         configured.per_shape.append(per_shape())
     return configured
@@ -174,13 +175,14 @@ def shared_backend(backend="inductor", mode=None, options=None, dynamic=None, sw
 
 def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
                         per_shape: "Callable[[], Callable] | None" = None,
-                        first: "tuple[Callable, FirstShape] | None" = None) -> Callable:
+                        first: "tuple[Callable, FirstShape, KeptCompiles] | None" = None) -> Callable:
     """`compiled`, called with dynamo's `config` in force (it applies when a call compiles),
     or through a compiled function loaded from the worker (`loads`, its `aot_loads`) whose
-    guards pass. With `first` (a static compile and the `FirstShape` of its code), calls whose
+    guards pass. With `first` (a static compile, its `FirstShape` and its backend), calls whose
     arguments match the first call's (`call_signature`) go to it, and from the first call that
-    differs every call goes to `compiled` (`graphify.compile.shape_policy`). Where `compiled`'s backend refuses a graph as
-    one to compile per shape, `per_shape()` makes the static compile every later call goes to.
+    differs (or after one that compiled it again) every call goes to `compiled`
+    (`graphify.compile.shape_policy`). Where `compiled`'s backend refuses a graph as one to
+    compile per shape, `per_shape()` makes the static compile every later call goes to.
     Keeps what marks it as torch.compile'd (`_torchdynamo_orig_callable`): captures find its
     eager original through it."""
     static: list[Callable] = []
@@ -196,7 +198,10 @@ def _with_dynamo_config(compiled: Callable, config: dict, loads: AotLoads,
             if static:
                 return static[0](*args, **kwargs)
             if first is not None and first[1].static(call_signature(args, kwargs)):
-                return first[0](*args, **kwargs)
+                made = len(first[2].outputs)
+                out = first[0](*args, **kwargs)
+                first[1].ran(len(first[2].outputs) > made)
+                return out
             try:
                 return compiled(*args, **kwargs)
             except Exception as exc:

@@ -28,12 +28,15 @@ compile each). Decided before the call, on its arguments, so no call is stopped 
 call that carries an object holding state (a transformers cache: `generate()`'s steps, whose
 cache is a new object of another length each `generate()`) is a loop's, compiled dynamically
 from the start. So is a compile in a worker (`Options(compile="background")`): one compile the
-worker makes serves every later shape. The first call's signature is kept per code and compile
-settings (`FirstShape`), not per graphified function, as dynamo keeps its cache entries: a model
-graphified again, or a second model of its class, at another shape goes to the dynamic compile
-at once and reuses the one already made, where a record of its own would compile each new
-wrapper's first shape static again (the zoo, a new wrapper per shape: 7-10 s a shape on the H200
-for BERT-base, against 0.2 s reusing the dynamic compile).
+worker makes serves every later shape. The first call's signature is kept per model class (or
+function) and compile settings (`FirstShape`), not per graphified function: a model graphified
+again, or a second model of its class, at another shape goes to the dynamic compile at once and
+reuses the one already made, where a record of its own would compile each new wrapper's first
+shape static again (the zoo, a new wrapper per shape: 7-10 s a shape on the H200 for BERT-base,
+against 0.2 s reusing the dynamic compile), each an entry on the code's cache until dynamo's
+recompile limit runs the rest eagerly. A call whose signature matches but whose static compile
+compiles again (a state the signature does not see changed: a tensor the function reads, another
+model's parameter shapes) is that compile's last: every call after goes to the dynamic compile.
 
 A module whose leaf modules are convolutions often enough (one in `LEAVES_PER_CONVOLUTION`
 or more: a CNN, never a ViT) is compiled per shape from the start, without the dynamic trace
@@ -193,14 +196,15 @@ def _holds(signature, item) -> bool:
 
 
 class FirstShape:
-    """The first call's signature (`call_signature`) of the functions of one code compiled with
-    one compile's settings, until a call of another signature (or one carrying an object that
-    holds state) makes them dynamic for good."""
+    """The first call's signature (`call_signature`) of the functions of one model class (or
+    function) compiled with one compile's settings, until a call of another signature (or one
+    carrying an object that holds state), or a second compile of the static one, makes them
+    dynamic for good."""
 
-    __slots__ = ("signature", "dynamic", "__weakref__")
+    __slots__ = ("signature", "dynamic", "compiled", "__weakref__")
 
     def __init__(self):
-        self.signature, self.dynamic = None, False
+        self.signature, self.dynamic, self.compiled = None, False, False
 
     def static(self, signature) -> bool:
         """Whether a call of `signature` goes to the first shape's static compile."""
@@ -210,6 +214,12 @@ class FirstShape:
         self.dynamic = True
         return False
 
+    def ran(self, compiled: bool) -> None:
+        """After a call went to the static compile: whether that call compiled. The first that
+        did made the static compile; another one means the static compile no longer serves."""
+        if compiled:
+            self.dynamic, self.compiled = self.compiled, True
+
 
 # By the static compile's backend (shared by the functions compiled with the same settings,
 # `graphify.compile.compiled.shared_backend`), then by code; gone with the backend.
@@ -217,13 +227,17 @@ _FIRSTS: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
 
 
 def first_shape(fn, backend) -> FirstShape:
-    """The `FirstShape` of `fn`'s code (a module's `forward`'s, a method's, a function's) under
-    `backend`; one of its own where `fn` has no code of its own to share (a partial, a callable
-    object) or is a closure, whose code graphify's compiles claim one closure at a time
-    (`graphify.compile.code_claims`), so closures of one code share no compiled entries."""
-    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
-    target = getattr(target, "__func__", target)
-    code = getattr(target, "__code__", None)
-    if code is None or getattr(target, "__closure__", None):
+    """The `FirstShape` shared under `backend` by `fn`'s kind: a module's class and `forward` (a
+    module and its bound `forward` are one), a bound method's class and function, a plain
+    function's code. One of its own for a closure (graphify's
+    compiles claim a closure's code one closure at a time, `graphify.compile.code_claims`, so
+    closures of one code share no compiled entries), a partial, or another callable object."""
+    if isinstance(fn, torch.nn.Module):
+        key = (type(fn), type(fn).forward)
+    elif getattr(fn, "__self__", None) is not None and hasattr(fn, "__func__"):
+        key = (type(fn.__self__), fn.__func__)
+    elif hasattr(fn, "__code__") and not getattr(fn, "__closure__", None):
+        key = fn.__code__
+    else:
         return FirstShape()
-    return _FIRSTS.setdefault(backend, {}).setdefault(code, FirstShape())
+    return _FIRSTS.setdefault(backend, {}).setdefault(key, FirstShape())
