@@ -201,7 +201,7 @@ class FirstShape:
     carrying an object that holds state), or a second compile of the static one, makes them
     dynamic for good."""
 
-    __slots__ = ("signature", "dynamic", "compiled", "__weakref__")
+    __slots__ = ("signature", "dynamic", "compiled")
 
     def __init__(self):
         self.signature, self.dynamic, self.compiled = None, False, False
@@ -222,16 +222,16 @@ class FirstShape:
 
 
 # By the static compile's backend (shared by the functions compiled with the same settings,
-# `graphify.compile.compiled.shared_backend`), then by code; gone with the backend.
+# `graphify.compile.compiled.shared_backend`), then by the function's kind; gone with the backend.
 _FIRSTS: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
 
 
 def first_shape(fn, backend) -> FirstShape:
     """The `FirstShape` shared under `backend` by `fn`'s kind: a module's class and `forward` (a
     module and its bound `forward` are one), a bound method's class and function, a plain
-    function's code. One of its own for a closure (graphify's
-    compiles claim a closure's code one closure at a time, `graphify.compile.code_claims`, so
-    closures of one code share no compiled entries), a partial, or another callable object."""
+    function's code. One of its own for a closure (graphify's compiles claim a closure's code
+    one closure at a time, `graphify.compile.code_claims`, so closures of one code share no
+    compiled entries), a partial, or another callable object."""
     if isinstance(fn, torch.nn.Module):
         key = (type(fn), type(fn).forward)
     elif getattr(fn, "__self__", None) is not None and hasattr(fn, "__func__"):
