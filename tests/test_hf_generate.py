@@ -211,6 +211,35 @@ def test_one_line_over_a_compiled_forward_does_not_recompile_per_call():
     assert calls_by_mode(model.forward) == counted(none=3 + 1, full=3 * 4 - 1)
 
 
+def test_a_chat_like_loop_under_the_compile_line_compiles_twice_and_equals_eager():
+    """`Options(compile=...)` over generate() calls of new prompt lengths, token counts and batch
+    sizes: the decode step carries its cache, so it compiles with dynamic shapes from the start
+    (not its first shape static and then again): one compile for batch 1, one for larger
+    batches, whatever the lengths; every call's tokens are eager's."""
+    import copy
+
+    from graphify import Options
+
+    symbolic = []
+
+    def counting(gm, example_inputs):
+        from torch.fx.experimental.symbolic_shapes import free_symbols
+
+        values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        symbolic.append(any(bool(free_symbols(v)) for v in values if isinstance(v, torch.Tensor)))
+        return gm.forward
+
+    model = make(FAMILIES, "Llama", "cpu")
+    twin = copy.deepcopy(model)
+    model.forward = graphify(model.forward, options=Options(backend="sim", compile={"backend": counting}))
+    with torch.no_grad():
+        for seed, (batch, length, new) in enumerate([(1, 5, 6), (1, 9, 4), (1, 14, 8), (2, 7, 5), (1, 20, 6),
+                                                     (2, 11, 7), (1, 6, 9)]):
+            ids = prompt(batch, length, "cpu", seed=seed)
+            torch.testing.assert_close(generate(model, ids, new)[0], generate(twin, ids, new)[0], rtol=0, atol=0)
+    assert symbolic == [True, True]
+
+
 def test_registrations_elsewhere_do_not_trigger_the_full_comparison():
     """The per-call check compares every edge only when something it watches moved: a
     generate() (whose forward slices the layers into a new ModuleList every step) and a
