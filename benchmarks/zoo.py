@@ -43,6 +43,7 @@ from torch.utils import _pytree as pytree
 from ._report import (cuda_spans, environment, fresh_compile_caches, publish, replay_us, run_process, summarise, sync,
                       table, worker_arguments)
 from . import _gpu_share as gpu_share
+from ._kernel_configs import chosen_configs
 from ._zoo_merge import merge
 from ._zoo_models import MODELS, TINY, available, by_name
 
@@ -196,6 +197,7 @@ def measure(model, spec, line: str, batch: int, length, device: str, inputs: tup
     if profile and device == "cuda":
         with gpu_share.timing():
             row.update(profiled(lambda: fn(**fixed)))
+        row["configs"] = chosen_configs(os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""), _SEEN_SOURCES)
     return row
 
 
@@ -210,6 +212,9 @@ def errors(fn, fresh: list[dict], want: list, exact: "list | None") -> tuple[flo
         if exact is not None:
             error_exact = max(error_exact, largest_difference(got, exact[i]))
     return error, error_exact
+
+
+_SEEN_SOURCES: set = set()  # kernel sources an earlier row of this worker's line already reported
 
 
 def profiled(call) -> dict:

@@ -77,7 +77,40 @@ def report(rows: list[dict], model: str, batch: int, line_a: str, line_b: str, t
         c[0] += ca; c[1] += cb; c[2] += ua; c[3] += ub  # noqa: E702
     out += ["", "| class | count a | count b | µs a | µs b |", "|---|---|---|---|---|"]
     out += [f"| {cls} | {ca:.0f} | {cb:.0f} | {ua:.1f} | {ub:.1f} |" for cls, (ca, cb, ua, ub) in sorted(classes.items())]
+    picks = [picks_of(rows, model, batch, line) for line in (line_a, line_b)]
+    shown = [k for k, *_ in diff[:top] if k in picks[0] or k in picks[1]]
+    if shown:
+        out += ["", "Autotuner's picks (`benchmarks._kernel_configs`; one per kernel compiled of that name):", "",
+                "| kernel | picks a | picks b |", "|---|---|---|"]
+        out += [f"| `{k[:90]}` | {described(picks[0].get(k))} | {described(picks[1].get(k))} |" for k in shown]
     return "\n".join(out)
+
+
+def picks_of(rows: list[dict], model: str, batch: int, line: str) -> dict[str, list[dict]]:
+    """The picks a line's rows of `model` recorded (`configs`): each row records the kernels
+    its own shape's compile built, so a kernel an earlier shape built is looked up there; the
+    row of `batch` first. By kind (`kind`: inductor's running number folded), as the table is."""
+    mine = [r for r in rows if r["model"] == model and r["line"] == line]
+    picks: dict[str, list[dict]] = {}
+    for r in sorted(mine, key=lambda r: r["batch"] != batch):
+        folded: dict[str, list[dict]] = {}
+        for name, configs in (r.get("configs") or {}).items():
+            folded.setdefault(kind(name), []).extend(configs)
+        for name, configs in folded.items():
+            picks.setdefault(name, configs)
+    return picks
+
+
+def described(configs: "list[dict] | None") -> str:
+    """`XBLOCK=1024 w4 s1`-like text for each pick, or '-'."""
+    if not configs:
+        return "-"
+    def one(c: dict) -> str:
+        blocks = [f"{k}={v}" for k, v in c.items() if k.endswith("BLOCK")]
+        tail = [f"w{c['num_warps']}" if "num_warps" in c else "", f"s{c['num_stages']}" if "num_stages" in c else "",
+                "coordesc" if c.get("found_by_coordesc") else ""]
+        return " ".join(blocks + [t for t in tail if t])
+    return ", ".join(sorted({one(c) for c in configs}))
 
 
 def _rows_of(result: str) -> list[dict]:

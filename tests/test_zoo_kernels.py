@@ -102,3 +102,37 @@ def test_a_profiled_zoo_run_on_the_gpu_lines_up_two_lines(tmp_path, monkeypatch)
     text = zoo_kernels.report(result["rows"], "transformers/bert-tiny", 1, "reduce_overhead", "graphify",
                               length=result["rows"][0]["length"])
     assert "| class |" in text
+
+
+def test_the_autotuners_picks_are_read_from_inductors_cache_each_once(tmp_path):
+    """`chosen_configs`: a kernel's pick is the `.best_config` inductor keeps beside its source
+    (found with inductor's own key), named by the kernel the source defines; a source without
+    one has no pick; sources already seen are left out and the rest added."""
+    from benchmarks._kernel_configs import _best_config_path, chosen_configs
+
+    folder = tmp_path / "ab"
+    folder.mkdir()
+    tuned, untuned = folder / "cabc.py", folder / "cabd.py"
+    tuned.write_text("import triton\n\n@triton.jit\ndef triton_poi_fused_mul_silu_3(in_ptr0, xnumel):\n    pass\n")
+    untuned.write_text("def triton_red_fused_mean_0(in_ptr0):\n    pass\n")
+    pick = {"XBLOCK": 1024, "num_warps": 4, "num_stages": 1, "configs_hash": "h", "found_by_coordesc": False}
+    with open(_best_config_path(str(tuned)), "w") as f:
+        json.dump(pick, f)
+    seen: set = set()
+    assert chosen_configs(str(tmp_path), seen) == {
+        "triton_poi_fused_mul_silu_3": [{"XBLOCK": 1024, "num_warps": 4, "num_stages": 1, "found_by_coordesc": False}]}
+    assert chosen_configs(str(tmp_path), seen) == {} and seen == {str(tuned)}
+    assert chosen_configs(str(tmp_path / "nowhere")) == {}
+
+
+def test_the_report_shows_each_lines_picks_for_the_kernels_that_differ():
+    rows = _rows()
+    rows[0]["configs"] = {"triton_poi_fused_add_1": [{"XBLOCK": 512, "num_warps": 4, "num_stages": 1}]}
+    rows[1]["configs"] = {}
+    rows.append({"model": "m", "batch": 8, "line": "graphify_compile",  # an earlier shape built it
+                 "configs": {"triton_poi_fused_add_7": [{"XBLOCK": 1024, "num_warps": 8, "num_stages": 1,
+                                                         "found_by_coordesc": True}]}})
+    text = zoo_kernels.report(rows, "m", 1, "reduce_overhead", "graphify_compile")
+    assert "| `triton_poi_fused_add` | XBLOCK=512 w4 s1 | XBLOCK=1024 w8 s1 coordesc |" in text
+    assert "`triton_red_fused_mean` |" not in text.split("Autotuner's picks")[1]  # neither line has a pick for it
+    assert "Autotuner's picks" not in zoo_kernels.report(_rows(), "m", 1, "reduce_overhead", "graphify_compile")

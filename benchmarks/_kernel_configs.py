@@ -1,0 +1,54 @@
+"""The launch configs inductor's autotuner chose for each Triton kernel a compile built.
+
+A pointwise or reduction kernel with several candidate configs is timed at its first run and
+the fastest kept (`triton.autotune_pointwise`); inductor saves the pick beside the kernel's
+source, as a `.best_config` file in its cache. Two processes compiling the same kernel can pick
+differently, so a kernel slower in one line than in another may be the pick, not the code:
+`benchmarks.zoo --profile` records each row's picks, and `benchmarks.zoo_kernels` shows them
+beside the kernels that differ.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+__all__ = ["chosen_configs", "KEPT"]
+
+KEPT = ("XBLOCK", "YBLOCK", "R0_BLOCK", "RBLOCK", "num_warps", "num_stages", "found_by_coordesc")
+_NAME = re.compile(r"^def (triton_\w+)\(", re.M)
+
+
+def _best_config_path(source: str) -> str:
+    """Where inductor keeps the pick for the kernel whose source file is `source`."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    return AutotuneCache._make_local_cache_key(os.path.dirname(source), AutotuneCache._prepare_key(source))
+
+
+def chosen_configs(cache_dir: str, seen: "set[str] | None" = None) -> dict[str, list[dict]]:
+    """Kernel name -> the picks (one a compiled kernel of that name) of the kernels under inductor's
+    cache `cache_dir` that have one, leaving out sources in `seen` and adding the rest to it (a
+    process's later shape: only what its own compile built)."""
+    picks: dict[str, list[dict]] = {}
+    for source in sorted(glob.glob(os.path.join(cache_dir, "**", "*.py"), recursive=True)):
+        if seen is not None and source in seen:
+            continue
+        try:
+            best = _best_config_path(source)
+        except Exception:  # noqa: BLE001 - an inductor without this cache layout: no picks to show
+            return picks
+        if not os.path.exists(best):
+            continue
+        with open(source) as f:
+            name = _NAME.search(f.read())
+        if name is None:
+            continue
+        with open(best) as f:
+            config = json.load(f)
+        picks.setdefault(name.group(1), []).append({k: config[k] for k in KEPT if k in config})
+        if seen is not None:
+            seen.add(source)
+    return picks
