@@ -636,3 +636,22 @@ def test_a_calls_signature_holds_its_tensors_shapes_and_plain_values_and_nothing
     assert sig((torch.ones(1), [torch.ones(1), {"a": 2.0}])) is not None
     assert sig(torch.ones(2), past_key_values=_Holder()) is None
     assert sig([_Holder()]) is None and sig(fn=len) is None
+
+
+def test_a_static_compile_made_again_is_seen_with_options_that_cannot_be_shared():
+    """Options holding an unhashable value give a function a backend of its own: the static
+    compile's recompiles are still counted on the backend it compiles with."""
+    from graphify.compile.compiled import compile_for_captures
+
+    class TakingOptions(Counting):  # torch.compile hands a backend the options as keywords
+        def __call__(self, gm, example_inputs, **options):
+            return super().__call__(gm, example_inputs)
+
+    counting, table = TakingOptions(), [torch.randn(2, 4)]
+    fn = compile_for_captures("lookup", lambda x: x @ table[0].T,
+                              {"backend": counting, "options": {"unhashable": [1]}})
+    for k in range(2, 8):
+        table[0] = torch.randn(k, 4)
+        x = torch.randn(3, 4)
+        assert torch.equal(fn(x), x @ table[0].T)
+    assert fn.first_shape.dynamic and len(counting.symbolic) <= 3

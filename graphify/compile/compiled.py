@@ -117,17 +117,17 @@ def compile_for_captures(label: str, fn: Callable, how: "bool | str | dict") -> 
     rewrites.ready(switched)  # Triton and the GEMV imported here and now, not inside the call that takes compiled graphs in (0.15 s, H200)
     made = (how.pop("backend"), how.pop("mode"), how.pop("options"))
 
-    def compiled_with(dynamic) -> Callable:  # holds its backend, so the backend's outputs
+    def compiled_with(dynamic, backend=None) -> Callable:  # holds its backend, so the backend's outputs
         auto = dynamic == AUTO
-        backend = shared_backend(*made, True if auto else dynamic, switched, specialise=auto)
+        backend = backend or shared_backend(*made, True if auto else dynamic, switched, specialise=auto)
         return torch.compile(fn, backend=backend, dynamic=True if auto else dynamic, **how)
 
     per_shape = (lambda: compiled_with(False)) if dynamic == AUTO else None
     cnn = per_shape is not None and per_shape_from_the_start(fn)
-    first = per_shape() if per_shape is not None and not background and not cnn else None
-    if first is not None:
-        static = shared_backend(*made, False, switched)  # the one `first` holds
-        first = (first, first_shape(fn, static), static)
+    first = None
+    if per_shape is not None and not background and not cnn:
+        static = shared_backend(*made, False, switched)  # one per settings (one per function if unhashable)
+        first = (compiled_with(False, static), first_shape(fn, static), static)
     configured = _with_dynamo_config(compiled_with(dynamic), dict(DYNAMO_CONFIG), AotLoads(fn), per_shape, first)
     if cnn:  # no dynamic trace to refuse first
         configured.per_shape.append(per_shape())
