@@ -40,7 +40,7 @@ else touch /tmp/before.done
 fi
 if [ -n "$SUITE" ]; then  # GPU 0 runs the tests named (SUITE_TESTS, default all), then takes models too
   (while [ ! -e /tmp/before.done ]; do sleep 2; done
-   CUDA_VISIBLE_DEVICES=0 taskset -c $(cores 0) timeout $(( END - $(date +%s) )) python3 -m pytest -q -rs -n ${XDIST:-8} -p no:cacheprovider ${SUITE_TESTS:-tests} --durations=15 \
+   CUDA_VISIBLE_DEVICES=0 taskset -c $(cores 0) timeout $(( END - $(date +%s) )) python3 -m pytest -v -rfEs -n ${XDIST:-8} -p no:cacheprovider ${SUITE_TESTS:-tests} --durations=15 \
       --deselect tests/test_distributed.py::test_tensor_parallel_cuda_graphs_with_nccl_equal_the_single_gpu_model > $OUT/logs/pytest.txt 2>&1
    log "tests rc=$? $(tail -1 $OUT/logs/pytest.txt)"; save; gpu_loop 0 $(cores 0)) &
 fi

@@ -13,7 +13,7 @@ save() { tar -czf $OUT/bundle.tar.gz -C $OUT logs 2>/dev/null; true; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . > $OUT/logs/install.txt 2>&1; log installed
 [ -n "$WEIGH" ] && { PYTHONPATH=. timeout 120 python3 notes/device/layout_weighing.py timm/regnety_016 torchvision/regnet_y_800mf \
   timm/resnext50_32x4d timm/resnet50 > $OUT/logs/weighing.jsonl 2> $OUT/logs/weighing.err; log "weighing rc=$?"; save; }
-taskset -c 0-15 timeout ${SUITE_S:-530} python3 -m pytest -q -rs -n 8 -p no:cacheprovider tests --durations=15 -o faulthandler_timeout=200 \
+taskset -c 0-15 timeout ${SUITE_S:-530} python3 -m pytest -v -rfEs -n 8 -p no:cacheprovider tests --durations=15 -o faulthandler_timeout=200 \
    --deselect tests/test_distributed.py::test_tensor_parallel_cuda_graphs_with_nccl_equal_the_single_gpu_model > $OUT/logs/pytest.txt 2>&1
 log "suite rc=$? $(tail -1 $OUT/logs/pytest.txt)"; save
 [ -n "$THEN" ] && { bash -c "$THEN"; log "then rc=$?"; }; true
