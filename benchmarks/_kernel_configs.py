@@ -28,10 +28,15 @@ def _best_config_path(source: str) -> str:
     return AutotuneCache._make_local_cache_key(os.path.dirname(source), AutotuneCache._prepare_key(source))
 
 
-def chosen_configs(cache_dir: str, seen: "set[str] | None" = None) -> dict[str, list[dict]]:
+def chosen_configs(cache_dir: "str | None" = None, seen: "set[str] | None" = None) -> dict[str, list[dict]]:
     """Kernel name -> the picks (one a compiled kernel of that name) of the kernels under inductor's
-    cache `cache_dir` that have one, leaving out sources in `seen` and adding the rest to it (a
-    process's later shape: only what its own compile built)."""
+    cache `cache_dir` (this process's, `TORCHINDUCTOR_CACHE_DIR` or inductor's default, if None)
+    that have one, leaving out sources in `seen` and adding the rest to it (a process's later
+    shape: only what its own compile built)."""
+    if cache_dir is None:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir as inductors
+
+        cache_dir = inductors()
     picks: dict[str, list[dict]] = {}
     for source in sorted(glob.glob(os.path.join(cache_dir, "**", "*.py"), recursive=True)):
         if seen is not None and source in seen:

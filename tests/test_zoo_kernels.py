@@ -99,6 +99,8 @@ def test_a_profiled_zoo_run_on_the_gpu_lines_up_two_lines(tmp_path, monkeypatch)
     rows = {r["line"]: r for r in result["rows"] if r["length"] == result["rows"][0]["length"]}
     for r in rows.values():
         assert r["kernels"] > 0 and sum(c for _, c, _ in r["every_kernel"]) == pytest.approx(r["kernels"])
+        assert all(name.startswith("triton_") and all("num_warps" in c for c in picks)
+                   for name, picks in r["configs"].items())  # the picks a row's own compile made, if any
     text = zoo_kernels.report(result["rows"], "transformers/bert-tiny", 1, "reduce_overhead", "graphify",
                               length=result["rows"][0]["length"])
     assert "| class |" in text
