@@ -77,7 +77,7 @@ def report(rows: list[dict], model: str, batch: int, line_a: str, line_b: str, t
         c[0] += ca; c[1] += cb; c[2] += ua; c[3] += ub  # noqa: E702
     out += ["", "| class | count a | count b | µs a | µs b |", "|---|---|---|---|---|"]
     out += [f"| {cls} | {ca:.0f} | {cb:.0f} | {ua:.1f} | {ub:.1f} |" for cls, (ca, cb, ua, ub) in sorted(classes.items())]
-    picks = [picks_of(rows, model, batch, line) for line in (line_a, line_b)]
+    picks = [picks_of(rows, model, batch, line, length) for line in (line_a, line_b)]
     shown = [k for k, *_ in diff[:top] if k in picks[0] or k in picks[1]]
     if shown:
         out += ["", "Autotuner's picks (`benchmarks._kernel_configs`; one per kernel compiled of that name):", "",
@@ -86,13 +86,14 @@ def report(rows: list[dict], model: str, batch: int, line_a: str, line_b: str, t
     return "\n".join(out)
 
 
-def picks_of(rows: list[dict], model: str, batch: int, line: str) -> dict[str, list[dict]]:
+def picks_of(rows: list[dict], model: str, batch: int, line: str, length=None) -> dict[str, list[dict]]:
     """The picks a line's rows of `model` recorded (`configs`): each row records the kernels
     its own shape's compile built, so a kernel an earlier shape built is looked up there; the
-    row of `batch` first. By kind (`kind`: inductor's running number folded), as the table is."""
+    row of `batch` (and `length`) first. By kind (`kind`: inductor's running number folded), as
+    the table is."""
     mine = [r for r in rows if r["model"] == model and r["line"] == line]
     picks: dict[str, list[dict]] = {}
-    for r in sorted(mine, key=lambda r: r["batch"] != batch):
+    for r in sorted(mine, key=lambda r: (r["batch"] != batch, length is not None and r.get("length") != length)):
         folded: dict[str, list[dict]] = {}
         for name, configs in (r.get("configs") or {}).items():
             folded.setdefault(kind(name), []).extend(configs)
