@@ -22,10 +22,14 @@ _NAME = re.compile(r"^def (triton_\w+)\(", re.M)
 
 
 def _best_config_path(source: str) -> str:
-    """Where inductor keeps the pick for the kernel whose source file is `source`."""
+    """Where inductor keeps the pick for the kernel whose source file is `source`: beside it, named
+    by inductor's key for it (torch 2.13 folds torch's own key into the name; 2.11 does not)."""
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
-    return AutotuneCache._make_local_cache_key(os.path.dirname(source), AutotuneCache._prepare_key(source))
+    key, folder = AutotuneCache._prepare_key(source), os.path.dirname(source)
+    if hasattr(AutotuneCache, "_make_local_cache_key"):
+        return AutotuneCache._make_local_cache_key(folder, key)
+    return os.path.join(folder, f"{key}.best_config")
 
 
 def chosen_configs(cache_dir: "str | None" = None, seen: "set[str] | None" = None) -> dict[str, list[dict]]:

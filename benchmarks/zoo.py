@@ -360,7 +360,7 @@ def main(argv=None) -> dict | None:
     parser.add_argument("--models", nargs="+", default=None, help="names, libraries or kinds (default: all installed)")
     parser.add_argument("--lines", nargs="+", default=list(LINES), choices=KNOWN_LINES)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--smoke", action="store_true", help="a tiny BERT on the CPU simulation")
+    parser.add_argument("--smoke", action="store_true", help="a tiny BERT (on the CPU simulation where there is no GPU)")
     parser.add_argument("--profile", action="store_true",
                         help="also each line's kernels a call, GPU ms and idle µs, and its costliest kernels (GPU)")
     worker_arguments(parser, timeout=600)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -47,8 +48,11 @@ def test_the_smoke_run_measures_every_line_and_shape_equal_to_eager(tmp_path, mo
         # the simulation replays the kernels eager ran; 8 tokens are padded to 16 (an encoder's
         # sequence, `graphify.base.length_padding`): the same values to rounding
         assert ours["max_err"] <= (0 if n == 16 else 1e-5)
-        # on the CPU the model is fp32: its fp32 copy is eager itself, so eager's error from it is none
-        assert rows["eager", n]["max_err_exact"] == 0 and ours["max_err_exact"] <= (0 if n == 16 else 1e-5)
+        # on the CPU the model is fp32: its fp32 copy is eager itself, so eager's error from it is none;
+        # on a GPU the model is bf16, and graphify's error from the fp32 copy is eager's own
+        eagers = rows["eager", n]["max_err_exact"]
+        assert eagers == 0 or torch.cuda.is_available()
+        assert ours["max_err_exact"] <= eagers + (0 if n == 16 else 1e-5) + (2e-2 * eagers)
         assert ours["replayed"] > 0 and ours["ms"] > 0 and ours["vs_eager"] is not None
         assert ours["pool_mib"] is not None and ours["pool_mib"] >= 0 and rows["eager", n]["pool_mib"] is None
         assert not any("cannot capture" in w for w in ours["warnings"]), ours["warnings"]

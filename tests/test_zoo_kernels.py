@@ -106,11 +106,17 @@ def test_a_profiled_zoo_run_on_the_gpu_lines_up_two_lines(tmp_path, monkeypatch)
     assert "| class |" in text
 
 
-def test_the_autotuners_picks_are_read_from_inductors_cache_each_once(tmp_path):
+@pytest.mark.parametrize("layout", ["this torch's", "torch 2.11's (no torch key in the name)"])
+def test_the_autotuners_picks_are_read_from_inductors_cache_each_once(tmp_path, monkeypatch, layout):
     """`chosen_configs`: a kernel's pick is the `.best_config` inductor keeps beside its source
     (found with inductor's own key), named by the kernel the source defines; a source without
     one has no pick; sources already seen are left out and the rest added."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
     from benchmarks._kernel_configs import _best_config_path, chosen_configs
+
+    if layout.startswith("torch 2.11"):
+        monkeypatch.delattr(AutotuneCache, "_make_local_cache_key", raising=False)
 
     folder = tmp_path / "ab"
     folder.mkdir()
@@ -120,6 +126,8 @@ def test_the_autotuners_picks_are_read_from_inductors_cache_each_once(tmp_path):
     pick = {"XBLOCK": 1024, "num_warps": 4, "num_stages": 1, "configs_hash": "h", "found_by_coordesc": False}
     with open(_best_config_path(str(tuned)), "w") as f:
         json.dump(pick, f)
+    if layout.startswith("torch 2.11"):
+        assert _best_config_path(str(tuned)) == str(folder / f"{AutotuneCache._prepare_key(str(tuned))}.best_config")
     seen: set = set()
     assert chosen_configs(str(tmp_path), seen) == {
         "triton_poi_fused_mul_silu_3": [{"XBLOCK": 1024, "num_warps": 4, "num_stages": 1, "found_by_coordesc": False}]}
