@@ -174,8 +174,9 @@ def measure(model, spec, line: str, batch: int, length, device: str, inputs: tup
                 calls.append(time.perf_counter() - t0)
         if line.startswith("graphify_background"):
             # the worker process runs the compiled code on this GPU (inductor times kernel configs
-            # there, and saves the call): that is GPU use too, not to run beside another's timing
-            with gpu_share.using():
+            # there, and saves the call): held alone, as this process's own tuning is (`tune_alone`),
+            # so its picks are not made beside another process's work
+            with gpu_share.alone():
                 fn.wait_compiles(timeout=1200)
                 for _ in range(STEADY_CALLS):  # the swap: its kind captures again, with the compiled code
                     fn(**fixed)
@@ -282,6 +283,7 @@ def emit(row: dict, out: str) -> None:
 def worker(job: dict, out: str) -> None:
     """In a process of its own, cold caches: one model and line, every batch and length."""
     spec, model, device, dtype = cold_model(job["model"])
+    gpu_share.tune_alone()  # the autotuner's and the layout policy's timings: never beside another process
     with torch.inference_mode():
         shapes = [(batch, length) for batch in job["batches"] for length in spec.lengths]
         inputs = {s: shape_inputs(spec, *s, device, dtype) for s in shapes}

@@ -6,7 +6,7 @@
 # GPU 0 first runs pytest on SUITE_TESTS (default: all tests), then takes models too. BEFORE="cmd":
 # GPU 0 runs cmd (its output in logs/before.txt) before anything else. PER_GPU=2: two workers a
 # GPU, each on half its cores, timing only while the other leaves the GPU alone
-# (`benchmarks._gpu_share`: compiles overlap, timed calls never do).
+# (`benchmarks._gpu_share`: compiles overlap; timed calls and the timings that pick kernels never do).
 #
 #   MODELS="timm/resnet50 transformers/bert-base" BUDGET_S=540 bash benchmarks/zoo_device_run.sh
 # Every model's table and JSON, and the logs, go into $OUT/bundle.tar.gz as they come.

@@ -277,17 +277,17 @@ def test_every_variant_line_names_settings_inductor_has():
     assert zoo.VARIANTS["graphify_compile_channels_first"]["options"] == {"layout_optimization": False}
 
 
-def test_a_background_lines_compile_holds_the_gpu_share_while_its_worker_runs(monkeypatch):
-    """The background line's worker process runs the compiled code on the GPU (inductor times
-    kernel configs there): waiting for it is GPU use, so another process's timed calls never
-    run beside it; only the line's own timed calls hold the GPU alone."""
+def test_a_background_lines_compile_holds_the_gpu_alone_while_its_worker_runs(monkeypatch):
+    """The background line's worker process runs the compiled code on the GPU and inductor times
+    kernel configs there: waiting for it holds the GPU alone, so neither another process's
+    timed calls nor its untimed work run beside the worker's picks."""
     import contextlib
 
     import torch
 
     from benchmarks import _zoo_models, zoo
 
-    held = {"using": 0, "timing": 0}
+    held = {"using": 0, "alone": 0}
     waits = []
 
     def holding(kind):
@@ -311,12 +311,12 @@ def test_a_background_lines_compile_holds_the_gpu_share_while_its_worker_runs(mo
             waits.append(dict(held))
 
     monkeypatch.setattr(zoo.gpu_share, "using", holding("using"))
-    monkeypatch.setattr(zoo.gpu_share, "timing", holding("timing"))
+    monkeypatch.setattr(zoo.gpu_share, "alone", holding("alone"))
     monkeypatch.setattr(zoo, "wrapped", lambda model, line, device: Background())
     with torch.inference_mode():
         inputs = zoo.shape_inputs(spec, 2, 8, "cpu", torch.float32)
         row = zoo.measure(model, spec, "graphify_background", 2, 8, "cpu", inputs)
-    assert waits == [{"using": 1, "timing": 0}]
+    assert waits == [{"using": 0, "alone": 1}]
     assert row["max_err"] == 0 and row["ms"] > 0
 
 
@@ -386,3 +386,104 @@ def test_errors_compare_each_output_before_the_next_call_overwrites_it():
     assert error == 0.0 and error_exact == pytest.approx(0.25)
     outputs = [fn(**x) for x in fresh]  # collected first, every one is the last call's
     assert max(zoo.largest_difference(o, w) for o, w in zip(outputs, want)) > 0
+
+
+def _blocked(lock, kind) -> bool:
+    """Whether `kind` cannot be taken on `lock` now (a new open file: it meets every other hold,
+    this process's too)."""
+    import fcntl
+
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, kind | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+def test_alone_inside_untimed_use_waits_for_the_other_process_then_shares_again(tmp_path, monkeypatch):
+    """`_gpu_share.alone()`: from inside `using()` it lets this process's share go, waits for the
+    other process's use to end, holds the GPU alone, and takes the share back after."""
+    import fcntl
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from benchmarks import _gpu_share
+
+    lock, ready = tmp_path / "gpu0.lock", tmp_path / "ready"
+    monkeypatch.setenv(_gpu_share.ENV, str(lock))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import pathlib, time\nfrom benchmarks import _gpu_share\n"
+        f"with _gpu_share.using():\n    pathlib.Path({str(ready)!r}).touch()\n    time.sleep(1.0)\n")],
+        env={**__import__("os").environ, _gpu_share.ENV: str(lock)}, cwd=str(Path(__file__).parents[1]))
+    try:
+        deadline = time.time() + 30
+        while not ready.exists() and time.time() < deadline:
+            time.sleep(0.02)
+        assert ready.exists()
+        with _gpu_share.using():
+            t0 = time.perf_counter()
+            with _gpu_share.alone():
+                waited = time.perf_counter() - t0
+                assert _blocked(lock, fcntl.LOCK_SH)  # nobody else may use the GPU now
+                with _gpu_share.alone(), _gpu_share.timing():  # already alone: nothing more to take
+                    pass
+            assert waited >= 0.5
+            assert _blocked(lock, fcntl.LOCK_EX) and not _blocked(lock, fcntl.LOCK_SH)  # shared again
+        assert not _blocked(lock, fcntl.LOCK_EX)
+    finally:
+        holder.wait(30)
+
+
+def test_tune_alone_makes_the_timings_that_pick_kernels_hold_the_gpu_alone(tmp_path, monkeypatch):
+    """`_gpu_share.tune_alone()`: inductor's benchmarker and graphify's convolution timing run
+    alone (once wrapped however often installed); the real ones are where it looks; nothing is
+    wrapped without a lock named."""
+    import fcntl
+    import types
+
+    from benchmarks import _gpu_share
+
+    lock = tmp_path / "gpu0.lock"
+    seen = []
+
+    class Benchmarker:
+        def benchmark(self, fn):
+            return self.benchmark_gpu(fn)
+
+        def benchmark_gpu(self, fn):
+            seen.append(_blocked(lock, fcntl.LOCK_SH))
+            return fn()
+
+    bench, conv = Benchmarker(), types.SimpleNamespace(_timed=lambda c: seen.append(_blocked(lock, fcntl.LOCK_SH)))
+    _gpu_share.tune_alone(bench, conv)  # no lock named: left as they are
+    assert "benchmark" not in vars(bench) and not hasattr(conv._timed, "bench_alone")
+    monkeypatch.setenv(_gpu_share.ENV, str(lock))
+    _gpu_share.tune_alone(bench, conv)
+    _gpu_share.tune_alone(bench, conv)
+    assert not hasattr(bench.benchmark_gpu.__wrapped__, "__wrapped__")  # wrapped once
+    with _gpu_share.using():
+        assert bench.benchmark(lambda: 1.5) == 1.5
+        conv._timed(None)
+        assert _blocked(lock, fcntl.LOCK_EX)  # the share taken back after each
+    assert seen == [True, True]
+
+    from torch._inductor.runtime import benchmarking
+
+    from graphify.compile import conv_timing
+
+    real, before = benchmarking.benchmarker, dict(vars(benchmarking.benchmarker))
+    monkeypatch.setattr(conv_timing, "_timed", conv_timing._timed)  # put back after
+    try:
+        _gpu_share.tune_alone()
+        assert all(getattr(getattr(o, n), "bench_alone", False)
+                   for o, n in ((real, "benchmark"), (real, "benchmark_gpu"), (conv_timing, "_timed")))
+    finally:
+        for name in ("benchmark", "benchmark_gpu"):
+            if name in before:
+                setattr(real, name, before[name])
+            else:
+                vars(real).pop(name, None)
