@@ -59,6 +59,9 @@ VARIANTS = {"graphify_compile_static": {"dynamic": False}, "graphify_compile_aut
             # a static compile per captured shape, made in the worker: the static kernels (the Llama-1B
             # shape's rotary kernel half the time of the symbolic length's) at no wait to the caller
             "graphify_background_static": {"background": True, "dynamic": False},
+            # the background line as a service runs it: calls go on while the worker compiles (it times
+            # kernel configs beside them), where the plain background line's caller waits idle
+            "graphify_background_busy": "background",
             # inductor's channels-last layout off: at fixed shapes its heuristic turns it on for grouped
             # convolutions (RegNetY), which the peer's dynamic graph after a second batch size never does
             "graphify_compile_channels_first": {"options": {"layout_optimization": False}}}
@@ -71,6 +74,26 @@ FIND_LINES = tuple(f"{line}{CUDNN_FIND}" for line in ("reduce_overhead", "graphi
 # next call, as reduce-overhead's are) instead of a copy of them (the default): what the copy costs
 VIEW = "_view"
 VIEW_LINES = tuple(f"{line}{VIEW}" for line in ("graphify", "graphify_compile", "graphify_background"))
+BUSY = "_busy"
+COMPILE_WAIT_S = 1200
+
+
+def wait_for_compiles(fn, call=None, timeout: float = COMPILE_WAIT_S) -> int:
+    """Wait for a background line's compiles (at most `timeout` s); with `call`, calling it all
+    the while (a service's loop going on), synchronised every tenth call. Returns the calls made."""
+    if call is None:
+        fn.wait_compiles(timeout=timeout)
+        return 0
+    made, end = 0, time.perf_counter() + timeout
+    while not fn.wait_compiles(timeout=0) and time.perf_counter() < end:
+        call()
+        made += 1
+        if made % 10 == 0:
+            sync()
+    sync()
+    return made
+
+
 # warnings a line gives that are torch's or a library's notices of deprecation, not what a user
 # of the line is told about their model (torch.compile's own `torch.jit.script_method` notice)
 LIBRARY_NOTICES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
@@ -177,7 +200,7 @@ def measure(model, spec, line: str, batch: int, length, device: str, inputs: tup
             # there, and saves the call): held alone, as this process's own tuning is (`tune_alone`),
             # so its picks are not made beside another process's work
             with gpu_share.alone():
-                fn.wait_compiles(timeout=1200)
+                wait_for_compiles(fn, (lambda: fn(**fixed)) if line.endswith(BUSY) else None)
                 for _ in range(STEADY_CALLS):  # the swap: its kind captures again, with the compiled code
                     fn(**fixed)
                 sync()

@@ -304,20 +304,36 @@ def test_a_background_lines_compile_holds_the_gpu_alone_while_its_worker_runs(mo
     model = spec.build().eval()
 
     class Background:
+        """Its compiles settle at the third look that does not wait."""
+
+        def __init__(self):
+            self.calls, self.looks = [], 0
+
         def __call__(self, **x):
+            self.calls.append(self.looks)
             return model(**x)
 
         def wait_compiles(self, timeout):
-            waits.append(dict(held))
+            waits.append((dict(held), timeout))
+            self.looks += 1
+            return timeout != 0 or self.looks >= 3
 
+    made = []
     monkeypatch.setattr(zoo.gpu_share, "using", holding("using"))
     monkeypatch.setattr(zoo.gpu_share, "alone", holding("alone"))
-    monkeypatch.setattr(zoo, "wrapped", lambda model, line, device: Background())
+    monkeypatch.setattr(zoo, "wrapped", lambda model, line, device: made.append(Background()) or made[-1])
     with torch.inference_mode():
         inputs = zoo.shape_inputs(spec, 2, 8, "cpu", torch.float32)
         row = zoo.measure(model, spec, "graphify_background", 2, 8, "cpu", inputs)
-    assert waits == [{"using": 0, "alone": 1}]
-    assert row["max_err"] == 0 and row["ms"] > 0
+        assert waits == [({"using": 0, "alone": 1}, zoo.COMPILE_WAIT_S)]
+        assert row["max_err"] == 0 and row["ms"] > 0
+        # the busy line: calls go on while the worker compiles, a call after each look that found
+        # the compiles running, none after the look that found them settled (but the swap's)
+        waits.clear()
+        row = zoo.measure(model, spec, "graphify_background_busy", 2, 8, "cpu", inputs)
+    assert waits == [({"using": 0, "alone": 1}, 0)] * 3
+    during = [looks for looks in made[-1].calls if 0 < looks < 3]
+    assert during == [1, 2] and row["max_err"] == 0
 
 
 class _Mix(__import__("torch").nn.Module):
