@@ -61,7 +61,7 @@ VARIANTS = {"graphify_compile_static": {"dynamic": False}, "graphify_compile_aut
             "graphify_background_static": {"background": True, "dynamic": False},
             # the background line as a service runs it: calls go on while the worker compiles (it times
             # kernel configs beside them), where the plain background line's caller waits idle
-            "graphify_background_busy": "background",
+            "graphify_background_busy": {"background": True},
             # inductor's channels-last layout off: at fixed shapes its heuristic turns it on for grouped
             # convolutions (RegNetY), which the peer's dynamic graph after a second batch size never does
             "graphify_compile_channels_first": {"options": {"layout_optimization": False}}}
