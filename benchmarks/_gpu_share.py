@@ -97,11 +97,12 @@ def _alone_while(method):
     return wrapped
 
 
-def tune_alone(benchmarker=None, conv_timing=None) -> None:
+def tune_alone(benchmarker=None, conv_timing=None, graphify: bool = True) -> None:
     """Make the timings that choose kernels hold the GPU alone (`alone()`): inductor's
     benchmarker (`torch._inductor.runtime.benchmarking.benchmarker`, or the one given), which
-    Triton's autotuner and max-autotune time candidates with, and graphify's timing of a grouped
-    convolution in both layouts (`graphify.compile.conv_timing`, or the module given).
+    Triton's autotuner and max-autotune time candidates with, and, for a graphify line,
+    graphify's timing of a grouped convolution in both layouts (`graphify.compile.conv_timing`,
+    or the module given; another line's process does not import graphify for it).
     Idempotent; a no-op without `BENCH_GPU_LOCK`."""
     if not os.environ.get(ENV):
         return
@@ -109,9 +110,10 @@ def tune_alone(benchmarker=None, conv_timing=None) -> None:
         from torch._inductor.runtime import benchmarking
 
         benchmarker = benchmarking.benchmarker
-    if conv_timing is None:
+    if conv_timing is None and graphify:
         from graphify.compile import conv_timing
-    for owner, name in ((benchmarker, "benchmark"), (benchmarker, "benchmark_gpu"), (conv_timing, "_timed")):
+    timed = [(benchmarker, "benchmark"), (benchmarker, "benchmark_gpu")] + ([(conv_timing, "_timed")] if conv_timing else [])
+    for owner, name in timed:
         method = getattr(owner, name)  # missing: this torch or graphify moved it; say so, not time by chance
         if not getattr(method, "bench_alone", False):
             setattr(owner, name, _alone_while(method))

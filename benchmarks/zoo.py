@@ -306,7 +306,8 @@ def emit(row: dict, out: str) -> None:
 def worker(job: dict, out: str) -> None:
     """In a process of its own, cold caches: one model and line, every batch and length."""
     spec, model, device, dtype = cold_model(job["model"])
-    gpu_share.tune_alone()  # the autotuner's and the layout policy's timings: never beside another process
+    # the autotuner's and graphify's layout timings: never beside another process
+    gpu_share.tune_alone(graphify=job["line"].startswith("graphify"))
     with torch.inference_mode():
         shapes = [(batch, length) for batch in job["batches"] for length in spec.lengths]
         inputs = {s: shape_inputs(spec, *s, device, dtype) for s in shapes}

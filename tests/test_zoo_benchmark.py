@@ -493,6 +493,9 @@ def test_tune_alone_makes_the_timings_that_pick_kernels_hold_the_gpu_alone(tmp_p
 
     real, before = benchmarking.benchmarker, dict(vars(benchmarking.benchmarker))
     monkeypatch.setattr(conv_timing, "_timed", conv_timing._timed)  # put back after
+    other = Benchmarker()
+    _gpu_share.tune_alone(other, graphify=False)  # reduce-overhead's process: graphify left alone
+    assert getattr(other.benchmark_gpu, "bench_alone", False) and not hasattr(conv_timing._timed, "bench_alone")
     try:
         _gpu_share.tune_alone()
         assert all(getattr(getattr(o, n), "bench_alone", False)
