@@ -15,7 +15,7 @@ import json
 import os
 import re
 
-__all__ = ["chosen_configs", "KEPT"]
+__all__ = ["chosen_configs", "picks_kept", "KEPT"]
 
 KEPT = ("XBLOCK", "YBLOCK", "R0_BLOCK", "RBLOCK", "num_warps", "num_stages", "found_by_coordesc")
 _NAME = re.compile(r"^def (triton_\w+)\(", re.M)
@@ -32,15 +32,26 @@ def _best_config_path(source: str) -> str:
     return os.path.join(folder, f"{key}.best_config")
 
 
+def _inductors(cache_dir: "str | None") -> str:
+    if cache_dir is not None:
+        return cache_dir
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductors
+
+    return inductors()
+
+
+def picks_kept(cache_dir: "str | None" = None) -> int:
+    """How many `.best_config` files inductor's cache holds, matched to a kernel or not: picks
+    kept where `chosen_configs` finds none mean this torch names them otherwise."""
+    return len(glob.glob(os.path.join(_inductors(cache_dir), "**", "*.best_config"), recursive=True))
+
+
 def chosen_configs(cache_dir: "str | None" = None, seen: "set[str] | None" = None) -> dict[str, list[dict]]:
     """Kernel name -> the picks (one a compiled kernel of that name) of the kernels under inductor's
     cache `cache_dir` (this process's, `TORCHINDUCTOR_CACHE_DIR` or inductor's default, if None)
     that have one, leaving out sources in `seen` and adding the rest to it (a process's later
     shape: only what its own compile built)."""
-    if cache_dir is None:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir as inductors
-
-        cache_dir = inductors()
+    cache_dir = _inductors(cache_dir)
     picks: dict[str, list[dict]] = {}
     for source in sorted(glob.glob(os.path.join(cache_dir, "**", "*.py"), recursive=True)):
         if seen is not None and source in seen:

@@ -43,7 +43,7 @@ from torch.utils import _pytree as pytree
 from ._report import (cuda_spans, environment, fresh_compile_caches, publish, replay_us, run_process, summarise, sync,
                       table, worker_arguments)
 from . import _gpu_share as gpu_share
-from ._kernel_configs import chosen_configs
+from ._kernel_configs import chosen_configs, picks_kept
 from ._zoo_merge import merge
 from ._zoo_models import MODELS, TINY, available, by_name
 
@@ -222,6 +222,7 @@ def measure(model, spec, line: str, batch: int, length, device: str, inputs: tup
         with gpu_share.timing():
             row.update(profiled(lambda: fn(**fixed)))
         row["configs"] = chosen_configs(seen=_SEEN_SOURCES)  # this worker's fresh cache
+        row["picks_kept"] = picks_kept()  # more than the picks found: a cache layout not read
     return row
 
 

@@ -101,6 +101,7 @@ def test_a_profiled_zoo_run_on_the_gpu_lines_up_two_lines(tmp_path, monkeypatch)
         assert r["kernels"] > 0 and sum(c for _, c, _ in r["every_kernel"]) == pytest.approx(r["kernels"])
         assert all(name.startswith("triton_") and all("num_warps" in c for c in picks)
                    for name, picks in r["configs"].items())  # the picks a row's own compile made, if any
+        assert r["configs"] or not r["picks_kept"], r["picks_kept"]  # picks kept are read (this torch's layout)
     text = zoo_kernels.report(result["rows"], "transformers/bert-tiny", 1, "reduce_overhead", "graphify",
                               length=result["rows"][0]["length"])
     assert "| class |" in text
@@ -113,7 +114,7 @@ def test_the_autotuners_picks_are_read_from_inductors_cache_each_once(tmp_path, 
     one has no pick; sources already seen are left out and the rest added."""
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
-    from benchmarks._kernel_configs import _best_config_path, chosen_configs
+    from benchmarks._kernel_configs import _best_config_path, chosen_configs, picks_kept
 
     if layout.startswith("torch 2.11"):
         monkeypatch.delattr(AutotuneCache, "_make_local_cache_key", raising=False)
@@ -133,6 +134,7 @@ def test_the_autotuners_picks_are_read_from_inductors_cache_each_once(tmp_path, 
         "triton_poi_fused_mul_silu_3": [{"XBLOCK": 1024, "num_warps": 4, "num_stages": 1, "found_by_coordesc": False}]}
     assert chosen_configs(str(tmp_path), seen) == {} and seen == {str(tuned)}
     assert chosen_configs(str(tmp_path / "nowhere")) == {}
+    assert picks_kept(str(tmp_path)) == 1 and picks_kept(str(tmp_path / "nowhere")) == 0
 
 
 def test_the_report_shows_each_lines_picks_for_the_kernels_that_differ():
