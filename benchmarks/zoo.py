@@ -78,12 +78,12 @@ BUSY = "_busy"
 COMPILE_WAIT_S = 1200
 
 
-def wait_for_compiles(fn, call=None, timeout: float = COMPILE_WAIT_S) -> int:
+def wait_for_compiles(fn, call=None, timeout: float = COMPILE_WAIT_S) -> None:
     """Wait for a background line's compiles (at most `timeout` s); with `call`, calling it all
-    the while (a service's loop going on), synchronised every tenth call. Returns the calls made."""
+    the while (a service's loop going on), synchronised every tenth call."""
     if call is None:
         fn.wait_compiles(timeout=timeout)
-        return 0
+        return
     made, end = 0, time.perf_counter() + timeout
     while not fn.wait_compiles(timeout=0) and time.perf_counter() < end:
         call()
@@ -91,7 +91,6 @@ def wait_for_compiles(fn, call=None, timeout: float = COMPILE_WAIT_S) -> int:
         if made % 10 == 0:
             sync()
     sync()
-    return made
 
 
 # warnings a line gives that are torch's or a library's notices of deprecation, not what a user
