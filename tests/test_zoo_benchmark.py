@@ -486,6 +486,8 @@ def test_tune_alone_makes_the_timings_that_pick_kernels_hold_the_gpu_alone(tmp_p
         conv._timed(None)
         assert _blocked(lock, fcntl.LOCK_EX)  # the share taken back after each
     assert seen == [True, True]
+    with pytest.raises(AttributeError, match="benchmark_gpu"):  # moved in another torch: said, not timed by chance
+        _gpu_share.tune_alone(types.SimpleNamespace(benchmark=lambda fn: fn()), conv)
 
     from torch._inductor.runtime import benchmarking
 
