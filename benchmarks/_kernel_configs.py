@@ -15,21 +15,22 @@ import json
 import os
 import re
 
-__all__ = ["chosen_configs", "picks_kept", "KEPT"]
+__all__ = ["chosen_configs", "picks_kept", "picks_unread", "KEPT"]
 
 KEPT = ("XBLOCK", "YBLOCK", "R0_BLOCK", "RBLOCK", "num_warps", "num_stages", "found_by_coordesc")
 _NAME = re.compile(r"^def (triton_\w+)\(", re.M)
 
 
 def _best_config_path(source: str) -> str:
-    """Where inductor keeps the pick for the kernel whose source file is `source`: beside it, named
-    by inductor's key for it (torch 2.13 folds torch's own key into the name; 2.11 does not)."""
+    """Where inductor keeps the pick for the kernel whose source file is `source`: the path its own
+    `AutotuneCache.create` names for it (torch 2.13 folds torch's own key into the name, 2.11 does
+    otherwise; asking inductor follows either without knowing it)."""
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
-    key, folder = AutotuneCache._prepare_key(source), os.path.dirname(source)
-    if hasattr(AutotuneCache, "_make_local_cache_key"):
-        return AutotuneCache._make_local_cache_key(folder, key)
-    return os.path.join(folder, f"{key}.best_config")
+    cache = AutotuneCache.create({}, source, "")
+    if cache is None or cache.local_cache is None:
+        raise LookupError(f"this inductor keeps no local autotune cache for {source}")
+    return cache.local_cache[1]
 
 
 def _inductors(cache_dir: "str | None") -> str:
@@ -46,6 +47,20 @@ def picks_kept(cache_dir: "str | None" = None) -> int:
     return len(glob.glob(os.path.join(_inductors(cache_dir), "**", "*.best_config"), recursive=True))
 
 
+def picks_unread(cache_dir: "str | None" = None, most: int = 3) -> list[dict]:
+    """The `.best_config` files kept that no kernel source's pick path names (`most` of them), each
+    with the names this inductor gives its folder's sources: on a torch that names picks otherwise,
+    what to read them by."""
+    cache_dir = _inductors(cache_dir)
+    named = {}
+    for source in glob.glob(os.path.join(cache_dir, "**", "*.py"), recursive=True):
+        named.setdefault(os.path.dirname(source), []).append(os.path.basename(_best_config_path(source)))
+    kept = sorted(glob.glob(os.path.join(cache_dir, "**", "*.best_config"), recursive=True))
+    unread = [p for p in kept if os.path.basename(p) not in named.get(os.path.dirname(p), [])]
+    return [{"kept": os.path.relpath(p, cache_dir), "named": sorted(named.get(os.path.dirname(p), []))[:4]}
+            for p in unread[:most]]
+
+
 def chosen_configs(cache_dir: "str | None" = None, seen: "set[str] | None" = None) -> dict[str, list[dict]]:
     """Kernel name -> the picks (one a compiled kernel of that name) of the kernels under inductor's
     cache `cache_dir` (this process's, `TORCHINDUCTOR_CACHE_DIR` or inductor's default, if None)
@@ -56,10 +71,7 @@ def chosen_configs(cache_dir: "str | None" = None, seen: "set[str] | None" = Non
     for source in sorted(glob.glob(os.path.join(cache_dir, "**", "*.py"), recursive=True)):
         if seen is not None and source in seen:
             continue
-        try:
-            best = _best_config_path(source)
-        except Exception:  # noqa: BLE001 - an inductor without this cache layout: no picks to show
-            return picks
+        best = _best_config_path(source)  # raises where this inductor keeps no picks: the caller says so
         if not os.path.exists(best):
             continue
         with open(source) as f:

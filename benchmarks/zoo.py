@@ -43,7 +43,7 @@ from torch.utils import _pytree as pytree
 from ._report import (cuda_spans, environment, fresh_compile_caches, publish, replay_us, run_process, summarise, sync,
                       table, worker_arguments)
 from . import _gpu_share as gpu_share
-from ._kernel_configs import chosen_configs, picks_kept
+from ._kernel_configs import chosen_configs, picks_kept, picks_unread
 from ._zoo_merge import merge
 from ._zoo_models import MODELS, TINY, available, by_name
 
@@ -220,8 +220,13 @@ def measure(model, spec, line: str, batch: int, length, device: str, inputs: tup
     if profile and device == "cuda":
         with gpu_share.timing():
             row.update(profiled(lambda: fn(**fixed)))
-        row["configs"] = chosen_configs(seen=_SEEN_SOURCES)  # this worker's fresh cache
+        try:
+            row["configs"] = chosen_configs(seen=_SEEN_SOURCES)  # this worker's fresh cache
+        except Exception as e:  # noqa: BLE001 - a diagnostic: the row keeps its timings and says why
+            row["configs"], row["picks_error"] = {}, f"{type(e).__name__}: {e}"[:300]
         row["picks_kept"] = picks_kept()  # more than the picks found: a cache layout not read
+        if row["picks_kept"] and not row["configs"]:
+            row["picks_unread"] = picks_unread()
     return row
 
 

@@ -2,6 +2,7 @@
 the profile a zoo row keeps (`benchmarks.zoo.profiled`): every kernel, not only the costliest."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -101,40 +102,42 @@ def test_a_profiled_zoo_run_on_the_gpu_lines_up_two_lines(tmp_path, monkeypatch)
         assert r["kernels"] > 0 and sum(c for _, c, _ in r["every_kernel"]) == pytest.approx(r["kernels"])
         assert all(name.startswith("triton_") and all("num_warps" in c for c in picks)
                    for name, picks in r["configs"].items())  # the picks a row's own compile made, if any
-        assert r["configs"] or not r["picks_kept"], r["picks_kept"]  # picks kept are read (this torch's layout)
+        assert "picks_error" not in r, r["picks_error"]
+        assert r["configs"] or not r["picks_kept"], r.get("picks_unread")  # picks kept are read (this torch's layout)
     text = zoo_kernels.report(result["rows"], "transformers/bert-tiny", 1, "reduce_overhead", "graphify",
                               length=result["rows"][0]["length"])
     assert "| class |" in text
 
 
-@pytest.mark.parametrize("layout", ["this torch's", "torch 2.11's (no torch key in the name)"])
-def test_the_autotuners_picks_are_read_from_inductors_cache_each_once(tmp_path, monkeypatch, layout):
-    """`chosen_configs`: a kernel's pick is the `.best_config` inductor keeps beside its source
-    (found with inductor's own key), named by the kernel the source defines; a source without
-    one has no pick; sources already seen are left out and the rest added."""
+def test_the_autotuners_picks_are_read_from_inductors_cache_each_once(tmp_path):
+    """`chosen_configs`: a kernel's pick is the `.best_config` inductor's own autotune cache saved
+    for its source (wherever this torch names it), named by the kernel the source defines; a
+    source without one has no pick; sources already seen are left out and the rest added."""
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
-    from benchmarks._kernel_configs import _best_config_path, chosen_configs, picks_kept
+    from benchmarks._kernel_configs import _best_config_path, chosen_configs, picks_kept, picks_unread
 
-    if layout.startswith("torch 2.11"):
-        monkeypatch.delattr(AutotuneCache, "_make_local_cache_key", raising=False)
+    class Picked:  # what Triton's autotuner hands the cache: a config's kwargs, warps and stages
+        kwargs, num_warps, num_stages = {"XBLOCK": 1024}, 4, 1
 
     folder = tmp_path / "ab"
     folder.mkdir()
     tuned, untuned = folder / "cabc.py", folder / "cabd.py"
     tuned.write_text("import triton\n\n@triton.jit\ndef triton_poi_fused_mul_silu_3(in_ptr0, xnumel):\n    pass\n")
     untuned.write_text("def triton_red_fused_mean_0(in_ptr0):\n    pass\n")
-    pick = {"XBLOCK": 1024, "num_warps": 4, "num_stages": 1, "configs_hash": "h", "found_by_coordesc": False}
-    with open(_best_config_path(str(tuned)), "w") as f:
-        json.dump(pick, f)
-    if layout.startswith("torch 2.11"):
-        assert _best_config_path(str(tuned)) == str(folder / f"{AutotuneCache._prepare_key(str(tuned))}.best_config")
+    AutotuneCache.create({}, str(tuned), "h").save(Picked(), 1_000_000)  # as inductor saves a pick
     seen: set = set()
     assert chosen_configs(str(tmp_path), seen) == {
         "triton_poi_fused_mul_silu_3": [{"XBLOCK": 1024, "num_warps": 4, "num_stages": 1, "found_by_coordesc": False}]}
     assert chosen_configs(str(tmp_path), seen) == {} and seen == {str(tuned)}
     assert chosen_configs(str(tmp_path / "nowhere")) == {}
     assert picks_kept(str(tmp_path)) == 1 and picks_kept(str(tmp_path / "nowhere")) == 0
+    assert picks_unread(str(tmp_path)) == []
+    stray = folder / "elsewhere.best_config"  # a pick kept under a name this torch would not give it
+    stray.write_text(json.dumps({"XBLOCK": 64, "num_warps": 2, "num_stages": 1}))
+    assert picks_unread(str(tmp_path)) == [
+        {"kept": "ab/elsewhere.best_config", "named": sorted(os.path.basename(_best_config_path(str(p)))
+                                                             for p in (tuned, untuned))}]
 
 
 def test_the_report_shows_each_lines_picks_for_the_kernels_that_differ():
