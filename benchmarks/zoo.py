@@ -225,7 +225,7 @@ def measure(model, spec, line: str, batch: int, length, device: str, inputs: tup
         except Exception as e:  # noqa: BLE001 - a diagnostic: the row keeps its timings and says why
             row["configs"], row["picks_error"] = {}, f"{type(e).__name__}: {e}"[:300]
         row["picks_kept"] = picks_kept()  # more than the picks found: a cache layout not read
-        if row["picks_kept"] and not row["configs"]:
+        if row["picks_kept"] and not row["configs"] and "picks_error" not in row:
             row["picks_unread"] = picks_unread()
     return row
 
