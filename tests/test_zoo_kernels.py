@@ -140,6 +140,21 @@ def test_the_autotuners_picks_are_read_from_inductors_cache_each_once(tmp_path):
                                                              for p in (tuned, untuned))}]
 
 
+def test_an_inductor_keeping_no_local_picks_is_said_not_read_as_none(tmp_path, monkeypatch):
+    """Where inductor's `AutotuneCache.create` gives no local cache (switched off, or a torch
+    without one), `chosen_configs` raises (a zoo row keeps the reason as `picks_error`) rather
+    than report no picks."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    from benchmarks._kernel_configs import chosen_configs
+
+    (tmp_path / "ab").mkdir()
+    (tmp_path / "ab" / "cabc.py").write_text("def triton_poi_fused_add_0(in_ptr0):\n    pass\n")
+    monkeypatch.setattr(AutotuneCache, "create", staticmethod(lambda inductor_meta, filename, configs_hash: None))
+    with pytest.raises(LookupError, match="no local autotune cache"):
+        chosen_configs(str(tmp_path))
+
+
 def test_the_report_shows_each_lines_picks_for_the_kernels_that_differ():
     rows = _rows()
     rows[0]["configs"] = {"triton_poi_fused_add_1": [{"XBLOCK": 512, "num_warps": 4, "num_stages": 1}]}
